@@ -1,0 +1,96 @@
+// The communication interface the FSDP runtime is written against.
+//
+// A ProcessGroup is one rank's handle on a group of W ranks. Every collective is asynchronous:
+// it is queued on the group's progress thread in call order and returns a Work handle at once.
+// Because every rank issues the same collectives in the same order, the queue order is the
+// matching order; callers never need tags. The caller must keep input and output tensors
+// alive and untouched until wait() returns (the Work also holds references to them).
+//
+// No vendor type (gloo, nccl.h, mpi.h) appears here; backends live in src/comm/<backend>/.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace fsdp {
+
+enum class ReduceOp { kSum, kAvg };
+
+// Handle on one queued collective. wait() blocks until it finished and rethrows its error
+// (for instance a timeout, whose message names the rank, the operation and the peer).
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool is_completed() = 0;
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+// Bytes and calls per kind of collective, as seen by one rank. "payload" is the size of the
+// collective's logical buffer (all-gather: its output; reduce-scatter: its input; all-reduce
+// and broadcast: the tensor). "sent" is what this rank actually put on the wire, where the
+// backend can know it exactly.
+struct CollectiveCounters {
+  int64_t calls = 0;
+  int64_t payload_bytes = 0;
+  int64_t sent_bytes = 0;
+};
+struct CommCounters {
+  CollectiveCounters all_gather;
+  CollectiveCounters reduce_scatter;
+  CollectiveCounters all_reduce;
+  CollectiveCounters broadcast;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The device whose tensors this group moves (CPU for gloo).
+  virtual c10::Device device() const = 0;
+  virtual std::string backend_name() const = 0;
+
+  // output (contiguous, size() * input.numel() elements, input's dtype) receives every rank's
+  // input in rank order.
+  virtual WorkHandle all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) = 0;
+  // input (contiguous, size() * output.numel() elements) is reduced element-wise over ranks;
+  // this rank receives chunk rank() of the result in output. A real reduce-scatter: each rank
+  // sends (W-1)/W of input, never the whole buffer.
+  virtual WorkHandle reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                           ReduceOp op) = 0;
+  virtual WorkHandle all_reduce(const at::Tensor& tensor, ReduceOp op) = 0;
+  virtual WorkHandle broadcast(const at::Tensor& tensor, int root) = 0;
+  virtual WorkHandle barrier() = 0;
+
+  // A snapshot of this rank's counters since construction or the last reset.
+  CommCounters counters() const {
+    std::lock_guard<std::mutex> lock(counters_mutex_);
+    return counters_;
+  }
+  void reset_counters() {
+    std::lock_guard<std::mutex> lock(counters_mutex_);
+    counters_ = CommCounters{};
+  }
+
+ protected:
+  // Backends call this when they queue (payload) or send (sent) bytes.
+  template <typename Fn>
+  void update_counters(Fn&& fn) {
+    std::lock_guard<std::mutex> lock(counters_mutex_);
+    fn(counters_);
+  }
+
+ private:
+  mutable std::mutex counters_mutex_;
+  CommCounters counters_;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,111 @@
+// fully_shard: FSDP2's per-parameter sharding for torch::nn modules.
+//
+// After fully_shard(module, mesh), every parameter of module that no already-sharded
+// descendant owns is sharded along dim 0 across the mesh: each rank keeps ceil(dim0 / W) rows
+// (zero-padded on the last ranks) and module->parameters() return exactly those local shards,
+// so any torch::optim optimizer built on them works unchanged and holds 1/W of the state.
+//
+// C++ modules have no forward hooks, so the one change a model needs is at the call site of
+// each sharded module: call it through fsdp::forward(module, args...) instead of
+// module->forward(args...). For a module that is not sharded, fsdp::forward is a plain call.
+//
+//   for (auto& block : blocks_) x = fsdp::forward(block, x);   // was: x = block->forward(x);
+//
+// Around each call the runtime all-gathers the unit's parameters, runs forward, reshards
+// (if reshard_after_forward), and registers autograd hooks that gather again before the
+// unit's backward and reduce-scatter (average) its gradients after it.
+#pragma once
+
+#include <fsdp/device_mesh.h>
+#include <fsdp/runtime/forward.h>
+
+#include <c10/util/ArrayRef.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+
+struct FullyShardOptions {
+  // Free the unsharded parameters after this unit's forward and gather them again for its
+  // backward. (optional) defaults to true for every unit but the root, false for the root,
+  // whose backward starts right after its forward.
+  TORCH_ARG(std::optional<bool>, reshard_after_forward) = std::nullopt;
+};
+
+// Where a rank's shard of one parameter sits in the global tensor (DTensor-like metadata).
+// The placement is always Shard(0): rows [local_offset, local_offset + local_rows) of the
+// global tensor live on this rank, followed by padded_rows - local_rows rows of zero padding.
+// A 0-D parameter is treated as a 1-element vector.
+struct ShardMetadata {
+  std::vector<int64_t> global_shape;
+  int64_t shard_dim = 0;
+  int64_t local_offset = 0;  // first global row held by this rank
+  int64_t local_rows = 0;    // real rows held by this rank (may be 0)
+  int64_t padded_rows = 0;   // rows of the local shard, padding included (same on every rank)
+  int mesh_rank = 0;
+  int mesh_size = 1;
+  std::string placement() const { return "Shard(0)"; }
+};
+
+struct ShardedParameter {
+  std::string name;  // relative to the sharded module
+  at::Tensor local;  // the parameter itself: its data is the padded local shard
+  ShardMetadata metadata;
+};
+
+namespace detail {
+class ParamGroup;
+}
+
+// Handle on a sharded module (FSDP2's FSDPModule methods). Cheap to copy.
+class FSDPModule {
+ public:
+  explicit FSDPModule(std::shared_ptr<detail::ParamGroup> group) : group_(std::move(group)) {}
+
+  // Parameters this unit manages, with their shard metadata, in registration order.
+  std::vector<ShardedParameter> sharded_parameters() const;
+  // Bytes of this unit's local shards (padding included), of their gradients if present.
+  int64_t sharded_param_bytes() const;
+  int64_t sharded_grad_bytes() const;
+
+  // Gathers the full parameters now (blocking) / frees them now.
+  void unshard();
+  void reshard();
+
+  detail::ParamGroup& group() const { return *group_; }
+
+ private:
+  std::shared_ptr<detail::ParamGroup> group_;
+};
+
+// Shards module's parameters (those not owned by an already sharded descendant) over mesh.
+// Call it bottom-up: blocks first, then the root. Throws if module is already sharded, or if
+// a parameter is not on the mesh's device.
+FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const DeviceMesh& mesh,
+                       const FullyShardOptions& options = {});
+template <typename ModuleType>
+FSDPModule fully_shard(const torch::nn::ModuleHolder<ModuleType>& module, const DeviceMesh& mesh,
+                       const FullyShardOptions& options = {}) {
+  return fully_shard(std::static_pointer_cast<torch::nn::Module>(module.ptr()), mesh, options);
+}
+
+// The FSDPModule of a sharded module, or nullopt.
+std::optional<FSDPModule> fsdp_module_of(const torch::nn::Module& module);
+
+// Every FSDP unit at or under module, in pre-order.
+std::vector<FSDPModule> fsdp_modules_under(const torch::nn::Module& module);
+
+// The distinct parameters of module (a tied parameter listed once, at its first name), in
+// named_parameters() order. LibTorch's parameters() lists a tied tensor once per module that
+// registers it, which would make an optimizer step it twice.
+std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module);
+std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(
+    const torch::nn::Module& module);
+
+}  // namespace fsdp

@@ -1,0 +1,66 @@
+// Per-rank memory accounting of the FSDP runtime.
+//
+// The runtime reports every byte it allocates or frees for unsharded parameters, unsharded
+// gradients and communication buffers here, so tests can assert memory bounds and the trainer
+// can report them. "Live" counts are current; "peak" counts are maxima since the last
+// reset_peaks(). Sharded state is not tracked here: it is fixed after fully_shard and is
+// reported by FSDPModule::sharded_param_bytes() and friends.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+
+namespace fsdp {
+
+struct MemorySnapshot {
+  int64_t unsharded_param_bytes = 0;  // full parameters materialised by all-gathers
+  int64_t unsharded_grad_bytes = 0;   // full gradients awaiting reduce-scatter
+  int64_t comm_buffer_bytes = 0;      // all-gather / reduce-scatter staging buffers
+  int64_t unsharded_bytes() const { return unsharded_param_bytes + unsharded_grad_bytes; }
+};
+
+class RankStats {
+ public:
+  void add_unsharded_params(int64_t bytes) { update([&](MemorySnapshot& m) { m.unsharded_param_bytes += bytes; }); }
+  void add_unsharded_grads(int64_t bytes) { update([&](MemorySnapshot& m) { m.unsharded_grad_bytes += bytes; }); }
+  void add_comm_buffers(int64_t bytes) { update([&](MemorySnapshot& m) { m.comm_buffer_bytes += bytes; }); }
+
+  MemorySnapshot live() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return live_;
+  }
+  // Maxima of each field, and of unsharded_bytes() (params + grads alive at the same time).
+  MemorySnapshot peak() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peak_;
+  }
+  int64_t peak_unsharded_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peak_unsharded_;
+  }
+  // Peaks restart from the live values (call at the start of a step).
+  void reset_peaks() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_ = live_;
+    peak_unsharded_ = live_.unsharded_bytes();
+  }
+
+ private:
+  template <typename Fn>
+  void update(Fn&& fn) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fn(live_);
+    peak_.unsharded_param_bytes = std::max(peak_.unsharded_param_bytes, live_.unsharded_param_bytes);
+    peak_.unsharded_grad_bytes = std::max(peak_.unsharded_grad_bytes, live_.unsharded_grad_bytes);
+    peak_.comm_buffer_bytes = std::max(peak_.comm_buffer_bytes, live_.comm_buffer_bytes);
+    peak_unsharded_ = std::max(peak_unsharded_, live_.unsharded_bytes());
+  }
+
+  mutable std::mutex mutex_;
+  MemorySnapshot live_;
+  MemorySnapshot peak_;
+  int64_t peak_unsharded_ = 0;
+};
+
+}  // namespace fsdp
