@@ -1,0 +1,131 @@
+// FSDPParam: data movement between a parameter's shard and its full value.
+//
+// Invariants: while sharded, param_ aliases sharded_ and unsharded_ has a 0-byte storage;
+// while unsharded, param_ aliases unsharded_ (same StorageImpl as every earlier unshard).
+#include "runtime/fsdp_param.h"
+
+#include <ATen/ATen.h>
+#include <ATen/native/Resize.h>
+#include <c10/util/Exception.h>
+
+namespace fsdp::detail {
+namespace {
+
+// Frees or re-allocates a tensor's bytes while keeping its StorageImpl (and so every view
+// autograd saved of it).
+void resize_storage(const at::Tensor& t, size_t nbytes) {
+  TORCH_INTERNAL_ASSERT(t.device().is_cpu(), "storage resizing is implemented for CPU only");
+  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), nbytes);
+}
+
+}  // namespace
+
+FSDPParam::FSDPParam(std::string name, at::Tensor param, int rank, int world)
+    : name_(std::move(name)),
+      param_(std::move(param)),
+      global_shape_(param_.sizes().begin(), param_.sizes().end()),
+      layout_(shard_layout(param_.sizes(), rank, world)) {
+  unsharded_ = at::empty(global_shape_, param_.options().requires_grad(false));
+  resize_storage(unsharded_, 0);
+}
+
+ShardMetadata FSDPParam::metadata(int rank, int world) const {
+  ShardMetadata m;
+  m.global_shape = global_shape_;
+  m.local_offset = layout_.local_offset;
+  m.local_rows = layout_.local_rows;
+  m.padded_rows = layout_.chunk_rows;
+  m.mesh_rank = rank;
+  m.mesh_size = world;
+  return m;
+}
+
+int64_t FSDPParam::unsharded_bytes() const {
+  return layout_.dim0 * layout_.row_numel * static_cast<int64_t>(param_.element_size());
+}
+
+void FSDPParam::copy_local_rows_into(const at::Tensor& full, const at::Tensor& shard) const {
+  const at::Tensor rows = shard.view({layout_.chunk_rows, layout_.row_numel});
+  if (layout_.local_rows > 0) {
+    rows.narrow(0, 0, layout_.local_rows)
+        .copy_(full.reshape({layout_.dim0, layout_.row_numel})
+                   .narrow(0, layout_.local_offset, layout_.local_rows));
+  }
+  if (layout_.local_rows < layout_.chunk_rows) {
+    rows.narrow(0, layout_.local_rows, layout_.chunk_rows - layout_.local_rows).zero_();
+  }
+}
+
+void FSDPParam::init_sharded(const at::Tensor& flat_slice) {
+  TORCH_INTERNAL_ASSERT(flat_slice.numel() == padded_numel());
+  {
+    at::NoGradGuard no_grad;
+    copy_local_rows_into(param_, flat_slice);
+  }
+  sharded_ = flat_slice.view(layout_.padded_shape(global_shape_));
+  param_.set_data(sharded_);
+  unsharded_now_ = false;
+}
+
+// Copies rows of a [W, chunk_rows, row_numel] gathered view into the first dim0 rows of dst:
+// the W chunks laid end to end are the global tensor followed by padding.
+static void copy_chunks_to_rows(const at::Tensor& chunks, const at::Tensor& dst_rows,
+                                const DimShardLayout& l) {
+  if (l.chunk_rows == 0) return;
+  const int64_t full_chunks = l.dim0 / l.chunk_rows;
+  if (full_chunks > 0) {
+    dst_rows.narrow(0, 0, full_chunks * l.chunk_rows)
+        .view({full_chunks, l.chunk_rows, l.row_numel})
+        .copy_(chunks.narrow(0, 0, full_chunks));
+  }
+  const int64_t rest = l.dim0 - full_chunks * l.chunk_rows;
+  if (rest > 0) {
+    dst_rows.narrow(0, full_chunks * l.chunk_rows, rest)
+        .copy_(chunks.select(0, full_chunks).narrow(0, 0, rest));
+  }
+}
+
+void FSDPParam::unshard_from(const at::Tensor& gathered_2d, int64_t column) {
+  TORCH_INTERNAL_ASSERT(!unsharded_now_, "parameter ", name_, " is already unsharded");
+  resize_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
+  const int64_t world = gathered_2d.size(0);
+  const at::Tensor chunks =
+      gathered_2d.narrow(1, column, padded_numel()).view({world, layout_.chunk_rows, layout_.row_numel});
+  {
+    at::NoGradGuard no_grad;
+    copy_chunks_to_rows(chunks, unsharded_.view({layout_.dim0, layout_.row_numel}), layout_);
+  }
+  param_.set_data(unsharded_);
+  unsharded_now_ = true;
+}
+
+void FSDPParam::reshard() {
+  if (!unsharded_now_) return;
+  param_.set_data(sharded_);
+  resize_storage(unsharded_, 0);
+  unsharded_now_ = false;
+}
+
+void FSDPParam::copy_grad_into(const at::Tensor& full_grad, const at::Tensor& slot_2d) const {
+  const DimShardLayout& l = layout_;
+  if (l.chunk_rows == 0) return;
+  const int64_t world = slot_2d.size(0);
+  // The slot is a column range of the reduce-scatter buffer, so it is strided by rank: address
+  // it as [W, chunk_rows, row_numel], the mirror image of unshard_from.
+  const at::Tensor chunks = slot_2d.view({world, l.chunk_rows, l.row_numel});
+  const at::Tensor src = full_grad.reshape({l.dim0, l.row_numel});
+  const int64_t full_chunks = l.dim0 / l.chunk_rows;
+  const int64_t rest = l.dim0 - full_chunks * l.chunk_rows;
+  if (full_chunks > 0) {
+    chunks.narrow(0, 0, full_chunks)
+        .copy_(src.narrow(0, 0, full_chunks * l.chunk_rows).view({full_chunks, l.chunk_rows, l.row_numel}));
+  }
+  if (full_chunks < world) {
+    const at::Tensor partial = chunks.select(0, full_chunks);
+    if (rest > 0) partial.narrow(0, 0, rest).copy_(src.narrow(0, full_chunks * l.chunk_rows, rest));
+    partial.narrow(0, rest, l.chunk_rows - rest).zero_();
+    if (full_chunks + 1 < world) chunks.narrow(0, full_chunks + 1, world - full_chunks - 1).zero_();
+  }
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,72 @@
+// FSDPParam: one sharded parameter.
+//
+// The parameter Variable the module registered (param_) keeps its autograd identity for the
+// module's whole life. Its data is switched with set_data between
+//   - sharded_:   the padded local shard, a view into the unit's flat shard buffer (what the
+//                 optimizer sees and updates in place), and
+//   - unsharded_: a tensor of the global shape whose storage is freed (0 bytes) while sharded
+//                 and re-filled in place by each all-gather.
+// unsharded_ keeps the same StorageImpl forever: autograd saves views of the parameter during
+// forward, and those views must see the re-gathered values in backward.
+#pragma once
+
+#include <fsdp/fully_shard.h>
+#include <fsdp/runtime/sharding.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace fsdp::detail {
+
+class FSDPParam {
+ public:
+  // param must hold the full (global) value; it is not modified here.
+  FSDPParam(std::string name, at::Tensor param, int rank, int world);
+
+  const std::string& name() const { return name_; }
+  at::Tensor& param() { return param_; }
+  const at::Tensor& param() const { return param_; }
+  const std::vector<int64_t>& global_shape() const { return global_shape_; }
+  const DimShardLayout& layout() const { return layout_; }
+  ShardMetadata metadata(int rank, int world) const;
+  bool requires_grad() const { return param_.requires_grad(); }
+  int64_t padded_numel() const { return layout_.padded_numel(); }
+  int64_t unsharded_bytes() const;
+
+  // Copies this rank's rows of the full value into shard (a flat slice of padded_numel()
+  // elements), zeroing the padding.
+  void copy_local_rows_into(const at::Tensor& full, const at::Tensor& shard) const;
+
+  // Adopts a flat slice of the unit's shard buffer as the sharded data and points the
+  // parameter at it. Called once by fully_shard.
+  void init_sharded(const at::Tensor& flat_slice);
+
+  // Re-fills the unsharded storage from an all-gather output laid out as [W, unit_numel]
+  // (this parameter occupies columns [column, column + padded_numel())) and points the
+  // parameter at the full tensor.
+  void unshard_from(const at::Tensor& gathered_2d, int64_t column);
+  // Points the parameter back at its shard and frees the unsharded storage.
+  void reshard();
+  bool is_unsharded() const { return unsharded_now_; }
+
+  // Copies a full gradient into its [W, padded_numel()] slot of a reduce-scatter input,
+  // zero-padded.
+  void copy_grad_into(const at::Tensor& full_grad, const at::Tensor& slot_2d) const;
+
+  // Sharded gradient saved while the full gradient of the current backward accumulates.
+  at::Tensor stashed_grad;
+  // True once pre-backward moved any sharded gradient into stashed_grad this backward.
+  bool grad_stashed = false;
+
+ private:
+  std::string name_;
+  at::Tensor param_;
+  std::vector<int64_t> global_shape_;
+  DimShardLayout layout_;
+  at::Tensor sharded_;
+  at::Tensor unsharded_;
+  bool unsharded_now_ = false;
+};
+
+}  // namespace fsdp::detail

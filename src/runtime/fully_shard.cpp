@@ -1,0 +1,113 @@
+// fully_shard and the FSDPModule handle.
+//
+// fully_shard decides which parameters a unit manages: those registered at or under the module
+// that no already-sharded descendant manages, each tensor once (tied parameters are one
+// tensor registered under several names). The choice is made here, once; the runtime never
+// re-discovers parameters.
+#include <fsdp/fully_shard.h>
+
+#include "runtime/param_group.h"
+
+#include <c10/util/Exception.h>
+
+#include <unordered_set>
+
+namespace fsdp {
+
+using detail::FSDPParam;
+using detail::ParamGroup;
+
+std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(
+    const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> result;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
+      result.emplace_back(item.key(), item.value());
+    }
+  }
+  return result;
+}
+
+std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {
+  std::vector<at::Tensor> result;
+  for (auto& item : unique_named_parameters(module)) result.push_back(std::move(item.second));
+  return result;
+}
+
+FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const DeviceMesh& mesh,
+                       const FullyShardOptions& options) {
+  TORCH_CHECK(module != nullptr, "fully_shard: module is null");
+  TORCH_CHECK(detail::param_group_of(*module) == nullptr, "fully_shard: module '", module->name(),
+              "' is already sharded; fully_shard must be applied once per module");
+
+  std::unordered_set<const c10::TensorImpl*> claimed;
+  for (const auto& item : module->named_modules()) {
+    if (item.key().empty()) continue;
+    if (ParamGroup* group = detail::param_group_of(*item.value())) {
+      for (const auto& p : group->params()) claimed.insert(p.param().unsafeGetTensorImpl());
+    }
+  }
+
+  std::vector<FSDPParam> params;
+  for (auto& [name, tensor] : unique_named_parameters(*module)) {
+    if (claimed.count(tensor.unsafeGetTensorImpl()) != 0) continue;
+    TORCH_CHECK(tensor.device() == mesh.device(), "fully_shard: parameter '", name,
+                "' of module '", module->name(), "' is on ", tensor.device(),
+                " but the mesh communicates on ", mesh.device(),
+                "; move the module to the mesh's device before sharding it");
+    TORCH_CHECK(tensor.is_floating_point(), "fully_shard: parameter '", name, "' has dtype ",
+                tensor.scalar_type(), "; only floating-point parameters can be sharded");
+    if (!params.empty()) {
+      TORCH_CHECK(tensor.scalar_type() == params.front().param().scalar_type(),
+                  "fully_shard: parameters of one unit must share a dtype, but '",
+                  params.front().name(), "' is ", params.front().param().scalar_type(), " and '",
+                  name, "' is ", tensor.scalar_type());
+    }
+    params.emplace_back(name, tensor, mesh.shard_rank(), mesh.shard_size());
+  }
+
+  auto group = std::make_shared<ParamGroup>(module.get(), std::move(params), mesh, options);
+  detail::attach_param_group(*module, group);
+  return FSDPModule(group);
+}
+
+std::optional<FSDPModule> fsdp_module_of(const torch::nn::Module& module) {
+  ParamGroup* group = detail::param_group_of(module);
+  if (group == nullptr) return std::nullopt;
+  return FSDPModule(group->shared_from_this());
+}
+
+std::vector<FSDPModule> fsdp_modules_under(const torch::nn::Module& module) {
+  std::vector<FSDPModule> result;
+  if (auto self = fsdp_module_of(module)) result.push_back(*self);
+  for (const auto& child : module.modules(/*include_self=*/false)) {
+    if (auto unit = fsdp_module_of(*child)) result.push_back(*unit);
+  }
+  return result;
+}
+
+std::vector<ShardedParameter> FSDPModule::sharded_parameters() const {
+  std::vector<ShardedParameter> result;
+  const DeviceMesh& mesh = group_->mesh();
+  for (const auto& p : group_->params()) {
+    result.push_back({p.name(), p.param(), p.metadata(mesh.shard_rank(), mesh.shard_size())});
+  }
+  return result;
+}
+
+int64_t FSDPModule::sharded_param_bytes() const { return group_->flat_shards().nbytes(); }
+
+int64_t FSDPModule::sharded_grad_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& p : group_->params()) {
+    const at::Tensor& grad = p.param().grad();
+    if (grad.defined() && !p.is_unsharded()) bytes += grad.nbytes();
+  }
+  return bytes;
+}
+
+void FSDPModule::unshard() { group_->unshard(); }
+void FSDPModule::reshard() { group_->reshard(); }
+
+}  // namespace fsdp
