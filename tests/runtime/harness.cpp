@@ -1,0 +1,160 @@
+// Implementation of the equivalence harness; see harness.h.
+#include "runtime/harness.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/nn/utils/clip_grad.h>
+
+namespace fsdp::testing {
+namespace {
+
+torch::optim::AdamW make_optimizer(const std::vector<at::Tensor>& params, const TrainCase& c) {
+  return torch::optim::AdamW(params,
+                             torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+}
+
+at::Tensor slice_rows(const at::Tensor& t, int rank, int world) {
+  const int64_t rows = t.size(0) / world;
+  return t.narrow(0, rank * rows, rows);
+}
+
+}  // namespace
+
+at::Tensor seeded_uniform(c10::IntArrayRef shape, uint64_t seed, double scale) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::empty(shape).uniform_(-scale, scale, gen);
+}
+
+TrainRecord train_reference(const TrainCase& c) {
+  TrainRecord record;
+  auto model = c.make_model(nullptr);
+  auto params = unique_parameters(*model);
+  auto optimizer = make_optimizer(params, c);
+  for (int64_t step = 0; step < c.steps; ++step) {
+    optimizer.zero_grad();
+    double loss_sum = 0;
+    for (int micro = 0; micro < c.accumulation; ++micro) {
+      auto [inputs, targets] = c.batch(step * c.accumulation + micro);
+      at::Tensor loss = c.loss(model, inputs, targets) / c.accumulation;
+      loss.backward();
+      loss_sum += loss.item<double>();
+    }
+    record.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(params, c.max_grad_norm));
+    record.losses.push_back(loss_sum);
+    optimizer.step();
+  }
+  for (auto& [name, p] : unique_named_parameters(*model)) record.params[name] = p.detach().clone();
+  return record;
+}
+
+std::vector<TrainRecord> train_sharded(
+    const TrainCase& c, int world,
+    std::function<void(int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh&)> after_step) {
+  std::vector<TrainRecord> records(world);
+  ProcessGroupOptions options;
+  options.timeout = std::chrono::seconds(60);
+  run_ranks_in_threads(
+      world,
+      [&](std::shared_ptr<ProcessGroup> group) {
+        const int rank = group->rank();
+        DeviceMesh mesh(group);
+        auto model = c.make_model(&mesh);
+        c.shard(model, mesh);
+        auto params = unique_parameters(*model);
+        auto optimizer = make_optimizer(params, c);
+        TrainRecord& record = records[rank];
+        for (int64_t step = 0; step < c.steps; ++step) {
+          optimizer.zero_grad();
+          double loss_sum = 0;
+          for (int micro = 0; micro < c.accumulation; ++micro) {
+            auto [inputs, targets] = c.batch(step * c.accumulation + micro);
+            at::Tensor loss = c.loss(model, slice_rows(inputs, rank, world),
+                                     slice_rows(targets, rank, world)) /
+                              c.accumulation;
+            loss.backward();
+            at::Tensor summed = loss.detach().clone().reshape({1});
+            group->all_reduce(summed, ReduceOp::kSum)->wait();
+            loss_sum += summed.item<double>() / world;
+          }
+          record.grad_norms.push_back(clip_grad_norm_(params, c.max_grad_norm, mesh));
+          record.losses.push_back(loss_sum);
+          optimizer.step();
+          if (after_step) after_step(rank, model, mesh);
+        }
+        for (const auto& unit : fsdp_modules_under(*model)) {
+          for (const auto& sp : unit.sharded_parameters()) {
+            // Unit-relative names; the reference uses root-relative ones. Match by suffix below.
+            record.params[sp.name + "@" + unit.group().label()] = sp.local.detach().clone();
+            record.metadata[sp.name + "@" + unit.group().label()] = sp.metadata;
+          }
+        }
+      },
+      options);
+  return records;
+}
+
+namespace {
+
+// Maps "name@unit_label" to the root-relative name the reference uses.
+std::string root_relative(const std::string& key) {
+  const auto at = key.find('@');
+  const std::string name = key.substr(0, at);
+  const std::string label = key.substr(at + 1);
+  if (label.find(" (root)") != std::string::npos) return name;
+  return label + "." + name;
+}
+
+}  // namespace
+
+void expect_equivalent(const TrainRecord& reference, const std::vector<TrainRecord>& ranks,
+                       double rel_tol, double abs_tol) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const TrainRecord& got = ranks[r];
+    ASSERT_EQ(got.losses.size(), reference.losses.size());
+    for (size_t s = 0; s < reference.losses.size(); ++s) {
+      EXPECT_NEAR(got.losses[s], reference.losses[s], rel_tol * std::abs(reference.losses[s]))
+          << "loss, rank " << r << " step " << s;
+      EXPECT_NEAR(got.grad_norms[s], reference.grad_norms[s],
+                  rel_tol * std::abs(reference.grad_norms[s]))
+          << "grad norm, rank " << r << " step " << s;
+    }
+    size_t compared = 0;
+    for (const auto& [key, shard] : got.params) {
+      const std::string name = root_relative(key);
+      auto it = reference.params.find(name);
+      ASSERT_NE(it, reference.params.end()) << "no reference parameter " << name;
+      const ShardMetadata& m = got.metadata.at(key);
+      const at::Tensor full = it->second.reshape({m.global_shape.empty() ? 1 : m.global_shape[0], -1});
+      const at::Tensor rows = shard.reshape({m.padded_rows, -1});
+      if (m.local_rows > 0) {
+        const at::Tensor mine = rows.narrow(0, 0, m.local_rows);
+        const at::Tensor want = full.narrow(0, m.local_offset, m.local_rows);
+        const double diff = (mine - want).abs().max().item<double>();
+        EXPECT_LE(diff, abs_tol) << "parameter " << name << " rank " << r;
+      }
+      if (m.local_rows < m.padded_rows) {
+        EXPECT_EQ(rows.narrow(0, m.local_rows, m.padded_rows - m.local_rows).abs().sum().item<double>(), 0.0)
+            << "padding of " << name << " on rank " << r << " is not zero";
+      }
+      ++compared;
+    }
+    EXPECT_EQ(compared, reference.params.size()) << "rank " << r << " compared a different set of parameters";
+  }
+}
+
+void expect_bit_identical(const TrainRecord& reference, const TrainRecord& rank0) {
+  ASSERT_EQ(rank0.losses.size(), reference.losses.size());
+  for (size_t s = 0; s < reference.losses.size(); ++s) {
+    EXPECT_EQ(rank0.losses[s], reference.losses[s]) << "loss at step " << s;
+    EXPECT_EQ(rank0.grad_norms[s], reference.grad_norms[s]) << "grad norm at step " << s;
+  }
+  ASSERT_EQ(rank0.params.size(), reference.params.size());
+  for (const auto& [key, shard] : rank0.params) {
+    const std::string name = root_relative(key);
+    const at::Tensor& want = reference.params.at(name);
+    EXPECT_TRUE(at::equal(shard.reshape(want.sizes()), want)) << "parameter " << name;
+  }
+}
+
+}  // namespace fsdp::testing

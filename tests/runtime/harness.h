@@ -1,0 +1,70 @@
+// Equivalence harness: trains one model in a single process (the reference) and the same
+// model sharded over W thread-ranks, and records what must agree between the two: the loss
+// and gradient norm of every step, and every parameter after the last step.
+//
+// The FSDP run's loss is the mean of the ranks' micro-batch losses, which equals the
+// reference's mean over the global batch because every micro-batch has the same size.
+#pragma once
+
+#include <fsdp/clip_grad.h>
+#include <fsdp/comm/rendezvous.h>
+#include <fsdp/fully_shard.h>
+
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace fsdp::testing {
+
+struct TrainCase {
+  // Builds the model with deterministic initial values (same on every call). mesh is null for
+  // the reference; a builder may shard units while it builds them (deferred initialization).
+  std::function<std::shared_ptr<torch::nn::Module>(const DeviceMesh* mesh)> make_model;
+  // Applies fully_shard to the units of model, root last.
+  std::function<void(const std::shared_ptr<torch::nn::Module>&, const DeviceMesh&)> shard;
+  // The loss of model on (inputs, targets); calls the root through fsdp::forward.
+  std::function<at::Tensor(const std::shared_ptr<torch::nn::Module>&, const at::Tensor&,
+                           const at::Tensor&)>
+      loss;
+  // The global batch of a step: (inputs, targets), sliced along dim 0 into W micro-batches.
+  std::function<std::pair<at::Tensor, at::Tensor>(int64_t step)> batch;
+  int64_t steps = 10;
+  double lr = 1e-2;
+  double weight_decay = 0.1;
+  double max_grad_norm = 1.0;
+  // Backward passes per optimizer step (micro-batch accumulation without zero_grad).
+  int accumulation = 1;
+};
+
+struct TrainRecord {
+  std::vector<double> losses;
+  std::vector<double> grad_norms;
+  // Reference: full values. FSDP: rank's padded shards, keyed by unique parameter name.
+  std::map<std::string, at::Tensor> params;
+  std::map<std::string, ShardMetadata> metadata;  // FSDP only
+};
+
+TrainRecord train_reference(const TrainCase& c);
+
+// Per-rank records of a W-rank run.
+std::vector<TrainRecord> train_sharded(const TrainCase& c, int world,
+                                       std::function<void(int rank, const std::shared_ptr<torch::nn::Module>&,
+                                                          const DeviceMesh&)> after_step = nullptr);
+
+// Asserts losses and grad norms within rel_tol and every parameter (the rows each rank owns)
+// within abs_tol, and the padding rows zero.
+void expect_equivalent(const TrainRecord& reference, const std::vector<TrainRecord>& ranks,
+                       double rel_tol, double abs_tol);
+// Asserts bit-identical losses, grad norms and parameters (W = 1).
+void expect_bit_identical(const TrainRecord& reference, const TrainRecord& rank0);
+
+// A deterministic tensor in [-scale, scale) from its own generator.
+at::Tensor seeded_uniform(c10::IntArrayRef shape, uint64_t seed, double scale = 1.0);
+
+}  // namespace fsdp::testing

@@ -1,0 +1,64 @@
+// Misuse of fully_shard gets an error that names the fault and the offending values.
+#include <fsdp/comm/rendezvous.h>
+#include <fsdp/fully_shard.h>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+
+namespace fsdp {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "(no error)";
+}
+
+TEST(FullyShardErrors, AppliedTwiceToOneModule) {
+  run_ranks_in_threads(1, [](std::shared_ptr<ProcessGroup> group) {
+    DeviceMesh mesh(group);
+    torch::nn::Linear linear(4, 3);
+    fully_shard(linear, mesh);
+    EXPECT_THAT(error_of([&] { fully_shard(linear, mesh); }),
+                AllOf(HasSubstr("already sharded"), HasSubstr("Linear")));
+  });
+}
+
+TEST(FullyShardErrors, ParameterNotOnTheMeshDevice) {
+  run_ranks_in_threads(1, [](std::shared_ptr<ProcessGroup> group) {
+    DeviceMesh mesh(group);
+    torch::nn::Linear linear(4, 3);
+    linear->to(at::Device(at::kMeta));
+    EXPECT_THAT(error_of([&] { fully_shard(linear, mesh); }),
+                AllOf(HasSubstr("'weight'"), HasSubstr("is on meta"), HasSubstr("communicates on cpu")));
+  });
+}
+
+TEST(FullyShardErrors, MixedDtypesInOneUnit) {
+  run_ranks_in_threads(1, [](std::shared_ptr<ProcessGroup> group) {
+    DeviceMesh mesh(group);
+    torch::nn::Linear linear(4, 3);
+    linear->bias.set_data(linear->bias.data().to(at::kDouble));
+    EXPECT_THAT(error_of([&] { fully_shard(linear, mesh); }),
+                AllOf(HasSubstr("share a dtype"), HasSubstr("'weight' is Float"), HasSubstr("'bias' is Double")));
+  });
+}
+
+TEST(FullyShardErrors, NullModule) {
+  run_ranks_in_threads(1, [](std::shared_ptr<ProcessGroup> group) {
+    DeviceMesh mesh(group);
+    EXPECT_THAT(error_of([&] { fully_shard(std::shared_ptr<torch::nn::Module>(), mesh); }),
+                HasSubstr("null"));
+  });
+}
+
+}  // namespace
+}  // namespace fsdp

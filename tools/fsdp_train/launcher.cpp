@@ -1,0 +1,135 @@
+// Local rank supervision for fsdp-train --nproc.
+//
+// The children are plain copies of this executable; they find each other through the c10d
+// TCPStore that rank 0 hosts on MASTER_PORT. The parent never joins the group, so a child that
+// dies is noticed here by waitpid and the survivors are stopped instead of waiting out their
+// collective timeouts.
+#include <fsdp_train/launcher.h>
+
+#include <c10/util/Exception.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace fsdp::train {
+
+int find_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  TORCH_CHECK(fd >= 0, "socket() failed: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int error = errno;
+  ::close(fd);
+  TORCH_CHECK(ok, "could not find a free port on 127.0.0.1: ", std::strerror(error));
+  return ntohs(addr.sin_port);
+}
+
+std::vector<std::string> strip_flag(const std::vector<std::string>& args, const std::string& flag) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == flag) {
+      ++i;  // skip the value too
+      continue;
+    }
+    if (args[i].rfind(flag + "=", 0) == 0) continue;
+    out.push_back(args[i]);
+  }
+  return out;
+}
+
+namespace {
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
+  return "ended";
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+int launch_local_ranks(int nproc, const std::vector<std::string>& args) {
+  TORCH_CHECK(nproc >= 1, "--nproc must be at least 1, got ", nproc);
+  const int port = find_free_port();
+  std::vector<pid_t> pids(nproc, -1);
+  for (int rank = 0; rank < nproc; ++rank) {
+    const pid_t pid = ::fork();
+    TORCH_CHECK(pid >= 0, "fork() for rank ", rank, " failed: ", std::strerror(errno));
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<char*> argv;
+      std::string self = "/proc/self/exe";
+      argv.push_back(self.data());
+      std::vector<std::string> copy = args;
+      for (auto& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(self.c_str(), argv.data());
+      std::fprintf(stderr, "fsdp-train: exec of rank %d failed: %s\n", rank, std::strerror(errno));
+      ::_exit(127);
+    }
+    pids[rank] = pid;
+  }
+
+  int result = 0;
+  int running = nproc;
+  bool stopping = false;
+  auto stop_deadline = std::chrono::steady_clock::time_point::max();
+  while (running > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (pid == 0) {  // stopping, nobody exited yet
+      if (std::chrono::steady_clock::now() > stop_deadline) {
+        for (pid_t p : pids) if (p > 0) ::kill(p, SIGKILL);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    int rank = -1;
+    for (int r = 0; r < nproc; ++r) {
+      if (pids[r] == pid) rank = r;
+    }
+    if (rank < 0) continue;
+    pids[rank] = -1;
+    --running;
+    if (status != 0 && !stopping) {
+      std::fprintf(stderr, "fsdp-train: rank %d of %d %s; stopping the other ranks\n", rank, nproc,
+                   describe(status).c_str());
+      result = exit_code_of(status);
+      stopping = true;
+      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      for (pid_t p : pids) if (p > 0) ::kill(p, SIGTERM);
+    }
+  }
+  return result;
+}
+
+}  // namespace fsdp::train

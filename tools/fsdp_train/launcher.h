@@ -1,0 +1,23 @@
+// Local multi-process launch, like `torchrun --nproc-per-node N`: the program starts N copies
+// of itself with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+// set, and supervises them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace fsdp::train {
+
+// A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it).
+int find_free_port();
+
+// Runs `/proc/self/exe args...` as ranks 0..nproc-1 and waits for all of them. If one fails,
+// the others are stopped (SIGTERM, then SIGKILL after a grace period) and a message naming
+// the rank and how it ended goes to stderr. Returns 0 when every rank exited 0, else the
+// first failing rank's exit code (128 + signal for a signal).
+int launch_local_ranks(int nproc, const std::vector<std::string>& args);
+
+// args without the launcher's own flag (`--nproc N` or `--nproc=N`), for the children.
+std::vector<std::string> strip_flag(const std::vector<std::string>& args, const std::string& flag);
+
+}  // namespace fsdp::train

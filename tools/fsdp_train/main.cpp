@@ -1,0 +1,83 @@
+// fsdp-train: the command-line front end. With --nproc N it launches N local ranks of itself;
+// under torchrun-style variables (RANK, WORLD_SIZE, ...) it is one rank; with --no-fsdp it is
+// the single-process reference. With none of these it launches 2 local ranks.
+#include <fsdp/comm/rendezvous.h>
+#include <fsdp_train/launcher.h>
+#include <fsdp_train/trainer.h>
+
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+namespace {
+
+constexpr int kDefaultLocalRanks = 2;
+
+// Ranks sharing a machine split its cores instead of each using all of them.
+void set_intra_op_threads(int local_world) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  at::set_num_threads(static_cast<int>(std::max(1u, cores / static_cast<unsigned>(local_world))));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fsdp-train: train GPT-2 with fully sharded data parallelism on LibTorch"};
+  fsdp::train::TrainerOptions o;
+  int nproc = 0;
+  double timeout_s = 300;
+  app.add_option("--nproc", nproc, "Launch this many local ranks (default 2 unless RANK/WORLD_SIZE are set)");
+  app.add_option("--model", o.model, "Model config: tiny, small or gpt2")->capture_default_str();
+  app.add_option("--steps", o.steps, "Optimizer steps")->capture_default_str();
+  app.add_option("--global-batch", o.global_batch, "Sequences per step over all ranks")->capture_default_str();
+  app.add_option("--seq-len", o.seq_len, "Tokens per sequence")->capture_default_str();
+  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
+  app.add_option("--max-grad-norm", o.max_grad_norm, "Clip the global gradient norm to this")->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the initial weights and of batch sampling")->capture_default_str();
+  int reshard = 1;
+  app.add_option("--reshard-after-forward", reshard, "1: blocks free their gathered parameters after forward")
+      ->check(CLI::IsMember({0, 1}))->capture_default_str();
+  app.add_flag("--no-fsdp", o.no_fsdp, "Single-process plain LibTorch reference on the same global batch");
+  app.add_option("--data", o.data_path, "UTF-8 text file to train on (byte-level tokens); default: embedded corpus");
+  app.add_option("--metrics", o.metrics_path, "Write one JSON object per step to this file (rank 0)");
+  app.add_option("--log-every", o.log_every, "Print progress every N steps")->capture_default_str();
+  app.add_option("--timeout-s", timeout_s, "Collective and rendezvous timeout in seconds")->capture_default_str();
+  app.add_flag("--quiet", o.quiet, "No progress lines");
+  CLI11_PARSE(app, argc, argv);
+  o.reshard_after_forward = reshard == 1;
+
+  try {
+    const bool nproc_given = app.count("--nproc") > 0;
+    if (o.no_fsdp) {
+      TORCH_CHECK(!nproc_given, "--no-fsdp runs one process; drop --nproc ", nproc);
+      set_intra_op_threads(1);
+      fsdp::train::train(o, nullptr);
+      return 0;
+    }
+    if (!nproc_given && std::getenv("RANK") != nullptr) {
+      const fsdp::LaunchEnv env = fsdp::launch_env_from_environment();
+      const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+      set_intra_op_threads(local_world ? std::max(1, std::atoi(local_world)) : env.world_size);
+      fsdp::ProcessGroupOptions pg_options;
+      pg_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+      auto group = fsdp::init_process_group(env, pg_options);
+      fsdp::train::train(o, group);
+      return 0;
+    }
+    const int ranks = nproc_given ? nproc : kDefaultLocalRanks;
+    TORCH_CHECK(ranks >= 1, "--nproc must be at least 1, got ", ranks);
+    fsdp::train::validate(o, ranks);  // report bad flags once, before starting any rank
+    std::vector<std::string> args(argv + 1, argv + argc);
+    return fsdp::train::launch_local_ranks(ranks, fsdp::train::strip_flag(args, "--nproc"));
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "fsdp-train: error: %s\n", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdp-train: error: %s\n", e.what());
+  }
+  return 1;
+}

@@ -1,0 +1,234 @@
+// fsdp-train's training loop.
+//
+// Invariants that make a sharded run comparable to the --no-fsdp reference:
+// - every process builds the same global batch for a step (data.h) and rank r trains on rows
+//   [r*B/W, (r+1)*B/W) of it, so the ranks' micro-batches concatenated in rank order are the
+//   reference's batch;
+// - every parameter's initial value depends only on its name and the seed (models/gpt2), so
+//   the sharded model, built and sharded block by block, starts where the reference starts;
+// - the reported loss is the mean over ranks of the micro-batch losses, which equals the
+//   reference's loss on the global batch because micro-batches have equal sizes.
+#include <fsdp_train/trainer.h>
+
+#include <fsdp/clip_grad.h>
+#include <fsdp/device_mesh.h>
+#include <fsdp/fully_shard.h>
+#include <fsdp_train/corpus.h>
+#include <fsdp_train/data.h>
+#include <models/gpt2/gpt2.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include <chrono>
+#include <fstream>
+#include <optional>
+
+namespace fsdp::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+int64_t tensor_bytes(const std::vector<at::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.defined() ? t.nbytes() : 0;
+  return bytes;
+}
+
+int64_t grad_bytes(const std::vector<at::Tensor>& params) {
+  int64_t bytes = 0;
+  for (const auto& p : params) bytes += p.grad().defined() ? p.grad().nbytes() : 0;
+  return bytes;
+}
+
+int64_t optimizer_bytes(torch::optim::AdamW& optimizer) {
+  int64_t bytes = 0;
+  for (const auto& [key, state] : optimizer.state()) {
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*state);
+    bytes += tensor_bytes({s.exp_avg(), s.exp_avg_sq(), s.max_exp_avg_sq()});
+  }
+  return bytes;
+}
+
+nlohmann::json to_json(const StepRecord& r) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& s : r.ranks) {
+    ranks.push_back({{"rank", s.rank},
+                     {"param_bytes", s.param_bytes},
+                     {"grad_bytes", s.grad_bytes},
+                     {"optim_bytes", s.optim_bytes},
+                     {"peak_unsharded_bytes", s.peak_unsharded_bytes},
+                     {"all_gather_bytes", s.all_gather_bytes},
+                     {"reduce_scatter_bytes", s.reduce_scatter_bytes}});
+  }
+  return {{"step", r.step},           {"loss", r.loss},     {"grad_norm", r.grad_norm},
+          {"tokens_per_s", r.tokens_per_s}, {"step_s", r.step_s}, {"ranks", ranks}};
+}
+
+// Every rank's stats, gathered to every rank (one small all-gather per step).
+std::vector<RankStepStats> gather_stats(const RankStepStats& mine, ProcessGroup* group) {
+  if (group == nullptr) return {mine};
+  const int world = group->size();
+  const at::Tensor local = at::tensor(
+      {double(mine.param_bytes), double(mine.grad_bytes), double(mine.optim_bytes),
+       double(mine.peak_unsharded_bytes), double(mine.all_gather_bytes),
+       double(mine.reduce_scatter_bytes)},
+      at::kDouble);
+  at::Tensor all = at::empty({world * 6}, at::kDouble);
+  group->all_gather_into_tensor(all, local)->wait();
+  std::vector<RankStepStats> result(world);
+  const double* v = all.data_ptr<double>();
+  for (int r = 0; r < world; ++r) {
+    const double* row = v + 6 * r;
+    result[r] = {r,
+                 int64_t(row[0]),
+                 int64_t(row[1]),
+                 int64_t(row[2]),
+                 int64_t(row[3]),
+                 int64_t(row[4]),
+                 int64_t(row[5])};
+  }
+  return result;
+}
+
+TokenDataset load_dataset(const TrainerOptions& o) {
+  TokenDataset data = o.data_path.empty()
+                          ? TokenDataset(std::string(default_corpus()), "the embedded corpus")
+                          : TokenDataset::from_file(o.data_path);
+  data.check_seq_len(o.seq_len);
+  return data;
+}
+
+}  // namespace
+
+void validate(const TrainerOptions& o, int world) {
+  TORCH_CHECK(o.steps >= 1, "--steps must be at least 1, got ", o.steps);
+  TORCH_CHECK(o.global_batch >= 1, "--global-batch must be at least 1, got ", o.global_batch);
+  TORCH_CHECK(o.global_batch % world == 0, "--global-batch ", o.global_batch,
+              " is not divisible by the number of ranks, ", world,
+              ": every rank trains on an equal slice of the global batch");
+  TORCH_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
+  TORCH_CHECK(o.log_every >= 1, "--log-every must be at least 1, got ", o.log_every);
+  const auto config = models::GPT2Config::by_name(o.model);
+  TORCH_CHECK(o.seq_len >= 1 && o.seq_len <= config.n_positions, "--seq-len ", o.seq_len,
+              " is outside [1, ", config.n_positions, "], the positions model '", o.model,
+              "' has");
+  if (!o.data_path.empty()) load_dataset(o);  // fails early on a missing or short file
+}
+
+TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>& group) {
+  const int world = group ? group->size() : 1;
+  const int rank = group ? group->rank() : 0;
+  validate(o, world);
+  const TokenDataset data = load_dataset(o);
+  const bool printing = rank == 0 && !o.quiet;
+
+  const models::GPT2Config config = models::GPT2Config::by_name(o.model);
+  std::optional<DeviceMesh> mesh;
+  if (group) mesh.emplace(group);
+  models::GPT2Options model_options(config);
+  model_options.seed(o.seed);
+  if (mesh) {
+    // Deferred initialization: each block is sharded as soon as it is built, so a rank never
+    // holds more than the root's parameters plus one block in full.
+    FullyShardOptions unit_options;
+    unit_options.reshard_after_forward(o.reshard_after_forward);
+    model_options.on_block_built(
+        [&](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
+          fully_shard(block, *mesh, unit_options);
+        });
+  }
+  models::GPT2LMHead model(model_options);
+  if (mesh) fully_shard(model, *mesh);
+
+  const std::vector<at::Tensor> params = unique_parameters(*model);
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(o.lr)
+                                            .betas({0.9, 0.95})
+                                            .weight_decay(o.weight_decay));
+  std::ofstream metrics;
+  if (rank == 0 && !o.metrics_path.empty()) {
+    metrics.open(o.metrics_path, std::ios::out | std::ios::trunc);
+    TORCH_CHECK(metrics.good(), "cannot open --metrics file '", o.metrics_path, "' for writing");
+  }
+
+  TrainSummary summary;
+  summary.unigram_entropy = unigram_entropy_nats(
+      std::string_view(reinterpret_cast<const char*>(data.tokens().data_ptr<uint8_t>()),
+                       static_cast<size_t>(data.size())));
+  if (printing) {
+    fmt::print("fsdp-train: model {} ({:.2f}M parameters), {} on {} rank{}, {} steps of {} x {} tokens, "
+               "data: {} ({} bytes, unigram entropy {:.3f} nats)\n",
+               o.model, models::num_parameters(config) / 1e6, o.no_fsdp ? "no FSDP" : "FSDP", world,
+               world == 1 ? "" : "s", o.steps, o.global_batch, o.seq_len, data.source(), data.size(),
+               summary.unigram_entropy);
+    std::fflush(stdout);
+  }
+
+  double elapsed = 0;
+  const int64_t tokens_per_step = o.global_batch * o.seq_len;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    const auto start = Clock::now();
+    if (group) group->reset_counters();
+    if (mesh) mesh->stats().reset_peaks();
+
+    const auto global = data.global_batch(step, o.global_batch, o.seq_len, o.seed);
+    const auto [inputs, targets] = micro_batch(global, rank, world);
+    optimizer.zero_grad();
+    at::Tensor loss = models::loss(fsdp::forward(model, inputs), targets);
+    loss.backward();
+    const double norm = mesh ? clip_grad_norm_(params, o.max_grad_norm, *mesh)
+                             : torch::nn::utils::clip_grad_norm_(params, o.max_grad_norm);
+    RankStepStats mine;
+    mine.rank = rank;
+    mine.grad_bytes = grad_bytes(params);
+    optimizer.step();
+
+    at::Tensor loss_sum = loss.detach().to(at::kDouble).reshape({1});
+    if (group) group->all_reduce(loss_sum, ReduceOp::kSum)->wait();
+    const double mean_loss = loss_sum.item<double>() / world;
+
+    mine.param_bytes = tensor_bytes(params);
+    mine.optim_bytes = optimizer_bytes(optimizer);
+    if (mesh) {
+      mine.peak_unsharded_bytes = mesh->stats().peak_unsharded_bytes();
+      const CommCounters counters = group->counters();
+      mine.all_gather_bytes = counters.all_gather.payload_bytes;
+      mine.reduce_scatter_bytes = counters.reduce_scatter.payload_bytes;
+    }
+    const double step_s = std::chrono::duration<double>(Clock::now() - start).count();
+    StepRecord record{step + 1, mean_loss, norm, tokens_per_step / step_s, step_s,
+                      gather_stats(mine, group.get())};
+    elapsed += step_s;
+
+    if (metrics.is_open()) {
+      metrics << to_json(record).dump() << '\n';
+      metrics.flush();
+    }
+    if (printing && ((step + 1) % o.log_every == 0 || step == 0 || step + 1 == o.steps)) {
+      const double eta = elapsed / double(step + 1) * double(o.steps - step - 1);
+      fmt::print("step {:>5}/{} | loss {:.4f} | grad norm {:.3f} | {:>8.0f} tokens/s | ETA {}\n",
+                 step + 1, o.steps, mean_loss, norm, tokens_per_step * (step + 1) / elapsed,
+                 format_duration(eta));
+      std::fflush(stdout);
+    }
+    summary.steps.push_back(std::move(record));
+  }
+  if (printing) {
+    fmt::print("fsdp-train: final loss {:.4f} nats vs unigram entropy {:.4f} nats, {:.1f}s\n",
+               summary.steps.back().loss, summary.unigram_entropy, elapsed);
+  }
+  return summary;
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,66 @@
+// The training loop of fsdp-train: GPT-2 on byte-level text, sharded with fully_shard (one
+// unit per transformer block plus the root) or, with no_fsdp, plain single-process LibTorch
+// on the same global batch, which is the reference every sharded run must reproduce.
+#pragma once
+
+#include <fsdp/comm/process_group.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fsdp::train {
+
+struct TrainerOptions {
+  std::string model = "tiny";       // GPT2Config name: tiny, small, gpt2
+  int64_t steps = 300;
+  int64_t global_batch = 16;        // sequences per optimizer step, over all ranks
+  int64_t seq_len = 64;
+  double lr = 3e-3;
+  double weight_decay = 0.1;
+  double max_grad_norm = 1.0;
+  uint64_t seed = 1234;
+  bool reshard_after_forward = true;
+  bool no_fsdp = false;
+  std::string data_path;            // empty: the embedded corpus
+  std::string metrics_path;         // empty: no metrics file
+  int64_t log_every = 25;
+  bool quiet = false;               // no progress lines
+};
+
+// One rank's numbers for a step, as written under "ranks" in the metrics file.
+struct RankStepStats {
+  int rank = 0;
+  int64_t param_bytes = 0;
+  int64_t grad_bytes = 0;
+  int64_t optim_bytes = 0;
+  int64_t peak_unsharded_bytes = 0;
+  int64_t all_gather_bytes = 0;
+  int64_t reduce_scatter_bytes = 0;
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double tokens_per_s = 0;
+  double step_s = 0;
+  std::vector<RankStepStats> ranks;
+};
+
+struct TrainSummary {
+  std::vector<StepRecord> steps;
+  double unigram_entropy = 0;  // of the training text, in nats: the loss a model without context reaches
+};
+
+// Trains on this rank of group (group == nullptr means the --no-fsdp reference). Collective:
+// every rank of group calls it with the same options. Rank 0 prints progress and writes the
+// metrics file.
+TrainSummary train(const TrainerOptions& options, const std::shared_ptr<ProcessGroup>& group);
+
+// Validates options that need no data (positive sizes, a known model, the global batch
+// divisible by world). Throws naming the flag and its value.
+void validate(const TrainerOptions& options, int world);
+
+}  // namespace fsdp::train
