@@ -1,0 +1,261 @@
+// Rendezvous: from "I am rank r of W" to a connected ProcessGroup.
+//
+// Invariants:
+// - Before gloo is asked to connect (its own timeout names nobody), the ranks join on the store:
+//   each publishes its WORLD_SIZE under fsdp/<generation>/join/<rank> and polls until it has
+//   seen all W join keys of its world, comparing every WORLD_SIZE it reads with its own. So a
+//   rank that never came is named, and a disagreement is reported with both values by every
+//   rank that meets it (rank 0 meets all of them).
+// - <generation> counts, per rank, the groups made over this store. Every rank makes its groups
+//   in the same order, so a second group over the same store gets fresh keys and never reads
+//   the first one's join keys or gloo addresses.
+// - run_ranks_in_threads keeps every successful rank's group alive until all ranks returned:
+//   a rank that finished first must not close connections a peer still reads its last op from.
+//   A rank that threw drops its group at once, so its peers fail fast instead of timing out.
+#include <fsdp/comm/rendezvous.h>
+
+#include "gloo/gloo_process_group.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <exception>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fsdp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often a joining rank looks for the others. Short enough not to slow tests down, long
+// enough that W ranks polling a TCPStore stay cheap.
+constexpr auto kJoinPollInterval = std::chrono::milliseconds(5);
+
+std::string describe(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+std::string rank_prefix(int rank, int world_size) {
+  return "fsdp: rank " + std::to_string(rank) + " of " + std::to_string(world_size) + ": ";
+}
+
+std::optional<std::string> read_env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) {
+    return std::nullopt;
+  }
+  return std::string(value);
+}
+
+std::string require_env(const char* name) {
+  auto value = read_env(name);
+  TORCH_CHECK(value.has_value(), "fsdp: environment variable ", name,
+              " is not set; launch with torchrun, or set RANK, WORLD_SIZE, LOCAL_RANK, "
+              "MASTER_ADDR and MASTER_PORT");
+  return *value;
+}
+
+// Strict: the whole value must be a decimal integer; "2x", "" and " 2" are rejected rather than
+// read as 2 or 0.
+int parse_int_env(const char* name, const std::string& value) {
+  errno = 0;
+  char* end = nullptr;
+  const long parsed = std::strtol(value.c_str(), &end, 10);
+  TORCH_CHECK(!value.empty() && end != value.c_str() && *end == '\0' && errno != ERANGE &&
+                  parsed >= INT_MIN && parsed <= INT_MAX,
+              "fsdp: environment variable ", name, "='", value, "' is not an integer");
+  return static_cast<int>(parsed);
+}
+
+void check_launch_env(const LaunchEnv& env) {
+  TORCH_CHECK(env.world_size >= 1, "fsdp: WORLD_SIZE=", env.world_size, " must be at least 1");
+  TORCH_CHECK(env.rank >= 0 && env.rank < env.world_size, "fsdp: RANK=", env.rank,
+              " is outside [0, WORLD_SIZE=", env.world_size, ")");
+  TORCH_CHECK(env.local_rank >= 0, "fsdp: LOCAL_RANK=", env.local_rank, " must not be negative");
+  TORCH_CHECK(!env.master_addr.empty(), "fsdp: MASTER_ADDR is empty");
+  TORCH_CHECK(env.master_port >= 1 && env.master_port <= 65535, "fsdp: MASTER_PORT=",
+              env.master_port, " is not a TCP port (1..65535)");
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    out << (i ? ", " : "") << ranks[i];
+  }
+  return out.str();
+}
+
+// The join protocol described at the top of this file; returns the key prefix of this group.
+std::string join(c10d::Store& store, int rank, int world_size,
+                 std::chrono::milliseconds timeout) {
+  const std::string prefix = rank_prefix(rank, world_size);
+  const int64_t generation = store.add("fsdp/generation/" + std::to_string(rank), 1);
+  const std::string base = "fsdp/" + std::to_string(generation) + "/";
+  auto join_key = [&](int r) { return base + "join/" + std::to_string(r); };
+
+  const std::string mine = std::to_string(world_size);
+  store.set(join_key(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+
+  const auto deadline = Clock::now() + timeout;
+  std::vector<bool> seen(world_size, false);
+  int missing = world_size;
+  while (true) {
+    for (int r = 0; r < world_size; ++r) {
+      if (seen[r] || !store.check({join_key(r)})) {
+        continue;
+      }
+      const auto bytes = store.get(join_key(r));
+      const std::string theirs(bytes.begin(), bytes.end());
+      TORCH_CHECK(theirs == mine, prefix, "world size mismatch: rank ", rank,
+                  " was started with WORLD_SIZE=", mine, " but rank ", r, " with WORLD_SIZE=",
+                  theirs);
+      seen[r] = true;
+      --missing;
+    }
+    if (missing == 0) {
+      return base;
+    }
+    if (Clock::now() >= deadline) {
+      std::vector<int> absent;
+      for (int r = 0; r < world_size; ++r) {
+        if (!seen[r]) {
+          absent.push_back(r);
+        }
+      }
+      TORCH_CHECK(false, prefix, "rendezvous timed out after ", timeout.count(), " ms: ",
+                  absent.size() == 1 ? "rank " : "ranks ", join_ranks(absent), " of ", world_size,
+                  " never arrived");
+    }
+    std::this_thread::sleep_for(kJoinPollInterval);
+  }
+}
+
+}  // namespace
+
+LaunchEnv launch_env_from_environment() {
+  LaunchEnv env;
+  env.world_size = parse_int_env("WORLD_SIZE", require_env("WORLD_SIZE"));
+  env.rank = parse_int_env("RANK", require_env("RANK"));
+  env.local_rank = parse_int_env("LOCAL_RANK", require_env("LOCAL_RANK"));
+  env.master_addr = require_env("MASTER_ADDR");
+  env.master_port = parse_int_env("MASTER_PORT", require_env("MASTER_PORT"));
+  check_launch_env(env);
+  return env;
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env,
+                                                 const ProcessGroupOptions& options) {
+  check_launch_env(env);
+  const std::string prefix = rank_prefix(env.rank, env.world_size);
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(env.master_port);
+  store_options.isServer = env.rank == 0;
+  // The join protocol below waits for the workers and names the missing ones; c10d's own wait
+  // would only say that some did not come.
+  store_options.waitWorkers = false;
+  store_options.timeout = options.timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+  } catch (const std::exception&) {
+    const std::string detail = describe(std::current_exception());
+    if (env.rank == 0) {
+      TORCH_CHECK(false, prefix, "could not host the rendezvous store on MASTER_ADDR:MASTER_PORT=",
+                  env.master_addr, ":", env.master_port, ": ", detail);
+    }
+    TORCH_CHECK(false, prefix, "could not reach the rendezvous store of rank 0 at MASTER_ADDR:",
+                "MASTER_PORT=", env.master_addr, ":", env.master_port, " within ",
+                options.timeout.count(), " ms (is rank 0 running with the same MASTER_ADDR and ",
+                "MASTER_PORT?): ", detail);
+  }
+  return init_process_group(store, env.rank, env.world_size, options);
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                 int rank, int world_size,
+                                                 const ProcessGroupOptions& options) {
+  TORCH_CHECK(store, "fsdp: init_process_group needs a store, got null");
+  TORCH_CHECK(world_size >= 1, "fsdp: world size ", world_size, " must be at least 1");
+  TORCH_CHECK(rank >= 0 && rank < world_size, "fsdp: rank ", rank, " is outside [0, world size ",
+              world_size, ")");
+  TORCH_CHECK(options.timeout.count() > 0, "fsdp: ProcessGroupOptions::timeout must be positive, "
+              "got ", options.timeout.count(), " ms");
+  const std::string base = join(*store, rank, world_size, options.timeout);
+  auto gloo_store = c10::make_intrusive<c10d::PrefixStore>(base + "gloo", store);
+  return detail::make_gloo_process_group(gloo_store, rank, world_size, options);
+}
+
+void run_ranks_in_threads(int world_size,
+                          const std::function<void(std::shared_ptr<ProcessGroup>)>& fn,
+                          const ProcessGroupOptions& options) {
+  TORCH_CHECK(world_size >= 1, "fsdp: run_ranks_in_threads: world size ", world_size,
+              " must be at least 1");
+  TORCH_CHECK(fn, "fsdp: run_ranks_in_threads needs a function, got an empty one");
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  store->setTimeout(options.timeout);
+
+  // at::set_num_threads writes a process-wide setting that every thread adopts on its first
+  // parallel op (ATen's lazy per-thread init), so setting it here, before the ranks start, gives
+  // each rank and its progress thread one intra-op thread. We put the old value back after the
+  // ranks joined; the rank threads are gone by then. Not safe against a concurrent caller that
+  // changes the thread count itself.
+  const int saved_threads = at::get_num_threads();
+  if (world_size > 1) {
+    at::set_num_threads(1);
+  }
+  std::vector<std::shared_ptr<ProcessGroup>> groups(world_size);
+  std::vector<std::exception_ptr> errors(world_size);
+  {
+    std::vector<std::thread> threads;
+    threads.reserve(world_size);
+    for (int r = 0; r < world_size; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          groups[r] = init_process_group(store, r, world_size, options);
+          fn(groups[r]);
+        } catch (...) {
+          errors[r] = std::current_exception();
+          groups[r].reset();
+        }
+      });
+    }
+    for (auto& thread : threads) {
+      thread.join();
+    }
+  }
+  groups.clear();
+  if (world_size > 1) {
+    at::set_num_threads(saved_threads);
+  }
+
+  std::string message;
+  for (int r = 0; r < world_size; ++r) {
+    if (!errors[r]) {
+      continue;
+    }
+    message += message.empty() ? "" : "\n(also) ";
+    message += "rank " + std::to_string(r) + ": " + describe(errors[r]);
+  }
+  TORCH_CHECK(message.empty(), message);
+}
+
+}  // namespace fsdp

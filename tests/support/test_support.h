@@ -1,0 +1,42 @@
+// Helpers shared by the test binaries. Keep this small: a helper belongs here only once two
+// test files need it.
+#pragma once
+
+#include <fsdp/comm/rendezvous.h>
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fsdp::test {
+
+// Group options for tests: a timeout short enough that a broken test fails instead of hanging.
+ProcessGroupOptions test_options(std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+// Runs fn(i) for i in [0, n) on n threads and joins them. Returns, per thread, the message of
+// the exception it threw, or "" if it returned normally.
+std::vector<std::string> run_threads(int n, const std::function<void(int)>& fn);
+
+// The message of what fn throws, or "" if it returns normally.
+std::string error_message(const std::function<void()>& fn);
+
+// A TCP port on 127.0.0.1 that was free a moment ago: bound to port 0, read back, released.
+int free_tcp_port();
+
+// Sets environment variables for its lifetime (nullopt unsets one) and restores the old values
+// on destruction. Not thread-safe, like setenv itself: use it only from the test's main thread.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(std::vector<std::pair<std::string, std::optional<std::string>>> values);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+}  // namespace fsdp::test
