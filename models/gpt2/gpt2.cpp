@@ -1,0 +1,311 @@
+// GPT-2 modules and their deterministic initialization.
+//
+// Invariants:
+// - Every parameter's initial value is a pure function of (config, its HF name, seed):
+//   init_parameter draws it from a generator of its own, so construction order, sharding,
+//   threads and the global torch generator never change it. The torch::nn layers we build on
+//   fill their weights from the global generator in their constructors; we overwrite every one
+//   of those values before anyone can see them (which does advance the global stream).
+// - lm_head.weight and transformer.wte.weight are one tensor; it is initialized once, under
+//   the wte name.
+// - Blocks are built, initialized and handed to on_block_built one at a time, so a callback
+//   that shards each block keeps at most one full block alive during construction.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <fsdp/runtime/forward.h>
+#include <models/gpt2/gpt2.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cmath>
+#include <unordered_set>
+#include <utility>
+
+namespace fsdp::models {
+namespace {
+
+constexpr double kInitStd = 0.02;          // GPT-2's initializer_range
+constexpr double kPositionInitStd = 0.01;  // GPT-2's original wpe initializer
+constexpr uint64_t kFnvOffset = 14695981039346656037ULL;
+constexpr uint64_t kFnvPrime = 1099511628211ULL;
+constexpr char kTiedName[] = "lm_head.weight";
+constexpr char kWteName[] = "transformer.wte.weight";
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+enum class InitKind { kNormal, kZeros, kOnes };
+
+struct ParamSpec {
+  std::vector<int64_t> shape;
+  InitKind kind;
+  double std = 0.0;
+};
+
+// Shape and initializer of the HF-named parameter name (lm_head.weight already mapped to wte),
+// or false if GPT2LMHead(config) has no such parameter.
+bool spec_of(const GPT2Config& c, const std::string& name, ParamSpec& spec) {
+  const int64_t d = c.n_embd;
+  const std::string t = "transformer.";
+  if (name == t + "wte.weight") {
+    spec = {{c.vocab_size, d}, InitKind::kNormal, kInitStd};
+    return true;
+  }
+  if (name == t + "wpe.weight") {
+    spec = {{c.n_positions, d}, InitKind::kNormal, kPositionInitStd};
+    return true;
+  }
+  if (name == t + "ln_f.weight" || name == t + "ln_f.bias") {
+    spec = {{d}, name.back() == 't' ? InitKind::kOnes : InitKind::kZeros};
+    return true;
+  }
+  const std::string h = t + "h.";
+  if (name.compare(0, h.size(), h) != 0) return false;
+  // "<layer>.<rest>", layer a decimal number without leading zeros, below n_layer.
+  size_t pos = h.size();
+  size_t dot = name.find('.', pos);
+  if (dot == std::string::npos || dot == pos || dot - pos > 9) return false;
+  int64_t layer = 0;
+  for (size_t i = pos; i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  if ((dot - pos > 1 && name[pos] == '0') || layer >= c.n_layer) return false;
+  const std::string rest = name.substr(dot + 1);
+  const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  if (rest == "ln_1.weight" || rest == "ln_2.weight") {
+    spec = {{d}, InitKind::kOnes};
+  } else if (rest == "ln_1.bias" || rest == "ln_2.bias") {
+    spec = {{d}, InitKind::kZeros};
+  } else if (rest == "attn.c_attn.weight") {
+    spec = {{3 * d, d}, InitKind::kNormal, kInitStd};
+  } else if (rest == "attn.c_attn.bias") {
+    spec = {{3 * d}, InitKind::kZeros};
+  } else if (rest == "attn.c_proj.weight") {
+    spec = {{d, d}, InitKind::kNormal, proj_std};
+  } else if (rest == "attn.c_proj.bias") {
+    spec = {{d}, InitKind::kZeros};
+  } else if (rest == "mlp.c_fc.weight") {
+    spec = {{4 * d, d}, InitKind::kNormal, kInitStd};
+  } else if (rest == "mlp.c_fc.bias") {
+    spec = {{4 * d}, InitKind::kZeros};
+  } else if (rest == "mlp.c_proj.weight") {
+    spec = {{d, 4 * d}, InitKind::kNormal, proj_std};
+  } else if (rest == "mlp.c_proj.bias") {
+    spec = {{d}, InitKind::kZeros};
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Overwrites every parameter of module (named prefix + local name) with its initial value.
+void init_module(torch::nn::Module& module, const std::string& prefix, const GPT2Config& config,
+                 uint64_t seed) {
+  at::NoGradGuard no_grad;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    at::Tensor param = item.value();
+    param.copy_(init_parameter(config, prefix + item.key(), param.sizes(), seed));
+  }
+}
+
+torch::nn::LayerNorm make_layer_norm(const GPT2Config& config) {
+  return torch::nn::LayerNorm(
+      torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_epsilon));
+}
+
+}  // namespace
+
+// ---- configuration ---------------------------------------------------------------------------
+
+GPT2Config GPT2Config::tiny() { return GPT2Config{256, 64, 32, 2, 2}; }
+GPT2Config GPT2Config::small() { return GPT2Config{256, 256, 384, 8, 6}; }
+GPT2Config GPT2Config::gpt2() { return GPT2Config{50257, 1024, 768, 12, 12}; }
+
+std::vector<std::string> GPT2Config::names() { return {"tiny", "small", "gpt2"}; }
+
+GPT2Config GPT2Config::by_name(const std::string& name) {
+  if (name == "tiny") return tiny();
+  if (name == "small") return small();
+  if (name == "gpt2") return gpt2();
+  TORCH_CHECK(false, "unknown GPT-2 config '", name, "'; valid names are: tiny, small, gpt2");
+}
+
+void GPT2Config::validate() const {
+  TORCH_CHECK(vocab_size > 0 && n_positions > 0 && n_embd > 0 && n_layer > 0 && n_head > 0,
+              "GPT-2 config sizes must be positive, got vocab_size=", vocab_size,
+              " n_positions=", n_positions, " n_embd=", n_embd, " n_layer=", n_layer,
+              " n_head=", n_head);
+  TORCH_CHECK(n_embd % n_head == 0, "GPT-2 config: n_embd=", n_embd,
+              " is not divisible by n_head=", n_head);
+  TORCH_CHECK(layer_norm_epsilon > 0, "GPT-2 config: layer_norm_epsilon must be positive, got ",
+              layer_norm_epsilon);
+}
+
+int64_t num_parameters(const GPT2Config& c) {
+  const int64_t d = c.n_embd;
+  const int64_t per_block = 2 * d                // ln_1
+                            + 3 * d * d + 3 * d  // attn.c_attn
+                            + d * d + d          // attn.c_proj
+                            + 2 * d              // ln_2
+                            + 4 * d * d + 4 * d  // mlp.c_fc
+                            + 4 * d * d + d;     // mlp.c_proj
+  return c.vocab_size * d + c.n_positions * d + c.n_layer * per_block + 2 * d;
+}
+
+// ---- initialization --------------------------------------------------------------------------
+
+uint64_t seed_for(uint64_t seed, std::string_view name) {
+  uint64_t hash = kFnvOffset;
+  for (unsigned char ch : name) {
+    hash ^= ch;
+    hash *= kFnvPrime;
+  }
+  return splitmix64(seed ^ splitmix64(hash));
+}
+
+at::Tensor init_parameter(const GPT2Config& config, const std::string& hf_name,
+                          at::IntArrayRef shape, uint64_t seed) {
+  const std::string name = hf_name == kTiedName ? std::string(kWteName) : hf_name;
+  ParamSpec spec;
+  TORCH_CHECK(spec_of(config, name, spec), "'", hf_name,
+              "' is not a parameter of GPT-2 with n_layer=", config.n_layer);
+  TORCH_CHECK(shape == at::IntArrayRef(spec.shape), "parameter '", hf_name, "' has shape ", shape,
+              " but this GPT-2 config gives it shape ", at::IntArrayRef(spec.shape),
+              " (init_parameter builds full, unsharded values)");
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  switch (spec.kind) {
+    case InitKind::kZeros:
+      return at::zeros(shape, options);
+    case InitKind::kOnes:
+      return at::ones(shape, options);
+    case InitKind::kNormal: {
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed_for(seed, name));
+      return at::empty(shape, options).normal_(0.0, spec.std, gen);
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled init kind for ", hf_name);
+}
+
+void init_gpt2_parameters(GPT2LMHeadImpl& model, uint64_t seed) {
+  at::NoGradGuard no_grad;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    at::Tensor param = item.value();
+    if (!seen.insert(param.unsafeGetTensorImpl()).second) continue;  // tied: done once
+    param.copy_(init_parameter(model.config(), item.key(), param.sizes(), seed));
+  }
+}
+
+// ---- modules ---------------------------------------------------------------------------------
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& config)
+    : n_head_(config.n_head) {
+  config.validate();
+  c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
+}
+
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t batch = x.size(0), seq = x.size(1), embd = x.size(2);
+  const int64_t head_dim = embd / n_head_;
+  std::vector<at::Tensor> qkv = c_attn->forward(x).split(embd, /*dim=*/2);
+  // [B, T, C] -> [B, n_head, T, head_dim]
+  auto heads = [&](const at::Tensor& t) {
+    return t.view({batch, seq, n_head_, head_dim}).transpose(1, 2);
+  };
+  at::Tensor y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                                  /*attn_mask=*/std::nullopt,
+                                                  /*dropout_p=*/0.0, /*is_causal=*/true);
+  y = y.transpose(1, 2).contiguous().view({batch, seq, embd});
+  return c_proj->forward(y);
+}
+
+MLPImpl::MLPImpl(const GPT2Config& config) {
+  c_fc = register_module("c_fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
+}
+
+at::Tensor MLPImpl::forward(const at::Tensor& x) {
+  return c_proj->forward(at::gelu(c_fc->forward(x), "tanh"));
+}
+
+BlockImpl::BlockImpl(const GPT2Config& config) {
+  ln_1 = register_module("ln_1", make_layer_norm(config));
+  attn = register_module("attn", CausalSelfAttention(config));
+  ln_2 = register_module("ln_2", make_layer_norm(config));
+  mlp = register_module("mlp", MLP(config));
+}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x) {
+  at::Tensor h = x + attn->forward(ln_1->forward(x));
+  return h + mlp->forward(ln_2->forward(h));
+}
+
+GPT2ModelImpl::GPT2ModelImpl(const GPT2Options& options, const std::string& name_prefix)
+    : config_(options.config()) {
+  config_.validate();
+  const uint64_t seed = options.seed();
+  wte = register_module("wte", torch::nn::Embedding(config_.vocab_size, config_.n_embd));
+  init_module(*wte, name_prefix + "wte.", config_, seed);
+  wpe = register_module("wpe", torch::nn::Embedding(config_.n_positions, config_.n_embd));
+  init_module(*wpe, name_prefix + "wpe.", config_, seed);
+  h = register_module("h", torch::nn::ModuleList());
+  blocks.reserve(config_.n_layer);
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    const std::string name = name_prefix + "h." + std::to_string(i);
+    Block block(config_);
+    init_module(*block, name + ".", config_, seed);
+    h->push_back(block);
+    blocks.push_back(block);
+    if (options.on_block_built()) options.on_block_built()(name, block.ptr());
+  }
+  ln_f = register_module("ln_f", make_layer_norm(config_));
+  init_module(*ln_f, name_prefix + "ln_f.", config_, seed);
+}
+
+at::Tensor GPT2ModelImpl::forward(const at::Tensor& idx) {
+  TORCH_CHECK(idx.dim() == 2, "GPT-2 expects token ids of shape [batch, seq], got shape ",
+              idx.sizes());
+  TORCH_CHECK(idx.scalar_type() == at::kLong, "GPT-2 expects int64 token ids, got ",
+              idx.scalar_type());
+  const int64_t seq = idx.size(1);
+  TORCH_CHECK(seq <= config_.n_positions, "sequence length ", seq,
+              " exceeds the model's n_positions=", config_.n_positions);
+  at::Tensor pos = at::arange(seq, idx.options());
+  at::Tensor x = wte->forward(idx) + wpe->forward(pos);
+  for (auto& block : blocks) x = fsdp::forward(block, x);
+  return ln_f->forward(x);
+}
+
+TiedLinearImpl::TiedLinearImpl(const at::Tensor& tied_weight) {
+  weight = register_parameter("weight", tied_weight, tied_weight.requires_grad());
+}
+
+at::Tensor TiedLinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight); }
+
+GPT2LMHeadImpl::GPT2LMHeadImpl(const GPT2Options& options) {
+  transformer = register_module("transformer", GPT2Model(options, "transformer."));
+  lm_head = register_module("lm_head", TiedLinear(transformer->wte->weight));
+}
+
+at::Tensor GPT2LMHeadImpl::forward(const at::Tensor& idx) {
+  return lm_head->forward(transformer->forward(idx));
+}
+
+at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) {
+  TORCH_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
+                  logits.size(1) == targets.size(1),
+              "loss expects logits [B, T, V] and targets [B, T], got logits ", logits.sizes(),
+              " and targets ", targets.sizes());
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}));
+}
+
+}  // namespace fsdp::models

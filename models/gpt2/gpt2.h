@@ -1,0 +1,198 @@
+// GPT-2 (Radford et al. 2019) as torch::nn modules, with Hugging Face's parameter names so that
+// checkpoints map one to one: transformer.wte.weight, transformer.h.3.attn.c_attn.weight, ...,
+// lm_head.weight. Linear weights use torch::nn::Linear's [out, in] layout; HF's Conv1D stores
+// the transpose, so an exporter transposes c_attn, c_proj and c_fc weights.
+//
+// FSDP: every transformer block is meant to be one FSDP unit and the whole model the root unit.
+// The model calls each block through fsdp::forward, so a block sharded with fully_shard gathers
+// its parameters around its forward; an unsharded block is a plain call. The trainer calls the
+// root as fsdp::forward(model, idx).
+//
+// Initialization never touches values drawn from the global torch generator (ranks run as
+// threads, and a rank that builds only some parameters must still get the same values): each
+// parameter is drawn from its own generator seeded from (seed, parameter name).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fsdp::models {
+
+struct GPT2Config {
+  int64_t vocab_size = 256;
+  int64_t n_positions = 64;  // longest sequence the model accepts
+  int64_t n_embd = 32;
+  int64_t n_layer = 2;
+  int64_t n_head = 2;
+  double layer_norm_epsilon = 1e-5;
+
+  // Named configurations. Parameter counts (tied lm_head counted once, see num_parameters):
+  //   tiny   vocab 256,   ctx 64,   d 32,  2 layers,  2 heads:      35,712 (unit tests)
+  //   small  vocab 256,   ctx 256,  d 384, 8 layers,  6 heads:  14,393,088 (CPU benchmarks)
+  //   gpt2   vocab 50257, ctx 1024, d 768, 12 layers, 12 heads: 124,439,808 (HF "gpt2")
+  // The trainer feeds byte-level tokens, so with `gpt2` only ids below 256 ever occur.
+  static GPT2Config tiny();
+  static GPT2Config small();
+  static GPT2Config gpt2();
+  // One of names(); throws listing the valid names otherwise.
+  static GPT2Config by_name(const std::string& name);
+  static std::vector<std::string> names();
+
+  // Throws naming the offending values if a size is not positive or n_embd % n_head != 0.
+  void validate() const;
+};
+
+// Number of distinct parameter elements of GPT2LMHead(config); lm_head.weight is the same tensor
+// as transformer.wte.weight and is counted once.
+int64_t num_parameters(const GPT2Config& config);
+
+// Seed of the generator that initializes the parameter called name (a Hugging Face name), for a
+// model seeded with seed. Uses FNV-1a over the name (stable across compilers and runs, unlike
+// std::hash) mixed with the seed through SplitMix64.
+uint64_t seed_for(uint64_t seed, std::string_view name);
+
+// Initial value of one parameter of GPT2LMHead(config), as a new float32 CPU tensor of the given
+// shape, drawn from its own generator seeded by seed_for(seed, hf_name). GPT-2's scheme:
+// wte and Linear weights N(0, 0.02); c_proj weights (attention and MLP) N(0, 0.02 / sqrt(2 *
+// n_layer)); wpe N(0, 0.01); biases 0; LayerNorm weight 1, bias 0. "lm_head.weight" is tied to
+// "transformer.wte.weight" and gets its values. Thread-safe and independent of the global
+// generator and of the order in which parameters are initialized. Throws if hf_name is not a
+// parameter of this config or shape is not its shape.
+at::Tensor init_parameter(const GPT2Config& config, const std::string& hf_name,
+                          at::IntArrayRef shape, uint64_t seed);
+
+// Called by GPT2Model's constructor right after block `name` (e.g. "transformer.h.3") is built
+// and initialized, before the next block is built. unit is the block.
+using BlockBuiltCallback =
+    std::function<void(const std::string& name, const std::shared_ptr<torch::nn::Module>& unit)>;
+
+struct GPT2Options {
+  /* implicit */ GPT2Options(GPT2Config config) : config_(std::move(config)) {}
+  TORCH_ARG(GPT2Config, config);
+  // Seed of the initial parameter values (see init_parameter). (optional) defaults to 0.
+  TORCH_ARG(uint64_t, seed) = 0;
+  // (optional) Called after each block is built and initialized. A caller that shards the block
+  // here (fully_shard frees the full parameters, keeping 1/W of them) bounds the peak memory of
+  // construction to the root's own parameters (wte, wpe, ln_f) plus one full block, instead of
+  // the whole model. Defaults to none.
+  TORCH_ARG(BlockBuiltCallback, on_block_built) = nullptr;
+};
+
+// Causal multi-head self-attention: c_attn projects to q, k, v; c_proj mixes the heads.
+// Uses at::scaled_dot_product_attention(is_causal=true). On CPU it runs the fused flash kernel,
+// which gives bit-identical results from run to run, for any intra-op thread count and for any
+// batch split (each (batch, head) pair is computed alone, in a fixed order), and needs no T x T
+// score matrix. On CUDA its backward may use atomics, i.e. differ in the last bits between runs.
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GPT2Config& config);
+  at::Tensor forward(const at::Tensor& x);  // [B, T, n_embd] -> [B, T, n_embd]
+
+  torch::nn::Linear c_attn{nullptr};
+  torch::nn::Linear c_proj{nullptr};
+
+ private:
+  int64_t n_head_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const GPT2Config& config);
+  at::Tensor forward(const at::Tensor& x);  // c_proj(gelu_tanh(c_fc(x)))
+
+  torch::nn::Linear c_fc{nullptr};
+  torch::nn::Linear c_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+// Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)). No dropout: training
+// must be deterministic for the equivalence tests.
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPT2Config& config);
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::LayerNorm ln_2{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+// Embeddings, blocks and the final LayerNorm (HF's GPT2Model). name_prefix is this module's
+// name inside the full model ("transformer." under GPT2LMHead); it names the parameters for
+// initialization and the blocks for on_block_built.
+class GPT2ModelImpl : public torch::nn::Module {
+ public:
+  explicit GPT2ModelImpl(const GPT2Options& options, const std::string& name_prefix = "");
+  // idx: [B, T] int64 token ids, T <= n_positions. Returns hidden states [B, T, n_embd].
+  at::Tensor forward(const at::Tensor& idx);
+
+  const GPT2Config& config() const { return config_; }
+
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::Embedding wpe{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  std::vector<Block> blocks;  // the same modules as h, typed, for fsdp::forward
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  GPT2Config config_;
+};
+TORCH_MODULE(GPT2Model);
+
+// A bias-free linear layer whose weight is a tensor owned by another module (tied weights).
+// torch::nn::Linear cannot be used here: its constructor allocates and randomly fills a weight
+// of its own (154 MB for gpt2) and a Module cannot re-register a parameter name.
+class TiedLinearImpl : public torch::nn::Module {
+ public:
+  explicit TiedLinearImpl(const at::Tensor& weight);  // weight: [out, in], registered as is
+  at::Tensor forward(const at::Tensor& x);            // x @ weight^T
+
+  at::Tensor weight;
+};
+TORCH_MODULE(TiedLinear);
+
+// GPT-2 with its language-model head (HF's GPT2LMHeadModel). lm_head.weight is the very tensor
+// transformer.wte.weight (same TensorImpl), as in HF; note that LibTorch's parameters() then
+// lists it twice, so give optimizers fsdp::unique_parameters(*model).
+class GPT2LMHeadImpl : public torch::nn::Module {
+ public:
+  explicit GPT2LMHeadImpl(const GPT2Options& options);
+  // idx: [B, T] int64. Returns logits [B, T, vocab_size].
+  at::Tensor forward(const at::Tensor& idx);
+
+  const GPT2Config& config() const { return transformer->config(); }
+
+  GPT2Model transformer{nullptr};
+  TiedLinear lm_head{nullptr};
+};
+TORCH_MODULE(GPT2LMHead);
+
+// Re-initializes every parameter of an unsharded model in place from init_parameter(config,
+// name, shape, seed). The result equals a model constructed with GPT2Options(...).seed(seed),
+// bit for bit. Throws if a parameter is sharded (its shape differs from the full shape).
+void init_gpt2_parameters(GPT2LMHeadImpl& model, uint64_t seed);
+inline void init_gpt2_parameters(GPT2LMHead& model, uint64_t seed) {
+  init_gpt2_parameters(*model, seed);
+}
+
+// Mean cross-entropy (in nats) of logits [B, T, V] against targets [B, T] int64.
+at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets);
+
+}  // namespace fsdp::models

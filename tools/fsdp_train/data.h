@@ -1,0 +1,55 @@
+// Byte-level training data for fsdp-train: a text is a sequence of tokens, one per byte (ids
+// 0..255), and a training sample is a window of seq_len + 1 consecutive bytes.
+//
+// Every rank computes the same global batch from (seed, step) alone and keeps its own rows, so
+// the W micro-batches of a step, concatenated in rank order, are exactly the batch a single
+// process would train on, for any world size.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace fsdp::train {
+
+class TokenDataset {
+ public:
+  // text: the training text, used byte by byte. source names it in error messages.
+  explicit TokenDataset(const std::string& text, std::string source = "training text");
+
+  // Reads the whole file at path (UTF-8 or any bytes). Throws naming the path and the system's
+  // reason if it cannot be opened or read.
+  static TokenDataset from_file(const std::string& path);
+
+  // Number of tokens (bytes).
+  int64_t size() const { return tokens_.size(0); }
+  // All tokens as a 1-D uint8 CPU tensor (a byte each; batches are widened to int64).
+  const at::Tensor& tokens() const { return tokens_; }
+  const std::string& source() const { return source_; }
+
+  // Throws naming the text's length and the needed length unless the text holds at least one
+  // window of seq_len + 1 bytes.
+  void check_seq_len(int64_t seq_len) const;
+
+  // The global batch of training step `step`: (inputs, targets), each [global_batch, seq_len]
+  // int64 on the CPU, targets = inputs shifted left by one token. Row b starts at an offset
+  // drawn uniformly from [0, size() - seq_len - 1] by a SplitMix64 stream seeded from
+  // (seed, step) (never torch's global generator), in row order: the same arguments give the
+  // same rows in the same order on every rank, thread and run. Thread-safe.
+  std::pair<at::Tensor, at::Tensor> global_batch(int64_t step, int64_t global_batch,
+                                                 int64_t seq_len, uint64_t seed) const;
+
+ private:
+  at::Tensor tokens_;  // [N] uint8: one byte per token keeps large texts cheap
+  std::string source_;
+};
+
+// Rank `rank`'s rows of a global batch: rows [rank * B / world, (rank + 1) * B / world) of
+// dim 0, as views. Throws unless 0 <= rank < world and world divides B (naming both).
+at::Tensor micro_batch(const at::Tensor& global, int64_t rank, int64_t world);
+std::pair<at::Tensor, at::Tensor> micro_batch(const std::pair<at::Tensor, at::Tensor>& global,
+                                              int64_t rank, int64_t world);
+
+}  // namespace fsdp::train
