@@ -12,15 +12,9 @@
 // - run_ranks_in_threads keeps every successful rank's group alive until all ranks returned:
 //   a rank that finished first must not close connections a peer still reads its last op from.
 //   A rank that threw drops its group at once, so its peers fail fast instead of timing out.
-#include <fsdp/comm/rendezvous.h>
-
-#include "gloo/gloo_process_group.h"
-
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <fsdp/comm/rendezvous.h>
 
 #include <cerrno>
 #include <chrono>
@@ -31,7 +25,12 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
+
+#include "gloo/gloo_process_group.h"
 
 namespace fsdp {
 namespace {
@@ -92,8 +91,8 @@ void check_launch_env(const LaunchEnv& env) {
               " is outside [0, WORLD_SIZE=", env.world_size, ")");
   TORCH_CHECK(env.local_rank >= 0, "fsdp: LOCAL_RANK=", env.local_rank, " must not be negative");
   TORCH_CHECK(!env.master_addr.empty(), "fsdp: MASTER_ADDR is empty");
-  TORCH_CHECK(env.master_port >= 1 && env.master_port <= 65535, "fsdp: MASTER_PORT=",
-              env.master_port, " is not a TCP port (1..65535)");
+  TORCH_CHECK(env.master_port >= 1 && env.master_port <= 65535,
+              "fsdp: MASTER_PORT=", env.master_port, " is not a TCP port (1..65535)");
 }
 
 std::string join_ranks(const std::vector<int>& ranks) {
@@ -105,8 +104,7 @@ std::string join_ranks(const std::vector<int>& ranks) {
 }
 
 // The join protocol described at the top of this file; returns the key prefix of this group.
-std::string join(c10d::Store& store, int rank, int world_size,
-                 std::chrono::milliseconds timeout) {
+std::string join(c10d::Store& store, int rank, int world_size, std::chrono::milliseconds timeout) {
   const std::string prefix = rank_prefix(rank, world_size);
   const int64_t generation = store.add("fsdp/generation/" + std::to_string(rank), 1);
   const std::string base = "fsdp/" + std::to_string(generation) + "/";
@@ -126,8 +124,8 @@ std::string join(c10d::Store& store, int rank, int world_size,
       const auto bytes = store.get(join_key(r));
       const std::string theirs(bytes.begin(), bytes.end());
       TORCH_CHECK(theirs == mine, prefix, "world size mismatch: rank ", rank,
-                  " was started with WORLD_SIZE=", mine, " but rank ", r, " with WORLD_SIZE=",
-                  theirs);
+                  " was started with WORLD_SIZE=", mine, " but rank ", r,
+                  " with WORLD_SIZE=", theirs);
       seen[r] = true;
       --missing;
     }
@@ -141,9 +139,9 @@ std::string join(c10d::Store& store, int rank, int world_size,
           absent.push_back(r);
         }
       }
-      TORCH_CHECK(false, prefix, "rendezvous timed out after ", timeout.count(), " ms: ",
-                  absent.size() == 1 ? "rank " : "ranks ", join_ranks(absent), " of ", world_size,
-                  " never arrived");
+      TORCH_CHECK(false, prefix, "rendezvous timed out after ", timeout.count(),
+                  " ms: ", absent.size() == 1 ? "rank " : "ranks ", join_ranks(absent), " of ",
+                  world_size, " never arrived");
     }
     std::this_thread::sleep_for(kJoinPollInterval);
   }
@@ -197,8 +195,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const c10::intrusive_ptr<c10d::
   TORCH_CHECK(world_size >= 1, "fsdp: world size ", world_size, " must be at least 1");
   TORCH_CHECK(rank >= 0 && rank < world_size, "fsdp: rank ", rank, " is outside [0, world size ",
               world_size, ")");
-  TORCH_CHECK(options.timeout.count() > 0, "fsdp: ProcessGroupOptions::timeout must be positive, "
-              "got ", options.timeout.count(), " ms");
+  TORCH_CHECK(options.timeout.count() > 0,
+              "fsdp: ProcessGroupOptions::timeout must be positive, "
+              "got ",
+              options.timeout.count(), " ms");
   const std::string base = join(*store, rank, world_size, options.timeout);
   auto gloo_store = c10::make_intrusive<c10d::PrefixStore>(base + "gloo", store);
   return detail::make_gloo_process_group(gloo_store, rank, world_size, options);

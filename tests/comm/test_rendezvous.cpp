@@ -1,17 +1,16 @@
 // Rendezvous: torchrun's variables, the join protocol's errors (missing ranks, disagreeing world
 // sizes), the real TCPStore path on 127.0.0.1, and several groups over one store. Every test
 // uses short timeouts, so a rendezvous that would hang fails the test instead.
-#include <fsdp/comm/rendezvous.h>
-
-#include "support/test_support.h"
-
 #include <ATen/ATen.h>
+#include <fsdp/comm/rendezvous.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <chrono>
 #include <optional>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "support/test_support.h"
 
 namespace fsdp {
 namespace {
@@ -142,8 +141,7 @@ TEST(RendezvousTest, TcpStoreFromLaunchEnv) {
     env.master_addr = "127.0.0.1";
     env.master_port = port;
     auto pg = init_process_group(env, test::test_options(std::chrono::seconds(10)));
-    TORCH_CHECK(pg->rank() == rank && pg->size() == 2, "got rank ", pg->rank(), " of ",
-                pg->size());
+    TORCH_CHECK(pg->rank() == rank && pg->size() == 2, "got rank ", pg->rank(), " of ", pg->size());
     auto t = at::full({4}, static_cast<float>(rank + 1));
     pg->all_reduce(t, ReduceOp::kSum)->wait();
     TORCH_CHECK(at::equal(t, at::full({4}, 3.0f)), "all_reduce gave ", t);
@@ -168,8 +166,7 @@ TEST(RendezvousTest, ClientTimesOutWhenRankZeroNeverComes) {
   const auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_THAT(message, AllOf(HasSubstr("rank 1 of 2"),
                              HasSubstr("could not reach the rendezvous store of rank 0"),
-                             HasSubstr(std::to_string(env.master_port)),
-                             HasSubstr("1500 ms")));
+                             HasSubstr(std::to_string(env.master_port)), HasSubstr("1500 ms")));
   EXPECT_LT(elapsed, std::chrono::seconds(8));
   std::cerr << message << "\n";
 }

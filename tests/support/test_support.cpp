@@ -2,9 +2,8 @@
 // that hangs turns one failing test into a stuck suite.
 #include "support/test_support.h"
 
-#include <c10/util/Exception.h>
-
 #include <arpa/inet.h>
+#include <c10/util/Exception.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>

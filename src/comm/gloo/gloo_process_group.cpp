@@ -17,8 +17,6 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -31,6 +29,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <utility>
 #include <vector>
 
@@ -54,8 +54,7 @@ bool mentions_timeout(const std::string& message) {
   std::string lower = message;
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return lower.find("timed out") != std::string::npos ||
-         lower.find("timeout") != std::string::npos;
+  return lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
 }
 
 class GlooWork final : public Work {
@@ -138,8 +137,8 @@ class GlooProcessGroup final : public ProcessGroup {
     check_same_dtype(kOp, output, input);
     TORCH_CHECK(output.numel() == size_ * input.numel(), prefix(), kOp, ": output has ",
                 output.numel(), " elements (sizes ", output.sizes(), ") but ", size_,
-                " ranks x input of ", input.numel(), " elements (sizes ", input.sizes(),
-                ") need ", size_ * input.numel());
+                " ranks x input of ", input.numel(), " elements (sizes ", input.sizes(), ") need ",
+                size_ * input.numel());
     const int64_t bytes = output.nbytes();
     update_counters([&](CommCounters& c) {
       c.all_gather.calls += 1;
@@ -167,10 +166,9 @@ class GlooProcessGroup final : public ProcessGroup {
     check_tensor(kOp, "input", input);
     check_same_dtype(kOp, output, input);
     const auto dtype = input.scalar_type();
-    TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
-                    dtype == at::kHalf,
-                prefix(), kOp, ": the gloo backend reduces Float, Double, BFloat16 and Half, got ",
-                dtype);
+    TORCH_CHECK(
+        dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf,
+        prefix(), kOp, ": the gloo backend reduces Float, Double, BFloat16 and Half, got ", dtype);
     TORCH_CHECK(input.numel() == size_ * output.numel(), prefix(), kOp, ": input has ",
                 input.numel(), " elements (sizes ", input.sizes(), ") but ", size_,
                 " ranks x output of ", output.numel(), " elements (sizes ", output.sizes(),
@@ -281,8 +279,7 @@ class GlooProcessGroup final : public ProcessGroup {
     {
       std::lock_guard<std::mutex> lock(queue_mutex_);
       TORCH_CHECK(broken_error_.empty(), prefix(), name,
-                  " cannot run: the process group is broken by an earlier error: ",
-                  broken_error_);
+                  " cannot run: the process group is broken by an earlier error: ", broken_error_);
       queue_.push_back(PendingOp{name, work, std::move(body)});
     }
     queue_cv_.notify_one();
@@ -311,8 +308,8 @@ class GlooProcessGroup final : public ProcessGroup {
       if (!broken.empty()) {
         op.work->finish(std::make_exception_ptr(c10::Error(
             {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-            prefix() + op.name + " cannot run: the process group is broken by an earlier error: " +
-                broken)));
+            prefix() + op.name +
+                " cannot run: the process group is broken by an earlier error: " + broken)));
         continue;
       }
       std::exception_ptr error;
@@ -339,8 +336,8 @@ class GlooProcessGroup final : public ProcessGroup {
   // Waits for a c10d work within what is left of op's deadline; on failure throws an error that
   // names this rank, the op, the peer (peer < 0: unknown, unless W = 2) and the timeout.
   void wait_c10d(const c10::intrusive_ptr<c10d::Work>& work, const OpContext& op, int peer) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(op.deadline -
-                                                                            Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(op.deadline - Clock::now());
     const auto budget = std::max(left, std::chrono::milliseconds(1));
     std::string detail;
     try {
