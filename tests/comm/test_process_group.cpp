@@ -160,6 +160,10 @@ TEST(ProcessGroupTest, AllReduceSumAndAvg) {
         tensor = rank_input(pg->rank(), 11, at::kDouble);
         pg->all_reduce(tensor, ReduceOp::kAvg)->wait();
         EXPECT_TRUE(at::allclose(tensor, expected / world, 1e-12, 1e-12));
+        // bf16 too (small integers, so the sum is exact), as mixed-precision gradients use it.
+        auto half = at::full({5}, pg->rank() + 1.0, at::kBFloat16);
+        pg->all_reduce(half, ReduceOp::kSum)->wait();
+        EXPECT_TRUE(at::equal(half, at::full({5}, 6.0, at::kBFloat16)));
       },
       test::test_options());
 }
