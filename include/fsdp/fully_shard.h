@@ -68,6 +68,10 @@ class FSDPModule {
  public:
   explicit FSDPModule(std::shared_ptr<detail::ParamGroup> group) : group_(std::move(group)) {}
 
+  // Path of this unit's module under the outermost sharded module, "" for that module itself
+  // (so a parameter's full name is path + "." + its name, or its name alone).
+  const std::string& path() const;
+
   // Parameters this unit manages, with their shard metadata, in registration order.
   std::vector<ShardedParameter> sharded_parameters() const;
   // Bytes of this unit's local shards (padding included), of their gradients if present.

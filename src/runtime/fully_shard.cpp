@@ -69,6 +69,12 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const D
 
   auto group = std::make_shared<ParamGroup>(module.get(), std::move(params), mesh, options);
   detail::attach_param_group(*module, group);
+  // Name every unit by its path under this module; an enclosing fully_shard renames them.
+  for (const auto& item : module->named_modules()) {
+    if (ParamGroup* unit = detail::param_group_of(*item.value())) {
+      unit->set_path(item.key(), unit == group.get());
+    }
+  }
   return FSDPModule(group);
 }
 
@@ -106,6 +112,8 @@ int64_t FSDPModule::sharded_grad_bytes() const {
   }
   return bytes;
 }
+
+const std::string& FSDPModule::path() const { return group_->path(); }
 
 void FSDPModule::unshard() { group_->unshard(); }
 void FSDPModule::reshard() { group_->reshard(); }

@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/strides.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/engine.h>
 
@@ -30,7 +31,8 @@ class FSDPStateHolder : public torch::nn::Module {
   std::shared_ptr<ParamGroup> group;
 };
 
-// Identity in forward; its backward runs once the gradients of all of a unit's inputs are
+// Identity in forward (the inputs go in as a TensorList: autograd only tracks tensors passed as
+// Tensor or TensorList, and a std::vector would bind to its catch-all overload); its backward runs once the gradients of all of a unit's inputs are
 // computed, which is after every node of the unit's backward, so the unit's parameter
 // gradients are complete (FSDP2's RegisterPostBackwardFunction).
 // Carries a weak reference to the unit through AutogradContext::saved_data (an IValue capsule
@@ -43,17 +45,28 @@ struct GroupRef : torch::CustomClassHolder {
 struct PostBackwardFunction : public torch::autograd::Function<PostBackwardFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const std::shared_ptr<ParamGroup>& group,
-                                                torch::autograd::variable_list inputs) {
+                                                at::TensorList inputs) {
     ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupRef>(group));
-    return inputs;
+    return torch::autograd::variable_list(inputs.begin(), inputs.end());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto ref = c10::static_intrusive_pointer_cast<GroupRef>(ctx->saved_data["group"].toCapsule());
     if (std::shared_ptr<ParamGroup> group = ref->group.lock()) group->post_backward();
+    // One gradient per forward argument: none for the group, then the inputs' own.
+    grads.insert(grads.begin(), at::Tensor());
     return grads;
   }
 };
+
+// A tensor over [offset, offset + numel(shape)) of flat's storage that is not an autograd
+// view of flat: optimizers detach_() gradients in zero_grad, which views do not allow.
+at::Tensor alias_of(const at::Tensor& flat, int64_t offset, c10::IntArrayRef shape) {
+  at::NoGradGuard no_grad;
+  at::Tensor alias = at::empty({0}, flat.options());
+  alias.set_(flat.storage(), flat.storage_offset() + offset, shape, c10::contiguous_strides(shape));
+  return alias;
+}
 
 std::string what_of(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
@@ -95,6 +108,11 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
   }
 }
 
+void ParamGroup::set_path(std::string path, bool is_top) {
+  path_ = std::move(path);
+  label_ = is_top ? module_->name() + " (root)" : path_;
+}
+
 bool ParamGroup::reshard_after_forward() const {
   return options_.reshard_after_forward().value_or(!is_root());
 }
@@ -111,7 +129,7 @@ void ParamGroup::lazy_init_as_root() {
     ParamGroup* group = param_group_of(*item.value());
     if (group == nullptr) continue;
     group->root_ = this;
-    group->label_ = item.key().empty() ? module_->name() + " (root)" : item.key();
+    group->set_path(item.key(), group == this);
     units_.push_back(group);
   }
 }
@@ -250,8 +268,7 @@ void ParamGroup::post_backward() {
   int64_t offset = 0;
   for (size_t i = 0; i < trainable.size(); ++i) {
     FSDPParam& p = *trainable[i];
-    at::Tensor grad = reduced.narrow(0, offset, p.padded_numel())
-                          .view(p.layout().padded_shape(p.global_shape()));
+    at::Tensor grad = alias_of(reduced, offset, p.layout().padded_shape(p.global_shape()));
     if (previous[i].defined()) grad.add_(previous[i]);
     p.param().mutable_grad() = grad;
     offset += p.padded_numel();
@@ -327,7 +344,7 @@ std::vector<at::Tensor> ForwardScope::pre_forward(std::vector<at::Tensor> inputs
   }
   if (needing_grad.empty()) return inputs;
   std::shared_ptr<ParamGroup> group = group_.shared_from_this();
-  torch::autograd::variable_list routed = PostBackwardFunction::apply(group, needing_grad);
+  torch::autograd::variable_list routed = PostBackwardFunction::apply(group, at::TensorList(needing_grad));
   for (size_t k = 0; k < positions.size(); ++k) inputs[positions[k]] = routed[k];
   return inputs;
 }

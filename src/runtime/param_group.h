@@ -42,7 +42,11 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void unshard();
   void reshard();
 
+  // For error messages: the unit's path under the root, or the module's type name.
   const std::string& label() const { return label_; }
+  // Path of the unit's module under the outermost fully_shard'ed module ("" for that one).
+  const std::string& path() const { return path_; }
+  void set_path(std::string path, bool is_top);
   std::vector<FSDPParam>& params() { return params_; }
   const std::vector<FSDPParam>& params() const { return params_; }
   const DeviceMesh& mesh() const { return mesh_; }
@@ -61,6 +65,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
 
   torch::nn::Module* module_;  // not owned: the module owns this group
   std::string label_;
+  std::string path_;
   std::vector<FSDPParam> params_;
   DeviceMesh mesh_;
   FullyShardOptions options_;

@@ -14,6 +14,19 @@ torch::optim::AdamW make_optimizer(const std::vector<at::Tensor>& params, const 
                              torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
 }
 
+std::shared_ptr<torch::nn::Module> build(const TrainCase& c, const DeviceMesh* mesh) {
+  auto model = c.make_model(mesh);
+  if (c.dtype != at::kFloat) model->to(c.dtype);
+  return model;
+}
+
+std::pair<at::Tensor, at::Tensor> batch_of(const TrainCase& c, int64_t index) {
+  auto [inputs, targets] = c.batch(index);
+  if (inputs.is_floating_point()) inputs = inputs.to(c.dtype);
+  if (targets.is_floating_point()) targets = targets.to(c.dtype);
+  return {inputs, targets};
+}
+
 at::Tensor slice_rows(const at::Tensor& t, int rank, int world) {
   const int64_t rows = t.size(0) / world;
   return t.narrow(0, rank * rows, rows);
@@ -28,14 +41,14 @@ at::Tensor seeded_uniform(c10::IntArrayRef shape, uint64_t seed, double scale) {
 
 TrainRecord train_reference(const TrainCase& c) {
   TrainRecord record;
-  auto model = c.make_model(nullptr);
+  auto model = build(c, nullptr);
   auto params = unique_parameters(*model);
   auto optimizer = make_optimizer(params, c);
   for (int64_t step = 0; step < c.steps; ++step) {
     optimizer.zero_grad();
     double loss_sum = 0;
     for (int micro = 0; micro < c.accumulation; ++micro) {
-      auto [inputs, targets] = c.batch(step * c.accumulation + micro);
+      auto [inputs, targets] = batch_of(c, step * c.accumulation + micro);
       at::Tensor loss = c.loss(model, inputs, targets) / c.accumulation;
       loss.backward();
       loss_sum += loss.item<double>();
@@ -59,7 +72,7 @@ std::vector<TrainRecord> train_sharded(
       [&](std::shared_ptr<ProcessGroup> group) {
         const int rank = group->rank();
         DeviceMesh mesh(group);
-        auto model = c.make_model(&mesh);
+        auto model = build(c, &mesh);
         c.shard(model, mesh);
         auto params = unique_parameters(*model);
         auto optimizer = make_optimizer(params, c);
@@ -68,7 +81,7 @@ std::vector<TrainRecord> train_sharded(
           optimizer.zero_grad();
           double loss_sum = 0;
           for (int micro = 0; micro < c.accumulation; ++micro) {
-            auto [inputs, targets] = c.batch(step * c.accumulation + micro);
+            auto [inputs, targets] = batch_of(c, step * c.accumulation + micro);
             at::Tensor loss = c.loss(model, slice_rows(inputs, rank, world),
                                      slice_rows(targets, rank, world)) /
                               c.accumulation;
@@ -84,28 +97,14 @@ std::vector<TrainRecord> train_sharded(
         }
         for (const auto& unit : fsdp_modules_under(*model)) {
           for (const auto& sp : unit.sharded_parameters()) {
-            // Unit-relative names; the reference uses root-relative ones. Match by suffix below.
-            record.params[sp.name + "@" + unit.group().label()] = sp.local.detach().clone();
-            record.metadata[sp.name + "@" + unit.group().label()] = sp.metadata;
+            record.params[(unit.path().empty() ? sp.name : unit.path() + "." + sp.name)] = sp.local.detach().clone();
+            record.metadata[(unit.path().empty() ? sp.name : unit.path() + "." + sp.name)] = sp.metadata;
           }
         }
       },
       options);
   return records;
 }
-
-namespace {
-
-// Maps "name@unit_label" to the root-relative name the reference uses.
-std::string root_relative(const std::string& key) {
-  const auto at = key.find('@');
-  const std::string name = key.substr(0, at);
-  const std::string label = key.substr(at + 1);
-  if (label.find(" (root)") != std::string::npos) return name;
-  return label + "." + name;
-}
-
-}  // namespace
 
 void expect_equivalent(const TrainRecord& reference, const std::vector<TrainRecord>& ranks,
                        double rel_tol, double abs_tol) {
@@ -121,7 +120,7 @@ void expect_equivalent(const TrainRecord& reference, const std::vector<TrainReco
     }
     size_t compared = 0;
     for (const auto& [key, shard] : got.params) {
-      const std::string name = root_relative(key);
+      const std::string& name = key;
       auto it = reference.params.find(name);
       ASSERT_NE(it, reference.params.end()) << "no reference parameter " << name;
       const ShardMetadata& m = got.metadata.at(key);
@@ -151,7 +150,7 @@ void expect_bit_identical(const TrainRecord& reference, const TrainRecord& rank0
   }
   ASSERT_EQ(rank0.params.size(), reference.params.size());
   for (const auto& [key, shard] : rank0.params) {
-    const std::string name = root_relative(key);
+    const std::string& name = key;
     const at::Tensor& want = reference.params.at(name);
     EXPECT_TRUE(at::equal(shard.reshape(want.sizes()), want)) << "parameter " << name;
   }

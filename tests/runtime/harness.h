@@ -34,6 +34,9 @@ struct TrainCase {
       loss;
   // The global batch of a step: (inputs, targets), sliced along dim 0 into W micro-batches.
   std::function<std::pair<at::Tensor, at::Tensor>(int64_t step)> batch;
+  // Parameters and floating inputs are converted to this dtype before sharding. float64 runs
+  // separate algorithmic differences from float32 rounding noise.
+  at::ScalarType dtype = at::kFloat;
   int64_t steps = 10;
   double lr = 1e-2;
   double weight_decay = 0.1;

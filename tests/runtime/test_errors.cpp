@@ -35,9 +35,9 @@ TEST(FullyShardErrors, AppliedTwiceToOneModule) {
 TEST(FullyShardErrors, ParameterNotOnTheMeshDevice) {
   run_ranks_in_threads(1, [](std::shared_ptr<ProcessGroup> group) {
     DeviceMesh mesh(group);
-    torch::nn::Linear linear(4, 3);
-    linear->to(at::Device(at::kMeta));
-    EXPECT_THAT(error_of([&] { fully_shard(linear, mesh); }),
+    auto module = std::make_shared<torch::nn::Module>("OnMeta");
+    module->register_parameter("weight", at::empty({3, 4}, at::TensorOptions().device(at::kMeta)));
+    EXPECT_THAT(error_of([&] { fully_shard(module, mesh); }),
                 AllOf(HasSubstr("'weight'"), HasSubstr("is on meta"), HasSubstr("communicates on cpu")));
   });
 }

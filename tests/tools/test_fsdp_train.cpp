@@ -1,0 +1,135 @@
+// fsdp-train as real processes: --nproc launches ranks that rendezvous over TCP and must
+// reproduce the --no-fsdp reference step by step; bad input ends with a clear message and a
+// non-zero exit, never a hang.
+#include <fsdp_train/launcher.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <sys/wait.h>
+
+namespace fsdp::train {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+std::string binary() {
+  const char* path = std::getenv("FSDP_TRAIN_BIN");
+  return path != nullptr ? path : "./fsdp-train";
+}
+
+// Runs a shell command line with a hard time limit so a hang fails the test instead of
+// stalling the suite.
+Result run(const std::string& args, const std::string& env = "", int limit_s = 240) {
+  const std::string cmd = "env " + env + " timeout -s KILL " + std::to_string(limit_s) + " " +
+                          binary() + " " + args + " 2>&1";
+  Result r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::vector<nlohmann::json> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "fsdp_train_" + name;
+}
+
+TEST(FsdpTrain, TwoProcessesMatchTheSingleProcessReference) {
+  const std::string common = "--model tiny --steps 4 --global-batch 4 --seq-len 16 --quiet --seed 3";
+  const std::string sharded = temp_path("sharded.jsonl");
+  const std::string reference = temp_path("reference.jsonl");
+  const Result a = run("--nproc 2 " + common + " --metrics " + sharded);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const Result b = run("--no-fsdp " + common + " --metrics " + reference);
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const auto got = read_lines(sharded);
+  const auto want = read_lines(reference);
+  ASSERT_EQ(got.size(), 4u);
+  ASSERT_EQ(want.size(), 4u);
+  for (size_t s = 0; s < got.size(); ++s) {
+    EXPECT_EQ(got[s]["step"], s + 1);
+    const double loss = got[s]["loss"], ref_loss = want[s]["loss"];
+    const double norm = got[s]["grad_norm"], ref_norm = want[s]["grad_norm"];
+    EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss) << "step " << s + 1;
+    EXPECT_NEAR(norm, ref_norm, 1e-5 * ref_norm) << "step " << s + 1;
+    ASSERT_EQ(got[s]["ranks"].size(), 2u);
+    ASSERT_EQ(want[s]["ranks"].size(), 1u);
+    const int64_t full_params = want[s]["ranks"][0]["param_bytes"];
+    for (int r = 0; r < 2; ++r) {
+      const auto& rank = got[s]["ranks"][r];
+      EXPECT_EQ(rank["rank"], r);
+      // Half of the model, plus at most a few padding rows.
+      const int64_t param_bytes = rank["param_bytes"];
+      EXPECT_GE(param_bytes, full_params / 2);
+      EXPECT_LT(param_bytes, full_params / 2 + full_params / 50);
+      EXPECT_EQ(rank["grad_bytes"], rank["param_bytes"]);
+      EXPECT_EQ(rank["optim_bytes"].get<int64_t>(), 2 * param_bytes);
+      EXPECT_GT(rank["all_gather_bytes"].get<int64_t>(), 0);
+      EXPECT_GT(rank["reduce_scatter_bytes"].get<int64_t>(), 0);
+      EXPECT_GT(rank["peak_unsharded_bytes"].get<int64_t>(), 0);
+    }
+    for (const char* key : {"tokens_per_s", "step_s"}) EXPECT_GT(got[s][key].get<double>(), 0);
+  }
+}
+
+TEST(FsdpTrain, NprocZeroIsRejected) {
+  const Result r = run("--nproc 0 --steps 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--nproc must be at least 1, got 0"));
+}
+
+TEST(FsdpTrain, MissingDataFileIsNamed) {
+  const Result r = run("--nproc 2 --steps 1 --data /nonexistent/corpus.txt");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("/nonexistent/corpus.txt"));
+  EXPECT_THAT(r.output, HasSubstr("No such file or directory"));
+}
+
+TEST(FsdpTrain, CorpusShorterThanOneSample) {
+  const std::string path = temp_path("short.txt");
+  std::ofstream(path) << "too short";
+  const Result r = run("--nproc 2 --steps 1 --seq-len 32 --data " + path);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("has 9 bytes"));
+  EXPECT_THAT(r.output, HasSubstr("32"));
+}
+
+TEST(FsdpTrain, RankThatNeverArrivesTimesOutNamingIt) {
+  const int port = find_free_port();
+  const std::string env = "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                          std::to_string(port);
+  const Result r = run("--steps 1 --timeout-s 3", env, 60);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("rank 1"));
+  EXPECT_THAT(r.output, HasSubstr("never arrived"));
+}
+
+TEST(FsdpTrain, GlobalBatchNotDivisibleByRanks) {
+  const Result r = run("--nproc 3 --steps 1 --global-batch 4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--global-batch 4 is not divisible by the number of ranks, 3"));
+}
+
+}  // namespace
+}  // namespace fsdp::train
