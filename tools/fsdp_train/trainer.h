@@ -14,7 +14,7 @@ namespace fsdp::train {
 
 struct TrainerOptions {
   std::string model = "tiny";       // GPT2Config name: tiny, small, gpt2
-  int64_t steps = 300;
+  int64_t steps = 2000;
   int64_t global_batch = 16;        // sequences per optimizer step, over all ranks
   int64_t seq_len = 64;
   double lr = 3e-3;
@@ -25,7 +25,7 @@ struct TrainerOptions {
   bool no_fsdp = false;
   std::string data_path;            // empty: the embedded corpus
   std::string metrics_path;         // empty: no metrics file
-  int64_t log_every = 25;
+  int64_t log_every = 100;
   bool quiet = false;               // no progress lines
 };
 
