@@ -99,11 +99,21 @@ void FSDPParam::unshard_from(const at::Tensor& gathered_2d, int64_t column) {
   unsharded_now_ = true;
 }
 
+void FSDPParam::unshard_single_rank() {
+  TORCH_INTERNAL_ASSERT(!unsharded_now_, "parameter ", name_, " is already unsharded");
+  TORCH_INTERNAL_ASSERT(layout_.chunk_rows == layout_.dim0, "unshard_single_rank needs one rank");
+  at::NoGradGuard no_grad;
+  param_.set_data(sharded_.view(global_shape_));
+  unsharded_now_ = true;
+  aliases_shard_ = true;
+}
+
 void FSDPParam::reshard() {
   if (!unsharded_now_) return;
   param_.set_data(sharded_);
-  resize_storage(unsharded_, 0);
+  if (!aliases_shard_) resize_storage(unsharded_, 0);
   unsharded_now_ = false;
+  aliases_shard_ = false;
 }
 
 void FSDPParam::copy_grad_into(const at::Tensor& full_grad, const at::Tensor& slot_2d) const {

@@ -46,6 +46,9 @@ class FSDPParam {
   // (this parameter occupies columns [column, column + padded_numel())) and points the
   // parameter at the full tensor.
   void unshard_from(const at::Tensor& gathered_2d, int64_t column);
+  // With one rank the shard is the whole tensor: points the parameter at it, in the global
+  // shape, with no copy and no allocation.
+  void unshard_single_rank();
   // Points the parameter back at its shard and frees the unsharded storage.
   void reshard();
   bool is_unsharded() const { return unsharded_now_; }
@@ -67,6 +70,7 @@ class FSDPParam {
   at::Tensor sharded_;
   at::Tensor unsharded_;
   bool unsharded_now_ = false;
+  bool aliases_shard_ = false;  // unsharded through unshard_single_rank
 };
 
 }  // namespace fsdp::detail

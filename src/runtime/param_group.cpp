@@ -204,53 +204,67 @@ void ParamGroup::post_backward() {
   const int world = mesh_.shard_size();
   RankStats& stats = mesh_.stats();
 
+  // Take each trainable parameter's full gradient of this backward (undefined if it got none)
+  // and the sharded gradient it held before (undefined after zero_grad).
   std::vector<FSDPParam*> trainable;
+  std::vector<at::Tensor> full_grads;
+  std::vector<at::Tensor> previous;
   int64_t reduce_numel = 0;
+  int64_t full_grad_bytes = 0;
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
+    at::Tensor grad = p.param().grad();
+    at::Tensor before = std::move(p.stashed_grad);
+    if (!in_backward) {
+      // Pre-backward never ran, so this unit got no gradient this backward: whatever
+      // gradient the parameter holds is a sharded one from before.
+      before = std::move(grad);
+      grad = at::Tensor();
+    }
+    p.stashed_grad = at::Tensor();
+    p.grad_stashed = false;
+    p.param().mutable_grad() = at::Tensor();
+    if (grad.defined()) full_grad_bytes += grad.nbytes();
     trainable.push_back(&p);
+    full_grads.push_back(std::move(grad));
+    previous.push_back(std::move(before));
     reduce_numel += p.padded_numel();
   }
-
-  at::Tensor reduce_input;
-  std::vector<at::Tensor> previous(trainable.size());
-  if (!trainable.empty()) {
-    reduce_input = at::empty({world * reduce_numel}, flat_shards_.options());
-    const at::Tensor input_2d = reduce_input.view({world, reduce_numel});
-    int64_t column = 0;
-    int64_t full_grad_bytes = 0;
-    for (size_t i = 0; i < trainable.size(); ++i) {
-      FSDPParam& p = *trainable[i];
-      at::Tensor grad = p.param().grad();
-      if (in_backward) {
-        previous[i] = std::move(p.stashed_grad);
-      } else {
-        // Pre-backward never ran, so this unit got no gradient this backward: whatever
-        // gradient the parameter holds is a sharded one from before.
-        previous[i] = std::move(grad);
-        grad = at::Tensor();
-      }
-      p.stashed_grad = at::Tensor();
-      p.grad_stashed = false;
-      const at::Tensor slot = input_2d.narrow(1, column, p.padded_numel());
-      if (grad.defined()) {
-        p.copy_grad_into(grad, slot);
-        full_grad_bytes += grad.nbytes();
-      } else {
-        slot.zero_();  // an unused parameter contributes a zero gradient
-      }
-      p.param().mutable_grad() = at::Tensor();
-      column += p.padded_numel();
-    }
-    // The full gradients were alive together with whatever else is unsharded; count them at
-    // their peak, then release them.
-    stats.add_unsharded_grads(full_grad_bytes);
-    stats.add_unsharded_grads(-full_grad_bytes);
-  }
-
   reshard();
   state_ = UnitState::kIdle;
   if (trainable.empty()) return;
+  // The full gradients were alive together with whatever else is unsharded; count them at
+  // their peak. They are released as this function returns.
+  stats.add_unsharded_grads(full_grad_bytes);
+  stats.add_unsharded_grads(-full_grad_bytes);
+
+  if (world == 1) {
+    // One rank: the full gradient is the sharded gradient; nothing to copy or reduce.
+    for (size_t i = 0; i < trainable.size(); ++i) {
+      FSDPParam& p = *trainable[i];
+      const auto shape = p.layout().padded_shape(p.global_shape());
+      at::Tensor grad = full_grads[i].defined()
+                            ? alias_of(full_grads[i].contiguous(), 0, shape)
+                            : at::zeros(shape, flat_shards_.options());
+      if (previous[i].defined()) grad.add_(previous[i]);
+      p.param().mutable_grad() = grad;
+    }
+    return;
+  }
+
+  at::Tensor reduce_input = at::empty({world * reduce_numel}, flat_shards_.options());
+  const at::Tensor input_2d = reduce_input.view({world, reduce_numel});
+  int64_t column = 0;
+  for (size_t i = 0; i < trainable.size(); ++i) {
+    const at::Tensor slot = input_2d.narrow(1, column, trainable[i]->padded_numel());
+    if (full_grads[i].defined()) {
+      trainable[i]->copy_grad_into(full_grads[i], slot);
+    } else {
+      slot.zero_();  // an unused parameter contributes a zero gradient
+    }
+    full_grads[i] = at::Tensor();
+    column += trainable[i]->padded_numel();
+  }
 
   at::Tensor reduced = at::empty({reduce_numel}, flat_shards_.options());
   const int64_t input_bytes = reduce_input.nbytes();
@@ -263,7 +277,7 @@ void ParamGroup::post_backward() {
   }
   stats.add_comm_buffers(-input_bytes);
   reduce_input = at::Tensor();
-  if (world > 1) reduced.div_(world);
+  reduced.div_(world);
 
   int64_t offset = 0;
   for (size_t i = 0; i < trainable.size(); ++i) {
@@ -293,6 +307,12 @@ void ParamGroup::unshard() {
     return;
   }
   const int world = mesh_.shard_size();
+  if (world == 1) {
+    // Nothing to gather: the shard is the parameter. No bytes are added, and none are counted.
+    for (auto& p : params_) p.unshard_single_rank();
+    unsharded_ = true;
+    return;
+  }
   const int64_t shard_numel = flat_shards_.numel();
   RankStats& stats = mesh_.stats();
   at::Tensor gathered = at::empty({world * shard_numel}, flat_shards_.options());
@@ -316,8 +336,9 @@ void ParamGroup::unshard() {
 
 void ParamGroup::reshard() {
   if (!unsharded_) return;
+  const bool counted = mesh_.shard_size() > 1;
   for (auto& p : params_) {
-    if (p.is_unsharded()) mesh_.stats().add_unsharded_params(-p.unsharded_bytes());
+    if (p.is_unsharded() && counted) mesh_.stats().add_unsharded_params(-p.unsharded_bytes());
     p.reshard();
   }
   unsharded_ = false;
