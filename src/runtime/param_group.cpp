@@ -230,13 +230,13 @@ void ParamGroup::post_backward() {
     previous.push_back(std::move(before));
     reduce_numel += p.padded_numel();
   }
+  // The unit's full gradients are alive together with its full parameters at this point, the
+  // unit's peak: record it, then release both.
+  stats.add_unsharded_grads(full_grad_bytes);
   reshard();
+  stats.add_unsharded_grads(-full_grad_bytes);
   state_ = UnitState::kIdle;
   if (trainable.empty()) return;
-  // The full gradients were alive together with whatever else is unsharded; count them at
-  // their peak. They are released as this function returns.
-  stats.add_unsharded_grads(full_grad_bytes);
-  stats.add_unsharded_grads(-full_grad_bytes);
 
   if (world == 1) {
     // One rank: the full gradient is the sharded gradient; nothing to copy or reduce.
