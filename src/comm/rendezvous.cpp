@@ -12,25 +12,34 @@
 // - run_ranks_in_threads keeps every successful rank's group alive until all ranks returned:
 //   a rank that finished first must not close connections a peer still reads its last op from.
 //   A rank that threw drops its group at once, so its peers fail fast instead of timing out.
+#include <fsdp/comm/rendezvous.h>
+
+#include "gloo/gloo_process_group.h"
+
+#include <fsdp/util/error.h>
+
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
-#include <fsdp/comm/rendezvous.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
-
-#include "gloo/gloo_process_group.h"
 
 namespace fsdp {
 namespace {
@@ -40,18 +49,6 @@ using Clock = std::chrono::steady_clock;
 // How often a joining rank looks for the others. Short enough not to slow tests down, long
 // enough that W ranks polling a TCPStore stay cheap.
 constexpr auto kJoinPollInterval = std::chrono::milliseconds(5);
-
-std::string describe(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
 
 std::string rank_prefix(int rank, int world_size) {
   return "fsdp: rank " + std::to_string(rank) + " of " + std::to_string(world_size) + ": ";
@@ -175,7 +172,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env,
   try {
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
   } catch (const std::exception&) {
-    const std::string detail = describe(std::current_exception());
+    const std::string detail = error_message(std::current_exception());
     if (env.rank == 0) {
       TORCH_CHECK(false, prefix, "could not host the rendezvous store on MASTER_ADDR:MASTER_PORT=",
                   env.master_addr, ":", env.master_port, ": ", detail);
@@ -253,9 +250,25 @@ void run_ranks_in_threads(int world_size,
       continue;
     }
     message += message.empty() ? "" : "\n(also) ";
-    message += "rank " + std::to_string(r) + ": " + describe(errors[r]);
+    message += "rank " + std::to_string(r) + ": " + error_message(errors[r]);
   }
   TORCH_CHECK(message.empty(), message);
+}
+
+int find_free_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  TORCH_CHECK(fd >= 0, "socket() failed: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int error = errno;
+  ::close(fd);
+  TORCH_CHECK(ok, "could not find a free port on 127.0.0.1: ", std::strerror(error));
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace fsdp

@@ -9,6 +9,8 @@
 // post_backward.
 #include "runtime/param_group.h"
 
+#include <fsdp/util/error.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <c10/util/strides.h>
@@ -68,13 +70,6 @@ at::Tensor alias_of(const at::Tensor& flat, int64_t offset, c10::IntArrayRef sha
   return alias;
 }
 
-std::string what_of(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return c10_error->what_without_backtrace();
-  }
-  return e.what();
-}
-
 }  // namespace
 
 ParamGroup* param_group_of(const torch::nn::Module& module) {
@@ -119,7 +114,7 @@ bool ParamGroup::reshard_after_forward() const {
 
 void ParamGroup::rethrow_with_context(const char* what, const std::exception& e) const {
   TORCH_CHECK(false, "fsdp: ", what, " of unit '", label_, "' on rank ", mesh_.shard_rank(), " of ",
-              mesh_.shard_size(), " failed: ", what_of(e));
+              mesh_.shard_size(), " failed: ", error_message(e));
 }
 
 void ParamGroup::lazy_init_as_root() {

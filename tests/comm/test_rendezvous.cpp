@@ -131,7 +131,7 @@ TEST(RendezvousTest, SeveralGroupsOverOneStoreStaySeparate) {
 }
 
 TEST(RendezvousTest, TcpStoreFromLaunchEnv) {
-  const int port = test::free_tcp_port();
+  const int port = fsdp::find_free_tcp_port();
   std::vector<std::shared_ptr<ProcessGroup>> groups(2);
   const auto errors = test::run_threads(2, [&](int rank) {
     LaunchEnv env;
@@ -159,7 +159,7 @@ TEST(RendezvousTest, ClientTimesOutWhenRankZeroNeverComes) {
   env.rank = 1;
   env.world_size = 2;
   env.local_rank = 1;
-  env.master_port = test::free_tcp_port();  // nobody listens there
+  env.master_port = fsdp::find_free_tcp_port();  // nobody listens there
   const auto start = std::chrono::steady_clock::now();
   const auto message = test::error_message(
       [&] { init_process_group(env, test::test_options(std::chrono::milliseconds(1500))); });

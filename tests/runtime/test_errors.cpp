@@ -1,4 +1,6 @@
 // Misuse of fully_shard gets an error that names the fault and the offending values.
+#include "support/test_support.h"
+
 #include <fsdp/comm/rendezvous.h>
 #include <fsdp/fully_shard.h>
 
@@ -13,21 +15,12 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
-}
-
 TEST(FullyShardErrors, AppliedTwiceToOneModule) {
   run_ranks_in_threads(1, [](std::shared_ptr<ProcessGroup> group) {
     DeviceMesh mesh(group);
     torch::nn::Linear linear(4, 3);
     fully_shard(linear, mesh);
-    EXPECT_THAT(error_of([&] { fully_shard(linear, mesh); }),
+    EXPECT_THAT(test::error_message([&] { fully_shard(linear, mesh); }),
                 AllOf(HasSubstr("already sharded"), HasSubstr("Linear")));
   });
 }
@@ -37,7 +30,7 @@ TEST(FullyShardErrors, ParameterNotOnTheMeshDevice) {
     DeviceMesh mesh(group);
     auto module = std::make_shared<torch::nn::Module>("OnMeta");
     module->register_parameter("weight", at::empty({3, 4}, at::TensorOptions().device(at::kMeta)));
-    EXPECT_THAT(error_of([&] { fully_shard(module, mesh); }),
+    EXPECT_THAT(test::error_message([&] { fully_shard(module, mesh); }),
                 AllOf(HasSubstr("'weight'"), HasSubstr("is on meta"), HasSubstr("communicates on cpu")));
   });
 }
@@ -47,7 +40,7 @@ TEST(FullyShardErrors, MixedDtypesInOneUnit) {
     DeviceMesh mesh(group);
     torch::nn::Linear linear(4, 3);
     linear->bias.set_data(linear->bias.data().to(at::kDouble));
-    EXPECT_THAT(error_of([&] { fully_shard(linear, mesh); }),
+    EXPECT_THAT(test::error_message([&] { fully_shard(linear, mesh); }),
                 AllOf(HasSubstr("share a dtype"), HasSubstr("'weight' is Float"), HasSubstr("'bias' is Double")));
   });
 }
@@ -55,7 +48,7 @@ TEST(FullyShardErrors, MixedDtypesInOneUnit) {
 TEST(FullyShardErrors, NullModule) {
   run_ranks_in_threads(1, [](std::shared_ptr<ProcessGroup> group) {
     DeviceMesh mesh(group);
-    EXPECT_THAT(error_of([&] { fully_shard(std::shared_ptr<torch::nn::Module>(), mesh); }),
+    EXPECT_THAT(test::error_message([&] { fully_shard(std::shared_ptr<torch::nn::Module>(), mesh); }),
                 HasSubstr("null"));
   });
 }

@@ -2,11 +2,9 @@
 // that hangs turns one failing test into a stuck suite.
 #include "support/test_support.h"
 
-#include <arpa/inet.h>
+#include <fsdp/util/error.h>
+
 #include <c10/util/Exception.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -15,22 +13,6 @@
 #include <thread>
 
 namespace fsdp::test {
-namespace {
-
-std::string describe(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
-}  // namespace
-
 ProcessGroupOptions test_options(std::chrono::milliseconds timeout) {
   ProcessGroupOptions options;
   options.timeout = timeout;
@@ -46,7 +28,7 @@ std::vector<std::string> run_threads(int n, const std::function<void(int)>& fn) 
       try {
         fn(i);
       } catch (...) {
-        errors[i] = describe(std::current_exception());
+        errors[i] = fsdp::error_message(std::current_exception());
         if (errors[i].empty()) {
           errors[i] = "(exception with an empty message)";
         }
@@ -63,25 +45,9 @@ std::string error_message(const std::function<void()>& fn) {
   try {
     fn();
   } catch (...) {
-    return describe(std::current_exception());
+    return fsdp::error_message(std::current_exception());
   }
   return "";
-}
-
-int free_tcp_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  TORCH_CHECK(fd >= 0, "free_tcp_port: socket() failed: ", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  const int saved_errno = errno;
-  ::close(fd);
-  TORCH_CHECK(ok, "free_tcp_port: bind/getsockname failed: ", std::strerror(saved_errno));
-  return ntohs(addr.sin_port);
 }
 
 ScopedEnv::ScopedEnv(std::vector<std::pair<std::string, std::optional<std::string>>> values) {

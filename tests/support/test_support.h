@@ -23,9 +23,6 @@ std::vector<std::string> run_threads(int n, const std::function<void(int)>& fn);
 // The message of what fn throws, or "" if it returns normally.
 std::string error_message(const std::function<void()>& fn);
 
-// A TCP port on 127.0.0.1 that was free a moment ago: bound to port 0, read back, released.
-int free_tcp_port();
-
 // Sets environment variables for its lifetime (nullopt unsets one) and restores the old values
 // on destruction. Not thread-safe, like setenv itself: use it only from the test's main thread.
 class ScopedEnv {

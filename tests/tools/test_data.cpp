@@ -1,6 +1,8 @@
 // Trainer data tests: the global batch is a pure function of (text, step, sizes, seed), its
 // micro-batches tile it in rank order, targets are the inputs shifted by one, errors name the
 // offending values, and the built-in corpus is fixed bytes with a known entropy.
+#include "support/test_support.h"
+
 #include <ATen/ATen.h>
 #include <fsdp_train/corpus.h>
 #include <fsdp_train/data.h>
@@ -17,15 +19,6 @@
 
 namespace fsdp::train {
 namespace {
-
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 std::string row_text(const at::Tensor& row) {
   std::string s;
@@ -90,15 +83,15 @@ TEST(TokenDataset, MicroBatchesConcatenateToTheGlobalBatch) {
 
 TEST(TokenDataset, MicroBatchRejectsWorldNotDividingBatch) {
   at::Tensor global = at::zeros({6, 4}, at::kLong);
-  const std::string msg = message_of([&] { micro_batch(global, 0, 4); });
+  const std::string msg = test::error_message([&] { micro_batch(global, 0, 4); });
   EXPECT_NE(msg.find("global batch size 6"), std::string::npos) << msg;
   EXPECT_NE(msg.find("world size 4"), std::string::npos) << msg;
-  EXPECT_NE(message_of([&] { micro_batch(global, 3, 3); }).find("rank 3"), std::string::npos);
+  EXPECT_NE(test::error_message([&] { micro_batch(global, 3, 3); }).find("rank 3"), std::string::npos);
 }
 
 TEST(TokenDataset, ShortTextIsRejectedNamingBothLengths) {
   TokenDataset data(std::string(10, 'x'));
-  const std::string msg = message_of([&] { data.global_batch(0, 2, 64, 0); });
+  const std::string msg = test::error_message([&] { data.global_batch(0, 2, 64, 0); });
   EXPECT_NE(msg.find("has 10 bytes"), std::string::npos) << msg;
   EXPECT_NE(msg.find("at least 65"), std::string::npos) << msg;
   // Exactly seq_len + 1 bytes is enough.
@@ -120,10 +113,10 @@ TEST(TokenDataset, FromFileReadsBytesAndNamesAMissingPath) {
   std::remove(path);
 
   const std::string missing = "/nonexistent/fsdp/corpus.txt";
-  const std::string msg = message_of([&] { TokenDataset::from_file(missing); });
+  const std::string msg = test::error_message([&] { TokenDataset::from_file(missing); });
   EXPECT_NE(msg.find(missing), std::string::npos) << msg;
   EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;
-  const std::string dir = message_of([] { TokenDataset::from_file("/tmp"); });
+  const std::string dir = test::error_message([] { TokenDataset::from_file("/tmp"); });
   EXPECT_NE(dir.find("'/tmp'"), std::string::npos) << dir;
 }
 

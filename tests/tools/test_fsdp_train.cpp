@@ -1,6 +1,7 @@
 // fsdp-train as real processes: --nproc launches ranks that rendezvous over TCP and must
 // reproduce the --no-fsdp reference step by step; bad input ends with a clear message and a
 // non-zero exit, never a hang.
+#include <fsdp/comm/rendezvous.h>
 #include <fsdp_train/launcher.h>
 
 #include <gmock/gmock.h>
@@ -116,7 +117,7 @@ TEST(FsdpTrain, CorpusShorterThanOneSample) {
 }
 
 TEST(FsdpTrain, RankThatNeverArrivesTimesOutNamingIt) {
-  const int port = find_free_port();
+  const int port = fsdp::find_free_tcp_port();
   const std::string env = "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
                           std::to_string(port);
   const Result r = run("--steps 1 --timeout-s 3", env, 60);

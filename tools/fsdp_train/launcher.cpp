@@ -6,12 +6,11 @@
 // collective timeouts.
 #include <fsdp_train/launcher.h>
 
+#include <fsdp/comm/rendezvous.h>
+
 #include <c10/util/Exception.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,22 +21,6 @@
 #include <thread>
 
 namespace fsdp::train {
-
-int find_free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  TORCH_CHECK(fd >= 0, "socket() failed: ", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  const int error = errno;
-  ::close(fd);
-  TORCH_CHECK(ok, "could not find a free port on 127.0.0.1: ", std::strerror(error));
-  return ntohs(addr.sin_port);
-}
 
 std::vector<std::string> strip_flag(const std::vector<std::string>& args, const std::string& flag) {
   std::vector<std::string> out;
@@ -70,7 +53,7 @@ int exit_code_of(int status) {
 
 int launch_local_ranks(int nproc, const std::vector<std::string>& args) {
   TORCH_CHECK(nproc >= 1, "--nproc must be at least 1, got ", nproc);
-  const int port = find_free_port();
+  const int port = find_free_tcp_port();
   std::vector<pid_t> pids(nproc, -1);
   for (int rank = 0; rank < nproc; ++rank) {
     const pid_t pid = ::fork();

@@ -8,9 +8,6 @@
 
 namespace fsdp::train {
 
-// A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it).
-int find_free_port();
-
 // Runs `/proc/self/exe args...` as ranks 0..nproc-1 and waits for all of them. If one fails,
 // the others are stopped (SIGTERM, then SIGKILL after a grace period) and a message naming
 // the rank and how it ended goes to stderr. Returns 0 when every rank exited 0, else the

@@ -13,6 +13,10 @@
 
 namespace fsdp {
 
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, released),
+// for MASTER_PORT when launching local ranks.
+int find_free_tcp_port();
+
 struct ProcessGroupOptions {
   // How long any collective, and the rendezvous itself, may take before it fails with an
   // error naming the rank and the operation. (optional) defaults to 300 s.

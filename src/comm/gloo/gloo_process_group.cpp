@@ -15,6 +15,8 @@
 //   progress thread only sees well-formed ops.
 #include "gloo_process_group.h"
 
+#include <fsdp/util/error.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -42,13 +44,6 @@ using Clock = std::chrono::steady_clock;
 // c10d send/recv tags must be non-negative ints; wrapping long before INT_MAX is safe because
 // only one op is in flight per group and each op uses at most W-1 consecutive tags.
 constexpr int kTagWrap = 1 << 30;
-
-std::string describe(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return c10_error->what_without_backtrace();
-  }
-  return e.what();
-}
 
 bool mentions_timeout(const std::string& message) {
   std::string lower = message;
@@ -109,7 +104,7 @@ class GlooProcessGroup final : public ProcessGroup {
       pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, size_, gloo_options);
     } catch (const std::exception& e) {
       TORCH_CHECK(false, prefix(), "gloo could not connect to the other ranks on hostname '",
-                  options.hostname, "' within ", timeout_.count(), " ms: ", describe(e));
+                  options.hostname, "' within ", timeout_.count(), " ms: ", error_message(e));
     }
     progress_thread_ = std::thread([this] { progress_loop(); });
   }
@@ -316,7 +311,7 @@ class GlooProcessGroup final : public ProcessGroup {
       try {
         op.body(OpContext{op.name, Clock::now() + timeout_});
       } catch (const std::exception& e) {
-        std::string message = describe(e);
+        std::string message = error_message(e);
         // Errors from wait_c10d already carry the prefix; anything else (a c10d call that threw
         // before returning a Work, an ATen error) gets it here.
         if (message.rfind("fsdp: rank", 0) != 0) {
@@ -346,7 +341,7 @@ class GlooProcessGroup final : public ProcessGroup {
       }
       detail = "the operation was aborted";
     } catch (const std::exception& e) {
-      detail = describe(e);
+      detail = error_message(e);
     }
     if (peer < 0 && size_ == 2) {
       peer = 1 - rank_;
