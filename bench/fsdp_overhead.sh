@@ -40,6 +40,7 @@ def median_step(names):
 ref = median_step(["ref_a", "ref_b"]); w1 = median_step(["w1_a", "w1_b"])
 print(f"model {model}, {steps} steps of 8 x 128 tokens, median step time over steps 3..{steps}")
 print(f"| run | step time (s) |\n|---|---|\n| --no-fsdp | {ref:.4f} |\n| FSDP W=1 | {w1:.4f} |")
+print(f"| FSDP W=2 | {median_step(['w2']):.4f} |\n| FSDP W=4 | {median_step(['w4']):.4f} |")
 print(f"\nFSDP W=1 / --no-fsdp step time: {w1 / ref:.3f}\n")
 print("| run | rank | param_bytes | grad_bytes | optim_bytes | peak_unsharded_bytes | all_gather_bytes | reduce_scatter_bytes |")
 print("|---|---|---|---|---|---|---|---|")
