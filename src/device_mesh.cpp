@@ -6,7 +6,8 @@
 namespace fsdp {
 
 DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> group)
-    : shard_group_(std::move(group)), stats_(std::make_shared<RankStats>()) {
+    : shard_group_(std::move(group)), stats_(std::make_shared<RankStats>()),
+      tracer_(std::make_shared<Tracer>()) {
   TORCH_CHECK(shard_group_ != nullptr, "DeviceMesh needs a process group, got null");
 }
 

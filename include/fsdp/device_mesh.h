@@ -1,5 +1,5 @@
-// DeviceMesh: the ranks a module is sharded over, and the per-rank accounting that every unit
-// sharded on this mesh reports into.
+// DeviceMesh: the ranks a module is sharded over, and the per-rank accounting and timeline that
+// every unit sharded on this mesh reports into.
 //
 // A mesh is a cheap, copyable handle; copies share the same process group and RankStats.
 // Today meshes are 1-D (one shard dimension).
@@ -7,6 +7,7 @@
 
 #include <fsdp/comm/process_group.h>
 #include <fsdp/runtime/stats.h>
+#include <fsdp/runtime/trace.h>
 
 #include <memory>
 
@@ -28,10 +29,13 @@ class DeviceMesh {
 
   // Bytes this rank holds, by category; shared by all units on this mesh.
   RankStats& stats() const { return *stats_; }
+  // This rank's timeline; records nothing until enabled.
+  Tracer& tracer() const { return *tracer_; }
 
  private:
   std::shared_ptr<ProcessGroup> shard_group_;
   std::shared_ptr<RankStats> stats_;
+  std::shared_ptr<Tracer> tracer_;
 };
 
 }  // namespace fsdp

@@ -63,6 +63,16 @@ namespace detail {
 class ParamGroup;
 }
 
+// Handle on an unshard issued with async_op: wait() completes it. Waiting twice is harmless.
+class UnshardHandle {
+ public:
+  explicit UnshardHandle(std::shared_ptr<detail::ParamGroup> group) : group_(std::move(group)) {}
+  void wait();
+
+ private:
+  std::shared_ptr<detail::ParamGroup> group_;
+};
+
 // Handle on a sharded module (FSDP2's FSDPModule methods). Cheap to copy.
 class FSDPModule {
  public:
@@ -78,9 +88,21 @@ class FSDPModule {
   int64_t sharded_param_bytes() const;
   int64_t sharded_grad_bytes() const;
 
-  // Gathers the full parameters now (blocking) / frees them now.
-  void unshard();
+  // Gathers the full parameters. With async_op the all-gather is only issued and the returned
+  // handle's wait() completes it (and is needed before the parameters are used); otherwise it
+  // has completed on return. FSDP2's FSDPModule.unshard(async_op).
+  UnshardHandle unshard(bool async_op = false);
+  // Frees the full parameters now (completing an all-gather still in flight).
   void reshard();
+
+  // Explicit prefetching (FSDP2's names): before this unit's forward (backward) computes, issue
+  // the all-gathers of these units, replacing the implicit choice for this unit.
+  void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
+  void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
+  // Implicit prefetching, set on the root for its whole tree: how many units ahead to gather,
+  // in forward (next in the previous step's forward order) and in backward (next in reverse
+  // forward order). 0 turns prefetching off; (optional) defaults to 1.
+  void set_implicit_prefetch(int units);
 
   detail::ParamGroup& group() const { return *group_; }
 

@@ -115,7 +115,35 @@ int64_t FSDPModule::sharded_grad_bytes() const {
 
 const std::string& FSDPModule::path() const { return group_->path(); }
 
-void FSDPModule::unshard() { group_->unshard(); }
+void UnshardHandle::wait() { group_->wait_unshard(); }
+
+UnshardHandle FSDPModule::unshard(bool async_op) {
+  if (async_op) {
+    group_->issue_unshard();
+  } else {
+    group_->wait_unshard();
+  }
+  return UnshardHandle(group_);
+}
+
 void FSDPModule::reshard() { group_->reshard(); }
+
+namespace {
+std::vector<ParamGroup*> groups_of(const std::vector<FSDPModule>& modules) {
+  std::vector<ParamGroup*> groups;
+  for (const auto& m : modules) groups.push_back(&m.group());
+  return groups;
+}
+}  // namespace
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
+  group_->set_forward_prefetch(groups_of(modules));
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
+  group_->set_backward_prefetch(groups_of(modules));
+}
+
+void FSDPModule::set_implicit_prefetch(int units) { group_->set_implicit_prefetch(units); }
 
 }  // namespace fsdp

@@ -1,4 +1,4 @@
-// The FSDP unit state machine; see param_group.h for the lifecycle.
+// The FSDP unit state machine; see param_group.h for the lifecycle and the overlap scheme.
 //
 // Gradient flow of one unit in backward: autograd accumulates full gradients into the
 // (unsharded) parameters; post_backward copies them into one flat [W, S] buffer (S = the
@@ -112,9 +112,29 @@ bool ParamGroup::reshard_after_forward() const {
   return options_.reshard_after_forward().value_or(!is_root());
 }
 
+void ParamGroup::set_implicit_prefetch(int count) {
+  TORCH_CHECK(count >= 0, "fsdp: the implicit prefetch count must be >= 0, got ", count);
+  implicit_prefetch_ = count;
+}
+
+int ParamGroup::implicit_prefetch() const {
+  return root_ != nullptr ? root_->implicit_prefetch_ : implicit_prefetch_;
+}
+
 void ParamGroup::rethrow_with_context(const char* what, const std::exception& e) const {
   TORCH_CHECK(false, "fsdp: ", what, " of unit '", label_, "' on rank ", mesh_.shard_rank(), " of ",
               mesh_.shard_size(), " failed: ", error_message(e));
+}
+
+void ParamGroup::wait_for(const WorkHandle& work, const char* what) {
+  const auto start = Tracer::Clock::now();
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    rethrow_with_context(what, e);
+  }
+  mesh_.stats().add_exposed_comm(
+      std::chrono::duration<double>(Tracer::Clock::now() - start).count());
 }
 
 void ParamGroup::lazy_init_as_root() {
@@ -137,9 +157,45 @@ void ParamGroup::begin_step() {
       unit->reshard();
       unit->state_ = UnitState::kIdle;
     }
+    unit->last_forward_index_ = -1;
+    unit->forward_index_ = -1;
+  }
+  if (!forward_order_.empty()) last_forward_order_ = std::move(forward_order_);
+  for (size_t i = 0; i < last_forward_order_.size(); ++i) {
+    if (last_forward_order_[i]->last_forward_index_ < 0) {
+      last_forward_order_[i]->last_forward_index_ = static_cast<int>(i);
+    }
   }
   forward_order_.clear();
   end_of_backward_queued_ = false;
+}
+
+void ParamGroup::prefetch_forward() {
+  if (!forward_prefetch_.empty()) {
+    for (ParamGroup* unit : forward_prefetch_) unit->issue_unshard();
+    return;
+  }
+  const int count = implicit_prefetch();
+  if (count == 0 || last_forward_index_ < 0) return;
+  const auto& order = root_->last_forward_order_;
+  for (int k = 1; k <= count && last_forward_index_ + k < static_cast<int>(order.size()); ++k) {
+    order[last_forward_index_ + k]->issue_unshard();
+  }
+}
+
+void ParamGroup::prefetch_backward() {
+  if (!backward_prefetch_.empty()) {
+    for (ParamGroup* unit : backward_prefetch_) unit->issue_unshard();
+    return;
+  }
+  const int count = implicit_prefetch();
+  if (count == 0 || forward_index_ < 0) return;
+  const auto& order = root_->forward_order_;
+  for (int k = 1; k <= count && forward_index_ - k >= 0; ++k) {
+    ParamGroup* unit = order[forward_index_ - k];
+    // Only units whose backward is still to come; the root gathers once, in forward.
+    if (unit->state_ == UnitState::kForwardDone) unit->issue_unshard();
+  }
 }
 
 void ParamGroup::pre_forward() {
@@ -147,12 +203,17 @@ void ParamGroup::pre_forward() {
   if (is_root()) begin_step();
   TORCH_CHECK(state_ != UnitState::kForward, "fsdp: unit '", label_,
               "' was called again from inside its own forward");
+  if (forward_index_ < 0) forward_index_ = static_cast<int>(root_->forward_order_.size());
   root_->forward_order_.push_back(this);
-  unshard();
+  issue_unshard();
+  prefetch_forward();
+  wait_unshard();
   state_ = UnitState::kForward;
+  compute_begin_ = Tracer::Clock::now();
 }
 
 void ParamGroup::post_forward(const std::vector<at::Tensor>& outputs) {
+  mesh_.tracer().complete("compute", "forward", compute_begin_, Tracer::Clock::now(), label_);
   const bool training = at::GradMode::is_enabled();
   if (training) {
     std::shared_ptr<ParamGroup> self = shared_from_this();
@@ -183,7 +244,9 @@ void ParamGroup::queue_end_of_backward() {
 void ParamGroup::pre_backward() {
   if (state_ != UnitState::kForwardDone) return;  // a later output's hook, or no forward
   queue_end_of_backward();
-  unshard();
+  issue_unshard();
+  prefetch_backward();
+  wait_unshard();
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
     p.stashed_grad = p.param().grad();
@@ -191,11 +254,15 @@ void ParamGroup::pre_backward() {
     p.param().mutable_grad() = at::Tensor();
   }
   state_ = UnitState::kBackward;
+  compute_begin_ = Tracer::Clock::now();
 }
 
 void ParamGroup::post_backward() {
   if (state_ != UnitState::kForwardDone && state_ != UnitState::kBackward) return;
   const bool in_backward = state_ == UnitState::kBackward;
+  if (in_backward) {
+    mesh_.tracer().complete("compute", "backward", compute_begin_, Tracer::Clock::now(), label_);
+  }
   const int world = mesh_.shard_size();
   RankStats& stats = mesh_.stats();
 
@@ -247,38 +314,64 @@ void ParamGroup::post_backward() {
     return;
   }
 
-  at::Tensor reduce_input = at::empty({world * reduce_numel}, flat_shards_.options());
-  const at::Tensor input_2d = reduce_input.view({world, reduce_numel});
-  int64_t column = 0;
-  for (size_t i = 0; i < trainable.size(); ++i) {
-    const at::Tensor slot = input_2d.narrow(1, column, trainable[i]->padded_numel());
-    if (full_grads[i].defined()) {
-      trainable[i]->copy_grad_into(full_grads[i], slot);
-    } else {
-      slot.zero_();  // an unused parameter contributes a zero gradient
+  PendingReduce reduce;
+  reduce.unit = this;
+  reduce.params = std::move(trainable);
+  reduce.previous = std::move(previous);
+  reduce.input = at::empty({world * reduce_numel}, flat_shards_.options());
+  {
+    TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
+    const at::Tensor input_2d = reduce.input.view({world, reduce_numel});
+    int64_t column = 0;
+    for (size_t i = 0; i < reduce.params.size(); ++i) {
+      FSDPParam& p = *reduce.params[i];
+      const at::Tensor slot = input_2d.narrow(1, column, p.padded_numel());
+      if (full_grads[i].defined()) {
+        p.copy_grad_into(full_grads[i], slot);
+      } else {
+        slot.zero_();  // an unused parameter contributes a zero gradient
+      }
+      full_grads[i] = at::Tensor();
+      column += p.padded_numel();
     }
-    full_grads[i] = at::Tensor();
-    column += trainable[i]->padded_numel();
   }
-
-  at::Tensor reduced = at::empty({reduce_numel}, flat_shards_.options());
-  const int64_t input_bytes = reduce_input.nbytes();
-  stats.add_comm_buffers(input_bytes);
+  reduce.output = at::empty({reduce_numel}, flat_shards_.options());
+  stats.add_comm_buffers(reduce.input.nbytes());
+  reduce.issued = Tracer::Clock::now();
   try {
-    mesh_.shard_group().reduce_scatter_tensor(reduced, reduce_input, ReduceOp::kSum)->wait();
+    reduce.work = mesh_.shard_group().reduce_scatter_tensor(reduce.output, reduce.input, ReduceOp::kSum);
   } catch (const std::exception& e) {
-    stats.add_comm_buffers(-input_bytes);
+    stats.add_comm_buffers(-reduce.input.nbytes());
     rethrow_with_context("reduce-scatter of gradients", e);
   }
-  stats.add_comm_buffers(-input_bytes);
-  reduce_input = at::Tensor();
-  reduced.div_(world);
+  root_->pending_reduces_.push_back(std::move(reduce));
+  // Two in flight let one unit's reduce-scatter run during the next unit's backward while
+  // bounding the gradient buffers held to two units' worth.
+  root_->finish_reduces(/*keep=*/2);
+}
 
+void ParamGroup::finish_reduces(size_t keep) {
+  while (pending_reduces_.size() > keep) {
+    PendingReduce reduce = std::move(pending_reduces_.front());
+    pending_reduces_.pop_front();
+    finish_reduce(reduce);
+  }
+}
+
+void ParamGroup::finish_reduce(PendingReduce& reduce) {
+  ParamGroup& unit = *reduce.unit;
+  unit.wait_for(reduce.work, "reduce-scatter of gradients");
+  const int64_t input_bytes = reduce.input.nbytes();
+  unit.mesh_.tracer().complete("comm", "reduce-scatter", reduce.issued,
+                               reduce.work->finished_at(), unit.label_, input_bytes, "comm");
+  unit.mesh_.stats().add_comm_buffers(-input_bytes);
+  reduce.input = at::Tensor();
+  reduce.output.div_(unit.mesh_.shard_size());
   int64_t offset = 0;
-  for (size_t i = 0; i < trainable.size(); ++i) {
-    FSDPParam& p = *trainable[i];
-    at::Tensor grad = alias_of(reduced, offset, p.layout().padded_shape(p.global_shape()));
-    if (previous[i].defined()) grad.add_(previous[i]);
+  for (size_t i = 0; i < reduce.params.size(); ++i) {
+    FSDPParam& p = *reduce.params[i];
+    at::Tensor grad = alias_of(reduce.output, offset, p.layout().padded_shape(p.global_shape()));
+    if (reduce.previous[i].defined()) grad.add_(reduce.previous[i]);
     p.param().mutable_grad() = grad;
     offset += p.padded_numel();
   }
@@ -289,47 +382,78 @@ void ParamGroup::end_of_backward() {
   for (auto it = forward_order_.rbegin(); it != forward_order_.rend(); ++it) {
     (*it)->post_backward();
   }
+  finish_reduces(/*keep=*/0);
   for (ParamGroup* unit : units_) {
-    unit->reshard();
+    unit->reshard();  // also completes gathers prefetched for units that never ran
     unit->state_ = UnitState::kIdle;
   }
 }
 
-void ParamGroup::unshard() {
-  if (unsharded_) return;
-  if (params_.empty()) {
-    unsharded_ = true;
-    return;
-  }
+void ParamGroup::issue_unshard() {
+  if (unsharded_ || pending_gather_ != nullptr) return;
   const int world = mesh_.shard_size();
-  if (world == 1) {
-    // Nothing to gather: the shard is the parameter. No bytes are added, and none are counted.
+  if (params_.empty() || world == 1) {
+    // Nothing to gather: with one rank the shard is the parameter, so no bytes are added (and
+    // none are counted).
     for (auto& p : params_) p.unshard_single_rank();
     unsharded_ = true;
+    mesh_.stats().add_unsharded_units(1);
     return;
   }
-  const int64_t shard_numel = flat_shards_.numel();
-  RankStats& stats = mesh_.stats();
-  at::Tensor gathered = at::empty({world * shard_numel}, flat_shards_.options());
-  stats.add_comm_buffers(gathered.nbytes());
+  auto pending = std::make_unique<PendingGather>();
+  pending->buffer = at::empty({world * flat_shards_.numel()}, flat_shards_.options());
+  mesh_.stats().add_comm_buffers(pending->buffer.nbytes());
+  mesh_.stats().add_unsharded_units(1);
+  pending->issued = Tracer::Clock::now();
   try {
-    mesh_.shard_group().all_gather_into_tensor(gathered, flat_shards_)->wait();
+    pending->work = mesh_.shard_group().all_gather_into_tensor(pending->buffer, flat_shards_);
   } catch (const std::exception& e) {
-    stats.add_comm_buffers(-gathered.nbytes());
+    mesh_.stats().add_comm_buffers(-pending->buffer.nbytes());
+    mesh_.stats().add_unsharded_units(-1);
     rethrow_with_context("all-gather of parameters", e);
   }
-  const at::Tensor gathered_2d = gathered.view({world, shard_numel});
-  int64_t column = 0;
-  for (auto& p : params_) {
-    p.unshard_from(gathered_2d, column);
-    stats.add_unsharded_params(p.unsharded_bytes());
-    column += p.padded_numel();
+  pending_gather_ = std::move(pending);
+}
+
+void ParamGroup::wait_unshard() {
+  if (unsharded_) return;
+  issue_unshard();
+  if (unsharded_) return;
+  std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
+  RankStats& stats = mesh_.stats();
+  const int64_t buffer_bytes = pending->buffer.nbytes();
+  try {
+    wait_for(pending->work, "all-gather of parameters");
+  } catch (...) {
+    stats.add_comm_buffers(-buffer_bytes);
+    stats.add_unsharded_units(-1);
+    throw;
   }
-  stats.add_comm_buffers(-gathered.nbytes());
+  mesh_.tracer().complete("comm", "all-gather", pending->issued, pending->work->finished_at(),
+                          label_, buffer_bytes, "comm");
+  {
+    TraceScope trace(mesh_.tracer(), "copy", "copy-out", label_);
+    const at::Tensor gathered_2d = pending->buffer.view({mesh_.shard_size(), flat_shards_.numel()});
+    int64_t column = 0;
+    for (auto& p : params_) {
+      p.unshard_from(gathered_2d, column);
+      stats.add_unsharded_params(p.unsharded_bytes());
+      column += p.padded_numel();
+    }
+  }
+  stats.add_comm_buffers(-buffer_bytes);
   unsharded_ = true;
 }
 
 void ParamGroup::reshard() {
+  if (pending_gather_ != nullptr) {
+    // A prefetched all-gather whose unit did not run: complete it (every rank issued it) and
+    // drop the result.
+    std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
+    mesh_.stats().add_comm_buffers(-pending->buffer.nbytes());
+    mesh_.stats().add_unsharded_units(-1);
+    wait_for(pending->work, "all-gather of parameters");
+  }
   if (!unsharded_) return;
   const bool counted = mesh_.shard_size() > 1;
   for (auto& p : params_) {
@@ -337,6 +461,7 @@ void ParamGroup::reshard() {
     p.reshard();
   }
   unsharded_ = false;
+  mesh_.stats().add_unsharded_units(-1);
 }
 
 // ---- ForwardScope (include/fsdp/detail/forward_impl.h) ----

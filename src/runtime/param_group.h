@@ -9,9 +9,19 @@
 // Parameters are unsharded from pre_forward to post_forward (and to the end of backward when
 // reshard_after_forward is false) and from pre_backward to post_backward.
 //
-// Every collective a unit issues is issued by every rank in the same order, because every
-// rank runs the same forward and the same autograd graph; units a rank's backward never
-// reaches are finished, in reverse forward order, by the root's callback on every rank.
+// Communication is asynchronous: an unshard is an all-gather issued on the process group's
+// progress thread (issue_unshard) and completed, with the copy-out, only when the parameters
+// are needed (wait_unshard). Prefetching issues the next unit's all-gather before the current
+// unit computes: in forward, the next unit in the previous step's forward order; in backward,
+// the unit before the current one in this step's forward order. A unit's reduce-scatter is
+// issued in post_backward and completed later (when too many are in flight, or at the end of
+// backward), so it overlaps the backward of the units before it.
+//
+// Every collective is issued by every rank in the same order, because every rank runs the same
+// forward and the same autograd graph, and prefetch decisions depend only on that order. Units
+// a rank's backward never reaches are finished, in reverse forward order, by the root's
+// end-of-backward callback on every rank; gathers prefetched for units that never ran are
+// completed and dropped there too.
 #pragma once
 
 #include "runtime/fsdp_param.h"
@@ -19,6 +29,7 @@
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,8 +50,20 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void pre_backward();
   void post_backward();
 
-  void unshard();
+  // Starts the all-gather of this unit's parameters; no-op if unsharded or already in flight.
+  void issue_unshard();
+  // Completes the unshard (issuing it first if needed): blocks on the all-gather, copies out.
+  void wait_unshard();
+  void unshard() { wait_unshard(); }
+  // Frees the unsharded parameters; completes and drops an all-gather still in flight.
   void reshard();
+
+  // Explicit prefetch targets (FSDP2's set_modules_to_forward/backward_prefetch). When set,
+  // they replace the implicit choice for this unit.
+  void set_forward_prefetch(std::vector<ParamGroup*> units) { forward_prefetch_ = std::move(units); }
+  void set_backward_prefetch(std::vector<ParamGroup*> units) { backward_prefetch_ = std::move(units); }
+  // How many units ahead the implicit prefetch gathers (0: off). Read from the root.
+  void set_implicit_prefetch(int count);
 
   // For error messages: the unit's path under the root, or the module's type name.
   const std::string& label() const { return label_; }
@@ -52,15 +75,39 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   const DeviceMesh& mesh() const { return mesh_; }
   const at::Tensor& flat_shards() const { return flat_shards_; }
   bool is_unsharded() const { return unsharded_; }
+  bool gather_in_flight() const { return pending_gather_ != nullptr; }
   bool is_root() const { return root_ == this; }
   UnitState state() const { return state_; }
 
  private:
+  struct PendingGather {
+    WorkHandle work;
+    at::Tensor buffer;  // [W * shard numel]
+    Tracer::Clock::time_point issued;
+  };
+  struct PendingReduce {
+    ParamGroup* unit;
+    WorkHandle work;
+    at::Tensor input;   // [W * S]: kept alive until the op completes
+    at::Tensor output;  // [S]: becomes the sharded gradients
+    std::vector<FSDPParam*> params;
+    std::vector<at::Tensor> previous;  // sharded gradients to add (accumulation)
+    Tracer::Clock::time_point issued;
+  };
+
   void lazy_init_as_root();
   void begin_step();
   void queue_end_of_backward();
   void end_of_backward();
   bool reshard_after_forward() const;
+  int implicit_prefetch() const;
+  void prefetch_forward();
+  void prefetch_backward();
+  // Completes the root's oldest in-flight reduce-scatters until at most keep remain.
+  void finish_reduces(size_t keep);
+  static void finish_reduce(PendingReduce& reduce);
+  // Blocks on work, counting the wait as exposed communication; rethrows with context.
+  void wait_for(const WorkHandle& work, const char* what);
   [[noreturn]] void rethrow_with_context(const char* what, const std::exception& e) const;
 
   torch::nn::Module* module_;  // not owned: the module owns this group
@@ -72,11 +119,20 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   at::Tensor flat_shards_;  // every parameter's padded shard, concatenated
   UnitState state_ = UnitState::kIdle;
   bool unsharded_ = false;
+  std::unique_ptr<PendingGather> pending_gather_;
+  std::vector<ParamGroup*> forward_prefetch_;
+  std::vector<ParamGroup*> backward_prefetch_;
+  int forward_index_ = -1;       // position in this step's forward order
+  int last_forward_index_ = -1;  // position in the previous step's forward order
+  Tracer::Clock::time_point compute_begin_;
 
   ParamGroup* root_ = nullptr;
   // Root only.
-  std::vector<ParamGroup*> units_;          // every unit under the root, pre-order
-  std::vector<ParamGroup*> forward_order_;  // units in the order their forward ran this step
+  int implicit_prefetch_ = 1;
+  std::vector<ParamGroup*> units_;               // every unit under the root, pre-order
+  std::vector<ParamGroup*> forward_order_;       // units in the order their forward ran this step
+  std::vector<ParamGroup*> last_forward_order_;  // the same, for the previous step
+  std::deque<PendingReduce> pending_reduces_;
   bool end_of_backward_queued_ = false;
 };
 

@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -26,9 +27,24 @@ enum class ReduceOp { kSum, kAvg };
 // (for instance a timeout, whose message names the rank, the operation and the peer).
 class Work {
  public:
+  using Clock = std::chrono::steady_clock;
+
   virtual ~Work() = default;
   virtual void wait() = 0;
   virtual bool is_completed() = 0;
+
+  // When the backend began and finished running the op (for timelines). Valid once
+  // is_completed(); before that they read as the epoch.
+  Clock::time_point started_at() const { return started_at_.load(); }
+  Clock::time_point finished_at() const { return finished_at_.load(); }
+
+ protected:
+  void mark_started() { started_at_.store(Clock::now()); }
+  void mark_finished() { finished_at_.store(Clock::now()); }
+
+ private:
+  std::atomic<Clock::time_point> started_at_{};
+  std::atomic<Clock::time_point> finished_at_{};
 };
 using WorkHandle = std::shared_ptr<Work>;
 

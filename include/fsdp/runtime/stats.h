@@ -17,6 +17,7 @@ struct MemorySnapshot {
   int64_t unsharded_param_bytes = 0;  // full parameters materialised by all-gathers
   int64_t unsharded_grad_bytes = 0;   // full gradients awaiting reduce-scatter
   int64_t comm_buffer_bytes = 0;      // all-gather / reduce-scatter staging buffers
+  int64_t unsharded_units = 0;        // units unsharded or with an all-gather in flight
   int64_t unsharded_bytes() const { return unsharded_param_bytes + unsharded_grad_bytes; }
 };
 
@@ -25,6 +26,22 @@ class RankStats {
   void add_unsharded_params(int64_t bytes) { update([&](MemorySnapshot& m) { m.unsharded_param_bytes += bytes; }); }
   void add_unsharded_grads(int64_t bytes) { update([&](MemorySnapshot& m) { m.unsharded_grad_bytes += bytes; }); }
   void add_comm_buffers(int64_t bytes) { update([&](MemorySnapshot& m) { m.comm_buffer_bytes += bytes; }); }
+  void add_unsharded_units(int64_t n) { update([&](MemorySnapshot& m) { m.unsharded_units += n; }); }
+
+  // Seconds the compute path spent blocked on communication (waiting for an all-gather or a
+  // reduce-scatter), since the last reset_exposed_comm().
+  void add_exposed_comm(double seconds) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    exposed_comm_s_ += seconds;
+  }
+  double exposed_comm_s() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return exposed_comm_s_;
+  }
+  void reset_exposed_comm() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    exposed_comm_s_ = 0;
+  }
 
   MemorySnapshot live() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -54,6 +71,7 @@ class RankStats {
     peak_.unsharded_param_bytes = std::max(peak_.unsharded_param_bytes, live_.unsharded_param_bytes);
     peak_.unsharded_grad_bytes = std::max(peak_.unsharded_grad_bytes, live_.unsharded_grad_bytes);
     peak_.comm_buffer_bytes = std::max(peak_.comm_buffer_bytes, live_.comm_buffer_bytes);
+    peak_.unsharded_units = std::max(peak_.unsharded_units, live_.unsharded_units);
     peak_unsharded_ = std::max(peak_unsharded_, live_.unsharded_bytes());
   }
 
@@ -61,6 +79,7 @@ class RankStats {
   MemorySnapshot live_;
   MemorySnapshot peak_;
   int64_t peak_unsharded_ = 0;
+  double exposed_comm_s_ = 0;
 };
 
 }  // namespace fsdp

@@ -69,7 +69,10 @@ class GlooWork final : public Work {
     return done_;
   }
 
+  void start() { mark_started(); }
+
   void finish(std::exception_ptr error) {
+    mark_finished();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       done_ = true;
@@ -308,6 +311,7 @@ class GlooProcessGroup final : public ProcessGroup {
         continue;
       }
       std::exception_ptr error;
+      op.work->start();
       try {
         op.body(OpContext{op.name, Clock::now() + timeout_});
       } catch (const std::exception& e) {
