@@ -94,6 +94,9 @@ class FSDPModule {
   UnshardHandle unshard(bool async_op = false);
   // Frees the full parameters now (completing an all-gather still in flight).
   void reshard();
+  // Whether the full parameters are materialized, and whether an all-gather is in flight.
+  bool is_unsharded() const;
+  bool gather_in_flight() const;
 
   // Explicit prefetching (FSDP2's names): before this unit's forward (backward) computes, issue
   // the all-gathers of these units, replacing the implicit choice for this unit.

@@ -127,6 +127,8 @@ UnshardHandle FSDPModule::unshard(bool async_op) {
 }
 
 void FSDPModule::reshard() { group_->reshard(); }
+bool FSDPModule::is_unsharded() const { return group_->is_unsharded(); }
+bool FSDPModule::gather_in_flight() const { return group_->gather_in_flight(); }
 
 namespace {
 std::vector<ParamGroup*> groups_of(const std::vector<FSDPModule>& modules) {

@@ -23,6 +23,7 @@ struct GptCaseOptions {
   int accumulation = 1;
   // Build with the deferred, block-by-block construction that shards each block as it is made.
   bool deferred = true;
+  int prefetch = 1;  // implicit prefetch depth (0: off)
 };
 
 TrainCase gpt_case(const GptCaseOptions& opt = {}) {
@@ -45,6 +46,7 @@ TrainCase gpt_case(const GptCaseOptions& opt = {}) {
   FullyShardOptions unit_options;
   unit_options.reshard_after_forward(opt.reshard_after_forward);
   const bool deferred = opt.deferred;
+  const int prefetch = opt.prefetch;
   c.make_model = [config, unit_options, deferred](const DeviceMesh* mesh) {
     GPT2Options o(config);
     o.seed(42);
@@ -57,12 +59,13 @@ TrainCase gpt_case(const GptCaseOptions& opt = {}) {
     }
     return GPT2LMHead(o).ptr();
   };
-  c.shard = [unit_options, deferred](const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+  c.shard = [unit_options, deferred, prefetch](const std::shared_ptr<torch::nn::Module>& m,
+                                               const DeviceMesh& mesh) {
     auto model = std::static_pointer_cast<GPT2LMHeadImpl>(m);
     if (!deferred) {
       for (auto& block : model->transformer->blocks) fully_shard(block, mesh, unit_options);
     }
-    fully_shard(m, mesh);
+    fully_shard(m, mesh).set_implicit_prefetch(prefetch);
   };
   return c;
 }
@@ -88,6 +91,18 @@ TEST(GptEquivalence, MatchesSingleProcessInFloat64) {
   c.dtype = at::kDouble;
   c.lr = 1e-2;
   expect_equivalent(train_reference(c), train_sharded(c, 4), 1e-12, 1e-12);
+}
+
+TEST(GptEquivalence, PrefetchOnIsBitIdenticalToPrefetchOff) {
+  GptCaseOptions off;
+  off.prefetch = 0;
+  const auto without = train_sharded(gpt_case(off), 4);
+  const auto with = train_sharded(gpt_case(), 4);
+  for (size_t r = 0; r < with.size(); ++r) {
+    EXPECT_EQ(with[r].losses, without[r].losses);
+    EXPECT_EQ(with[r].grad_norms, without[r].grad_norms);
+    for (const auto& [name, t] : with[r].params) EXPECT_TRUE(at::equal(t, without[r].params.at(name))) << name;
+  }
 }
 
 TEST(GptEquivalence, WithoutReshardAfterForward) {
