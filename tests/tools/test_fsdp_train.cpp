@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <set>
 #include <string>
 #include <sys/wait.h>
 
@@ -107,6 +109,50 @@ TEST(FsdpTrain, DefaultRunLearnsTheEmbeddedCorpus) {
   const double first = lines.front()["loss"], last = lines.back()["loss"];
   EXPECT_NEAR(first, std::log(256.0), 0.2);  // starts from a uniform guess over bytes
   EXPECT_LT(last, 0.7 * 2.9798) << "loss after 300 steps: " << last;
+}
+
+// --trace writes one Chrome trace per rank with the unit-level compute, communication and copy
+// events; --metrics reports the time the compute path waited for communication.
+TEST(FsdpTrain, TraceAndExposedCommunication) {
+  const std::string dir = temp_path("trace");
+  const std::string metrics = temp_path("trace.jsonl");
+  const Result r = run("--nproc 2 --steps 3 --global-batch 4 --seq-len 16 --quiet --trace " + dir +
+                       " --metrics " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& line : read_lines(metrics)) {
+    ASSERT_TRUE(line.contains("exposed_comm_s"));
+    EXPECT_GE(line["exposed_comm_s"].get<double>(), 0.0);
+    EXPECT_LE(line["exposed_comm_s"].get<double>(), line["step_s"].get<double>());
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(dir + "/rank" + std::to_string(rank) + ".json");
+    ASSERT_TRUE(in.good()) << "no trace for rank " << rank;
+    const auto trace = nlohmann::json::parse(in);
+    std::map<std::string, int> count;  // "cat/name" -> events
+    std::set<std::string> gathered_units;
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      EXPECT_GE(e["dur"].get<double>(), 0.0);
+      EXPECT_EQ(e["pid"], rank);
+      const std::string key = e["cat"].get<std::string>() + "/" + e["name"].get<std::string>();
+      count[key]++;
+      if (e["cat"] == "comm") {
+        EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0) << key;
+        if (e["name"] == "all-gather") gathered_units.insert(e["args"]["unit"].get<std::string>());
+      }
+    }
+    // tiny GPT-2: the root and 2 blocks; 3 steps.
+    EXPECT_EQ(count["compute/forward"], 3 * 3);
+    // Every unit's backward, the root's spanning from its pre-backward to the end of backward.
+    EXPECT_EQ(count["compute/backward"], 3 * 3);
+    EXPECT_EQ(count["compute/optimizer step"], 3);
+    EXPECT_EQ(count["comm/all-gather"], 3 * (3 + 2));  // every unit in forward, blocks again in backward
+    EXPECT_EQ(count["comm/reduce-scatter"], 3 * 3);
+    EXPECT_EQ(count["copy/copy-out"], count["comm/all-gather"]);
+    EXPECT_EQ(count["copy/copy-in"], count["comm/reduce-scatter"]);
+    EXPECT_EQ(gathered_units.size(), 3u);
+    EXPECT_TRUE(gathered_units.count("transformer.h.1"));
+  }
 }
 
 TEST(FsdpTrain, NprocZeroIsRejected) {

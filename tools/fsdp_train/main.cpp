@@ -48,6 +48,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "Print progress every N steps")->capture_default_str();
   app.add_option("--timeout-s", timeout_s, "Collective and rendezvous timeout in seconds")->capture_default_str();
   app.add_flag("--quiet", o.quiet, "No progress lines");
+  app.add_option("--prefetch", o.prefetch, "1: gather the next unit while this one computes; 0: off")
+      ->check(CLI::IsMember({0, 1}))->capture_default_str();
+  app.add_option("--trace", o.trace_dir, "Write each rank's timeline (Chrome trace JSON) to DIR/rank<N>.json");
   CLI11_PARSE(app, argc, argv);
   o.reshard_after_forward = reshard == 1;
 

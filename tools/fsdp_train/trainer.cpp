@@ -24,7 +24,11 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <optional>
 
@@ -73,7 +77,8 @@ nlohmann::json to_json(const StepRecord& r) {
                      {"reduce_scatter_bytes", s.reduce_scatter_bytes}});
   }
   return {{"step", r.step},           {"loss", r.loss},     {"grad_norm", r.grad_norm},
-          {"tokens_per_s", r.tokens_per_s}, {"step_s", r.step_s}, {"ranks", ranks}};
+          {"tokens_per_s", r.tokens_per_s}, {"step_s", r.step_s},
+          {"exposed_comm_s", r.exposed_comm_s}, {"ranks", ranks}};
 }
 
 // Every rank's stats, gathered to every rank (one small all-gather per step).
@@ -150,7 +155,11 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
         });
   }
   models::GPT2LMHead model(model_options);
-  if (mesh) fully_shard(model, *mesh);
+  if (mesh) fully_shard(model, *mesh).set_implicit_prefetch(o.prefetch);
+  // The --no-fsdp reference has no mesh; it traces its compute into a tracer of its own.
+  Tracer reference_tracer;
+  Tracer& tracer = mesh ? mesh->tracer() : reference_tracer;
+  tracer.enable(!o.trace_dir.empty());
 
   const std::vector<at::Tensor> params = unique_parameters(*model);
   torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(o.lr)
@@ -180,7 +189,10 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
   for (int64_t step = 0; step < o.steps; ++step) {
     const auto start = Clock::now();
     if (group) group->reset_counters();
-    if (mesh) mesh->stats().reset_peaks();
+    if (mesh) {
+      mesh->stats().reset_peaks();
+      mesh->stats().reset_exposed_comm();
+    }
 
     const auto global = data.global_batch(step, o.global_batch, o.seq_len, o.seed);
     const auto [inputs, targets] = micro_batch(global, rank, world);
@@ -192,7 +204,10 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     RankStepStats mine;
     mine.rank = rank;
     mine.grad_bytes = grad_bytes(params);
-    optimizer.step();
+    {
+      TraceScope trace(tracer, "compute", "optimizer step");
+      optimizer.step();
+    }
 
     at::Tensor loss_sum = loss.detach().to(at::kDouble).reshape({1});
     if (group) group->all_reduce(loss_sum, ReduceOp::kSum)->wait();
@@ -207,7 +222,12 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
       mine.reduce_scatter_bytes = counters.reduce_scatter.payload_bytes;
     }
     const double step_s = std::chrono::duration<double>(Clock::now() - start).count();
-    StepRecord record{step + 1, mean_loss, norm, tokens_per_step / step_s, step_s,
+    StepRecord record{step + 1,
+                      mean_loss,
+                      norm,
+                      tokens_per_step / step_s,
+                      step_s,
+                      mesh ? mesh->stats().exposed_comm_s() : 0.0,
                       gather_stats(mine, group.get())};
     elapsed += step_s;
 
@@ -223,6 +243,13 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
       std::fflush(stdout);
     }
     summary.steps.push_back(std::move(record));
+  }
+  if (!o.trace_dir.empty()) {
+    TORCH_CHECK(::mkdir(o.trace_dir.c_str(), 0755) == 0 || errno == EEXIST,
+                "cannot create --trace directory '", o.trace_dir, "': ", std::strerror(errno));
+    const std::string path = o.trace_dir + "/rank" + std::to_string(rank) + ".json";
+    tracer.write_chrome_trace(path, rank);
+    if (printing) fmt::print("fsdp-train: wrote the timeline of each rank to {}/rank<N>.json\n", o.trace_dir);
   }
   if (printing) {
     fmt::print("fsdp-train: final loss {:.4f} nats vs unigram entropy {:.4f} nats, {:.1f}s\n",

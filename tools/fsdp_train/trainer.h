@@ -27,6 +27,8 @@ struct TrainerOptions {
   std::string metrics_path;         // empty: no metrics file
   int64_t log_every = 100;
   bool quiet = false;               // no progress lines
+  int prefetch = 1;                 // implicit prefetch depth in units (0: off)
+  std::string trace_dir;            // empty: no timeline; else DIR/rank<N>.json per rank
 };
 
 // One rank's numbers for a step, as written under "ranks" in the metrics file.
@@ -46,6 +48,7 @@ struct StepRecord {
   double grad_norm = 0;
   double tokens_per_s = 0;
   double step_s = 0;
+  double exposed_comm_s = 0;  // rank 0's time blocked on FSDP communication in the step
   std::vector<RankStepStats> ranks;
 };
 
