@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 model="${1:-small}"
 steps="${2:-12}"
-bin=./build/fsdp-train
+bin="${FSDP_TRAIN_BIN:-./build/fsdp-train}"
 out="$(mktemp -d)"
 common="--model $model --steps $steps --global-batch 8 --seq-len 128 --quiet"
 

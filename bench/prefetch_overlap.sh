@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 model="${1:-small}"
 steps="${2:-10}"
-bin=./build/fsdp-train
+bin="${FSDP_TRAIN_BIN:-./build/fsdp-train}"
 out="$(mktemp -d)"
 common="--nproc 2 --model $model --steps $steps --global-batch 8 --seq-len 128 --quiet"
 
