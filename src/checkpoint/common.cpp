@@ -1,0 +1,97 @@
+// See common.h. A parameter's rows come from the FSDP unit that manages it (FSDPModule's
+// ShardMetadata), matched by TensorImpl, so tied parameters and full names line up with
+// unique_named_parameters().
+#include "checkpoint/common.h"
+
+#include <fsdp/util/error.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <unordered_map>
+
+namespace fsdp::checkpoint::detail {
+
+at::Tensor LocalParam::rows_view(const at::Tensor& local) const {
+  return local.view({padded_rows, row_numel});
+}
+
+std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGroup* group) {
+  std::unordered_map<const c10::TensorImpl*, ShardMetadata> sharded;
+  for (const auto& unit : fsdp_modules_under(model)) {
+    for (const auto& p : unit.sharded_parameters()) {
+      sharded.emplace(p.local.unsafeGetTensorImpl(), p.metadata);
+    }
+  }
+  const int world = group ? group->size() : 1;
+  const int rank = group ? group->rank() : 0;
+  std::vector<LocalParam> result;
+  for (auto& [name, param] : unique_named_parameters(model)) {
+    LocalParam lp;
+    lp.name = name;
+    lp.param = param;
+    auto it = sharded.find(param.unsafeGetTensorImpl());
+    if (it != sharded.end()) {
+      const ShardMetadata& m = it->second;
+      TORCH_CHECK(m.mesh_size == world && m.mesh_rank == rank, "parameter '", name,
+                  "' is sharded as rank ", m.mesh_rank, " of ", m.mesh_size,
+                  " but the checkpoint's group is rank ", rank, " of ", world,
+                  (group ? "" : " (no group was given)"));
+      lp.global_shape = m.global_shape;
+      lp.sharded = true;
+      lp.offset = m.local_offset;
+      lp.rows = m.local_rows;
+      lp.padded_rows = m.padded_rows;
+    } else {
+      lp.global_shape = param.sizes().vec();
+    }
+    lp.dim0 = lp.global_shape.empty() ? 1 : lp.global_shape[0];
+    lp.row_numel = 1;
+    for (size_t i = 1; i < lp.global_shape.size(); ++i) lp.row_numel *= lp.global_shape[i];
+    if (!lp.sharded) {
+      lp.rows = lp.padded_rows = lp.dim0;
+    }
+    TORCH_CHECK(param.numel() == lp.padded_rows * lp.row_numel, "parameter '", name, "' has shape ",
+                param.sizes(), ", not its ", (lp.sharded ? "sharded" : "full"), " shape of ",
+                lp.padded_rows, " rows of ", lp.row_numel,
+                " elements: checkpoints are taken between steps, while parameters are sharded");
+    TORCH_CHECK(param.is_contiguous(), "parameter '", name, "' is not contiguous");
+    result.push_back(std::move(lp));
+  }
+  return result;
+}
+
+void agree(ProcessGroup* group, const std::exception_ptr& error, const std::string& what) {
+  if (group == nullptr || group->size() == 1) {
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  constexpr int64_t kMessageBytes = 1024;
+  const int world = group->size();
+  at::Tensor mine = at::zeros({kMessageBytes}, at::kByte);
+  if (error) {
+    std::string message = error_message(error);
+    if (message.empty()) message = "failed";
+    message.resize(std::min<size_t>(message.size(), kMessageBytes - 1));
+    std::memcpy(mine.data_ptr(), message.data(), message.size());
+  }
+  at::Tensor all = at::empty({world * kMessageBytes}, at::kByte);
+  group->all_gather_into_tensor(all, mine)->wait();
+  std::string failures;
+  const auto* bytes = all.const_data_ptr<uint8_t>();
+  for (int r = 0; r < world; ++r) {
+    const char* m = reinterpret_cast<const char*>(bytes + r * kMessageBytes);
+    if (m[0] == '\0') continue;
+    failures += "\n  rank " + std::to_string(r) + ": " + std::string(m, strnlen(m, kMessageBytes));
+  }
+  if (failures.empty()) return;
+  TORCH_CHECK(false, what, " failed on", failures);
+}
+
+std::string shape_string(c10::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace fsdp::checkpoint::detail

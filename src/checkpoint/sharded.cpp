@@ -1,0 +1,613 @@
+// Sharded checkpoints: save_sharded, load_sharded (see include/fsdp/checkpoint/checkpoint.h).
+//
+// Save, in three collective phases, each ending in agree() so that no rank is left waiting on
+// a rank that failed:
+//   1. every rank plans its slots (one per stored tensor: a parameter or one of its AdamW
+//      states); rank 0 creates root/.tmp-step_<n>/, removing stale temporaries of crashed saves;
+//   2. every rank writes its rows of every slot to its own file there and fsyncs it; an
+//      all-gather then tells rank 0 each rank's rows, per-slot checksums and file size;
+//   3. rank 0 writes metadata.json, fsyncs, renames the directory into place, then replaces
+//      `latest` by rename. Until that rename, `latest` names the previous checkpoint, which is
+//      untouched: a crash anywhere leaves a loadable checkpoint.
+// A shard stores only real rows: padding is never written, and is zeroed on load.
+//
+// Load validates the whole checkpoint before touching the model (index, every file's presence,
+// size and header, the model's names and shapes), then fills each local tensor's rows from the
+// old shards that overlap them: a shard read whole goes straight into the destination; one
+// that is only partly needed is read whole into a buffer (so its checksum can be verified) and
+// the needed rows copied.
+#include <fsdp/checkpoint/checkpoint.h>
+#include <fsdp/checkpoint/format.h>
+#include <fsdp/checkpoint/safetensors.h>
+
+#include "checkpoint/checksum.h"
+#include "checkpoint/common.h"
+#include "checkpoint/file_util.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+#include <torch/optim/adamw.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cerrno>
+#include <cstring>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unordered_map>
+
+namespace fsdp::checkpoint {
+namespace {
+
+using detail::LocalParam;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kIndexName[] = "metadata.json";
+constexpr char kLatestName[] = "latest";
+constexpr char kModelPrefix[] = "model/";
+constexpr uint64_t kMaxIndexBytes = 256ull << 20;
+constexpr size_t kMaxListed = 40;
+// The AdamW states we store, by the name used in keys ("optim/<state>/<parameter>").
+constexpr const char* kStates[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string step_dir_name(int64_t step) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+// Parses "step_<digits>" (what `latest` may name and what pruning deletes); nullopt otherwise.
+std::optional<int64_t> parse_step_dir_name(const std::string& name) {
+  if (name.size() <= 5 || name.size() > 5 + 18 || name.compare(0, 5, "step_") != 0) return std::nullopt;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+std::vector<std::string> list_directory(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  TORCH_CHECK(d != nullptr, detail::system_error("cannot list", dir));
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(d);
+  return names;
+}
+
+int64_t as_i64(uint64_t v) {
+  int64_t out;
+  std::memcpy(&out, &v, sizeof(v));
+  return out;
+}
+uint64_t as_u64(int64_t v) {
+  uint64_t out;
+  std::memcpy(&out, &v, sizeof(v));
+  return out;
+}
+
+torch::optim::AdamW* as_adamw(torch::optim::Optimizer* optimizer) {
+  if (optimizer == nullptr) return nullptr;
+  auto* adamw = dynamic_cast<torch::optim::AdamW*>(optimizer);
+  TORCH_CHECK(adamw != nullptr,
+              "checkpoints store the state of torch::optim::AdamW only; this optimizer is another "
+              "type (pass nullptr to save or load the model alone)");
+  return adamw;
+}
+
+// The options of the param group that holds p, or nullptr when the optimizer does not train p.
+const torch::optim::AdamWOptions* options_of(torch::optim::AdamW& optimizer, const at::Tensor& p) {
+  for (auto& group : optimizer.param_groups()) {
+    for (const auto& q : group.params()) {
+      if (q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
+        return &static_cast<const torch::optim::AdamWOptions&>(group.options());
+      }
+    }
+  }
+  return nullptr;
+}
+
+torch::optim::AdamWParamState* state_of(torch::optim::AdamW& optimizer, const at::Tensor& p) {
+  auto& states = optimizer.state();
+  auto it = states.find(p.unsafeGetTensorImpl());
+  if (it == states.end()) return nullptr;
+  return static_cast<torch::optim::AdamWParamState*>(it->second.get());
+}
+
+at::Tensor state_tensor(torch::optim::AdamWParamState& s, const std::string& kind) {
+  if (kind == "exp_avg") return s.exp_avg();
+  if (kind == "exp_avg_sq") return s.exp_avg_sq();
+  return s.max_exp_avg_sq();
+}
+
+// The shape a shard of `rows` rows is stored with: the global shape with dim 0 = rows (a 0-D
+// tensor's one row is stored as [rows]).
+std::vector<int64_t> stored_shape(const std::vector<int64_t>& global_shape, int64_t rows) {
+  std::vector<int64_t> shape = global_shape;
+  if (shape.empty()) return {rows};
+  shape[0] = rows;
+  return shape;
+}
+
+// One tensor this rank stores: a parameter or one of its optimizer states.
+struct Slot {
+  std::string key;
+  const LocalParam* lp = nullptr;
+  at::Tensor local;  // padded local shape (the parameter's or the state's)
+  int64_t rows_to_write = 0;
+};
+
+std::vector<Slot> plan_slots(const std::vector<LocalParam>& locals, torch::optim::AdamW* adamw,
+                             int rank) {
+  std::vector<Slot> slots;
+  for (const auto& lp : locals) {
+    // A parameter every rank holds in full is written by rank 0 alone.
+    const int64_t rows = lp.sharded ? lp.rows : (rank == 0 ? lp.dim0 : 0);
+    slots.push_back({kModelPrefix + lp.name, &lp, lp.param.detach(), rows});
+    if (adamw == nullptr) continue;
+    torch::optim::AdamWParamState* s = state_of(*adamw, lp.param);
+    if (s == nullptr) continue;
+    for (const char* kind : kStates) {
+      at::Tensor t = state_tensor(*s, kind);
+      if (!t.defined()) continue;
+      TORCH_CHECK(t.numel() == lp.padded_rows * lp.row_numel && t.is_contiguous(),
+                  "optimizer state ", kind, " of '", lp.name, "' has shape ", t.sizes(),
+                  ", not its parameter's local shape");
+      slots.push_back({std::string("optim/") + kind + "/" + lp.name, &lp, t, rows});
+    }
+  }
+  return slots;
+}
+
+// A hash of what the slots are, which every rank must agree on.
+uint64_t slots_signature(const std::vector<Slot>& slots) {
+  detail::Hasher h;
+  for (const auto& s : slots) {
+    h.update(s.key.data(), s.key.size() + 1);
+    h.update(s.lp->global_shape.data(), s.lp->global_shape.size() * sizeof(int64_t));
+    const int dtype = static_cast<int>(s.local.scalar_type());
+    h.update(&dtype, sizeof(dtype));
+  }
+  return h.digest();
+}
+
+std::optional<uint64_t> kill_hook(int64_t step, int rank) {
+  const char* value = std::getenv("FSDP_CHECKPOINT_KILL_AT");
+  if (value == nullptr) return std::nullopt;
+  long long s = 0, r = 0, bytes = 0;
+  TORCH_CHECK(std::sscanf(value, "%lld:%lld:%lld", &s, &r, &bytes) == 3 && bytes >= 0,
+              "FSDP_CHECKPOINT_KILL_AT must be <step>:<rank>:<bytes>, got '", value, "'");
+  if (s == step && r == rank) return static_cast<uint64_t>(bytes);
+  return std::nullopt;
+}
+
+at::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_cpu_rng_state(const std::string& bytes) {
+  at::Tensor state = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+void prune(const std::string& root, const std::string& kept, int keep_last) {
+  if (keep_last <= 0) return;
+  std::vector<std::pair<int64_t, std::string>> others;
+  for (const auto& name : list_directory(root)) {
+    if (name == kept) continue;
+    if (auto step = parse_step_dir_name(name)) {
+      if (detail::is_directory(root + "/" + name)) others.emplace_back(*step, name);
+    }
+  }
+  std::sort(others.rbegin(), others.rend());
+  for (size_t i = static_cast<size_t>(keep_last - 1); i < others.size(); ++i) {
+    detail::remove_all(root + "/" + others[i].second);
+  }
+}
+
+CheckpointIndex read_index(const std::string& dir) {
+  const std::string path = dir + "/" + kIndexName;
+  const std::string text = detail::read_file(path, kMaxIndexBytes);
+  try {
+    return parse_checkpoint_index(text);
+  } catch (const FormatError& e) {
+    TORCH_CHECK(false, "'", path, "' is not a valid checkpoint index: ", e.what());
+  }
+}
+
+template <typename Item>
+void append_list(std::string& out, const char* title, const std::vector<Item>& items) {
+  if (items.empty()) return;
+  out += std::string("\n  ") + title + " (" + std::to_string(items.size()) + "):";
+  for (size_t i = 0; i < items.size() && i < kMaxListed; ++i) out += "\n    " + items[i];
+  if (items.size() > kMaxListed) out += "\n    ... and " + std::to_string(items.size() - kMaxListed) + " more";
+}
+
+// Throws listing every parameter the checkpoint lacks, every model tensor it has that the model
+// lacks, and every shape that differs.
+void check_model_matches(const std::string& dir, const CheckpointIndex& index,
+                         const std::vector<LocalParam>& locals) {
+  std::vector<std::string> missing, unexpected, misshaped;
+  std::unordered_map<std::string, const LocalParam*> by_name;
+  for (const auto& lp : locals) {
+    by_name[lp.name] = &lp;
+    auto it = index.tensors.find(kModelPrefix + lp.name);
+    if (it == index.tensors.end()) {
+      missing.push_back(lp.name + " " + detail::shape_string(lp.global_shape));
+    } else if (it->second.shape != lp.global_shape) {
+      misshaped.push_back(lp.name + ": checkpoint " + detail::shape_string(it->second.shape) +
+                          ", model " + detail::shape_string(lp.global_shape));
+    }
+  }
+  for (const auto& [key, record] : index.tensors) {
+    if (key.rfind(kModelPrefix, 0) != 0) continue;
+    const std::string name = key.substr(std::strlen(kModelPrefix));
+    if (by_name.count(name) == 0) unexpected.push_back(name + " " + detail::shape_string(record.shape));
+  }
+  if (missing.empty() && unexpected.empty() && misshaped.empty()) return;
+  std::string message = "checkpoint '" + dir + "' does not match the model:";
+  append_list(message, "missing from the checkpoint", missing);
+  append_list(message, "unexpected in the checkpoint", unexpected);
+  append_list(message, "mis-shaped", misshaped);
+  TORCH_CHECK(false, message);
+}
+
+// Opens every rank file of the checkpoint and checks it against the index: present, of the
+// recorded size, a valid safetensors file holding each shard the index places there with the
+// right dtype and shape.
+std::vector<SafetensorsReader> open_rank_files(const std::string& dir, const CheckpointIndex& index) {
+  std::vector<std::string> problems;
+  for (int r = 0; r < index.world_size; ++r) {
+    const FileRecord& f = index.files[r];
+    const std::string path = dir + "/" + f.name;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      problems.push_back("rank " + std::to_string(r) + "'s file " + f.name + " is missing (" +
+                         std::strerror(errno) + ")");
+    } else if (static_cast<uint64_t>(st.st_size) != f.bytes) {
+      problems.push_back("rank " + std::to_string(r) + "'s file " + f.name + " has " +
+                         std::to_string(st.st_size) + " bytes, the index records " +
+                         std::to_string(f.bytes) + " (truncated or replaced)");
+    }
+  }
+  if (!problems.empty()) {
+    std::string message = "checkpoint '" + dir + "' is incomplete:";
+    for (const auto& p : problems) message += "\n  " + p;
+    TORCH_CHECK(false, message);
+  }
+  std::vector<SafetensorsReader> readers;
+  readers.reserve(index.world_size);
+  for (int r = 0; r < index.world_size; ++r) readers.emplace_back(dir + "/" + index.files[r].name);
+  for (const auto& [key, record] : index.tensors) {
+    for (const auto& shard : record.shards) {
+      const SafetensorsReader& reader = readers[shard.rank];
+      const TensorEntry* e = reader.header().find(key);
+      TORCH_CHECK(e != nullptr, "'", reader.path(), "' lacks '", key,
+                  "', which the index places there");
+      const auto want = stored_shape(record.shape, shard.rows);
+      TORCH_CHECK(e->dtype == record.dtype && e->shape == want, "'", reader.path(), "' stores '",
+                  key, "' as ", dtype_name(e->dtype), " ", detail::shape_string(e->shape),
+                  " but the index says ", dtype_name(record.dtype), " ", detail::shape_string(want));
+    }
+  }
+  return readers;
+}
+
+// Fills rows [lp.offset, lp.offset + lp.rows) of tensor `key` into the first lp.rows rows of
+// dst2d ([padded_rows, row_numel]) and zeroes the padding rows. Returns the bytes read.
+int64_t fill_rows(const std::string& key, const TensorRecord& record, const LocalParam& lp,
+                  const at::Tensor& dst2d, const std::vector<SafetensorsReader>& readers) {
+  at::NoGradGuard no_grad;
+  int64_t bytes = 0;
+  const int64_t begin = lp.offset, end = lp.offset + lp.rows;
+  const at::ScalarType file_type = to_scalar_type(record.dtype);
+  for (const auto& shard : record.shards) {
+    const int64_t lo = std::max(begin, shard.offset);
+    const int64_t hi = std::min(end, shard.offset + shard.rows);
+    if (lo >= hi) continue;
+    const SafetensorsReader& reader = readers[shard.rank];
+    const TensorEntry& e = reader.entry(key);
+    const at::Tensor dst = dst2d.narrow(0, lo - begin, hi - lo);
+    const bool whole = lo == shard.offset && hi == shard.offset + shard.rows;
+    const bool direct = whole && dst.device().is_cpu() && dst.scalar_type() == file_type;
+    at::Tensor buffer = direct ? dst : at::empty({shard.rows, lp.row_numel}, file_type);
+    const uint64_t sum = reader.read_into(e, buffer);
+    bytes += static_cast<int64_t>(e.nbytes());
+    TORCH_CHECK(sum == shard.checksum, "checkpoint file '", reader.path(), "' is corrupted: '",
+                key, "' rows [", shard.offset, ", ", shard.offset + shard.rows,
+                ") have checksum ", checksum_hex(sum), " but the index records ",
+                checksum_hex(shard.checksum));
+    if (!direct) dst.copy_(buffer.narrow(0, lo - shard.offset, hi - lo));
+  }
+  if (lp.rows < lp.padded_rows) dst2d.narrow(0, lp.rows, lp.padded_rows - lp.rows).zero_();
+  return bytes;
+}
+
+}  // namespace
+
+std::string resolve_checkpoint(const std::string& path) {
+  if (detail::path_exists(path + "/" + kIndexName)) return path;
+  const std::string latest_path = path + "/" + kLatestName;
+  TORCH_CHECK(detail::path_exists(latest_path), "no checkpoint at '", path, "': it holds neither ",
+              kIndexName, " nor ", kLatestName);
+  std::string name = detail::read_file(latest_path, 256);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  TORCH_CHECK(parse_step_dir_name(name).has_value(), "'", latest_path,
+              "' must name a step_<n> directory, but holds '", name.substr(0, 60), "'");
+  const std::string dir = path + "/" + name;
+  TORCH_CHECK(detail::path_exists(dir + "/" + kIndexName), "'", latest_path, "' names '", name,
+              "', which has no ", kIndexName);
+  return dir;
+}
+
+SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
+                        torch::optim::Optimizer* optimizer, ProcessGroup* group,
+                        const SaveOptions& options) {
+  const auto start = Clock::now();
+  const int world = group ? group->size() : 1;
+  const int rank = group ? group->rank() : 0;
+  const std::string dir_name = step_dir_name(options.step());
+  const std::string final_dir = root + "/" + dir_name;
+  const std::string tmp_dir = root + "/.tmp-" + dir_name;
+  const std::string what = "saving checkpoint '" + final_dir + "'";
+
+  // Phase 1: plan; rank 0 prepares the temporary directory.
+  std::vector<LocalParam> locals;
+  std::vector<Slot> slots;
+  torch::optim::AdamW* adamw = nullptr;
+  std::exception_ptr error;
+  try {
+    TORCH_CHECK(options.step() >= 0, "the step must be non-negative, got ", options.step());
+    TORCH_CHECK(options.keep_last() >= 0, "keep_last must be non-negative, got ", options.keep_last());
+    const auto user = nlohmann::json::parse(options.user_json(), nullptr, /*allow_exceptions=*/false);
+    TORCH_CHECK(user.is_object(), "user_json must be a JSON object, got '",
+                options.user_json().substr(0, 80), "'");
+    adamw = as_adamw(optimizer);
+    locals = detail::local_params(model, group);
+    slots = plan_slots(locals, adamw, rank);
+    if (rank == 0) {
+      detail::make_directories(root);
+      for (const auto& name : list_directory(root)) {
+        if (name.rfind(".tmp-", 0) == 0) detail::remove_all(root + "/" + name);  // crashed saves
+      }
+      detail::make_directories(tmp_dir);
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  detail::agree(group, error, what);
+  // Every rank must store the same tensors; the all-gathers below rely on it.
+  if (group != nullptr && world > 1) {
+    const int64_t signature[2] = {static_cast<int64_t>(slots.size()), as_i64(slots_signature(slots))};
+    at::Tensor all = at::empty({2 * world}, at::kLong);
+    group->all_gather_into_tensor(all, at::from_blob(const_cast<int64_t*>(signature), {2}, at::kLong))->wait();
+    for (int r = 0; r < world; ++r) {
+      TORCH_CHECK(all[2 * r].item<int64_t>() == signature[0] && all[2 * r + 1].item<int64_t>() == signature[1],
+                  what, " failed: rank ", r, " stores other parameters or optimizer states than rank ",
+                  rank, " (", all[2 * r].item<int64_t>(), " tensors against ", signature[0],
+                  "); every rank must save the same model and optimizer");
+    }
+  }
+
+  // Phase 2: every rank writes its file.
+  constexpr size_t kHead = 3;  // file bytes, file checksum, RNG state bytes
+  std::vector<int64_t> mine(kHead + 3 * slots.size(), 0);
+  const at::Tensor rng = cpu_rng_state();
+  try {
+    std::vector<TensorEntry> entries;
+    for (const auto& s : slots) {
+      if (s.rows_to_write == 0) continue;
+      TensorEntry e;
+      e.name = s.key;
+      e.dtype = to_dtype(s.local.scalar_type());
+      e.shape = stored_shape(s.lp->global_shape, s.rows_to_write);
+      entries.push_back(std::move(e));
+    }
+    SafetensorsWriterOptions writer_options;
+    writer_options.embed_checksums = false;  // metadata.json holds them
+    writer_options.kill_after_bytes = kill_hook(options.step(), rank);
+    SafetensorsWriter writer(tmp_dir + "/" + rank_file_name(rank, world), std::move(entries),
+                             {{"format", "pt"},
+                              {"fsdp.rank", std::to_string(rank)},
+                              {"fsdp.world_size", std::to_string(world)},
+                              {"fsdp.step", std::to_string(options.step())}},
+                             writer_options);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const Slot& s = slots[i];
+      // For a parameter held in full, the offset is 0; otherwise this rank's first row.
+      mine[kHead + 3 * i] = s.lp->sharded ? s.lp->offset : 0;
+      mine[kHead + 3 * i + 1] = s.rows_to_write;
+      if (s.rows_to_write == 0) continue;
+      at::Tensor rows = s.lp->rows_view(s.local).narrow(0, 0, s.rows_to_write);
+      if (!rows.device().is_cpu()) rows = rows.cpu();
+      mine[kHead + 3 * i + 2] = as_i64(writer.write(rows));
+    }
+    writer.finish();
+    mine[0] = static_cast<int64_t>(writer.file_bytes());
+    mine[1] = as_i64(writer.file_checksum());
+    mine[2] = rng.numel();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  detail::agree(group, error, what);
+
+  at::Tensor all = at::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, at::kLong).clone();
+  at::Tensor all_rng = rng;
+  if (group != nullptr && world > 1) {
+    at::Tensor gathered = at::empty({world * all.numel()}, at::kLong);
+    group->all_gather_into_tensor(gathered, all)->wait();
+    all = gathered;
+    all_rng = at::empty({world * rng.numel()}, at::kByte);
+    group->all_gather_into_tensor(all_rng, rng)->wait();
+  }
+  const auto* v = all.const_data_ptr<int64_t>();
+  const size_t stride = mine.size();
+  int64_t total_bytes = 0;
+  for (int r = 0; r < world; ++r) total_bytes += v[r * stride];
+
+  // Phase 3: rank 0 writes the index and publishes the checkpoint.
+  try {
+    if (rank == 0) {
+      CheckpointIndex index;
+      index.world_size = world;
+      index.step = options.step();
+      index.user_json = options.user_json();
+      for (int r = 0; r < world; ++r) {
+        const int64_t* row = v + r * stride;
+        TORCH_CHECK(row[2] == mine[2], "rank ", r, " has an RNG state of ", row[2],
+                    " bytes, rank 0 of ", mine[2]);
+        index.files.push_back({rank_file_name(r, world), as_u64(row[0]), as_u64(row[1])});
+        const auto* state = all_rng.const_data_ptr<uint8_t>() + r * rng.numel();
+        index.rng_states.emplace_back(reinterpret_cast<const char*>(state), rng.numel());
+      }
+      for (size_t i = 0; i < slots.size(); ++i) {
+        const Slot& s = slots[i];
+        TensorRecord record;
+        record.dtype = to_dtype(s.local.scalar_type());
+        record.shape = s.lp->global_shape;
+        for (int r = 0; r < world; ++r) {
+          const int64_t* slot = v + r * stride + kHead + 3 * i;
+          if (slot[1] > 0) record.shards.push_back({r, slot[0], slot[1], as_u64(slot[2])});
+        }
+        index.tensors.emplace(s.key, std::move(record));
+      }
+      if (adamw != nullptr) {
+        for (const auto& lp : locals) {
+          if (auto* s = state_of(*adamw, lp.param)) {
+            index.optimizer = "AdamW";
+            index.optimizer_steps[lp.name] = s->step();
+          }
+        }
+      }
+      const std::string text = serialize_checkpoint_index(index);
+      try {
+        parse_checkpoint_index(text);  // never publish an index we could not read back
+      } catch (const FormatError& e) {
+        TORCH_INTERNAL_ASSERT(false, "the index just built is invalid: ", e.what());
+      }
+      {
+        detail::File file = detail::File::create(tmp_dir + "/" + kIndexName);
+        file.pwrite_all(text.data(), text.size(), 0);
+        file.sync();
+        file.close();
+      }
+      detail::fsync_directory(tmp_dir);
+      detail::publish_directory(tmp_dir, final_dir);
+      detail::write_file_atomically(root + "/" + kLatestName, dir_name + "\n");
+      prune(root, dir_name, options.keep_last());
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  detail::agree(group, error, what);
+  return {final_dir, total_bytes, seconds_since(start)};
+}
+
+LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
+                        torch::optim::Optimizer* optimizer, ProcessGroup* group) {
+  const auto start = Clock::now();
+  const int rank = group ? group->rank() : 0;
+  LoadResult result;
+  std::exception_ptr error;
+  try {
+    result.path = resolve_checkpoint(path);
+    const std::string& dir = result.path;
+    const CheckpointIndex index = read_index(dir);
+    const std::vector<LocalParam> locals = detail::local_params(model, group);
+    torch::optim::AdamW* adamw = as_adamw(optimizer);
+    const bool with_optimizer = adamw != nullptr && !index.optimizer.empty();
+    TORCH_CHECK(!with_optimizer || index.optimizer == "AdamW", "checkpoint '", dir,
+                "' holds the state of a ", index.optimizer, " optimizer, not AdamW");
+    check_model_matches(dir, index, locals);
+
+    // The optimizer states to load, per parameter the optimizer trains.
+    std::vector<std::vector<std::string>> kinds(locals.size());
+    if (with_optimizer) {
+      std::vector<std::string> missing;
+      for (size_t i = 0; i < locals.size(); ++i) {
+        const LocalParam& lp = locals[i];
+        const auto* group_options = options_of(*adamw, lp.param);
+        if (group_options == nullptr) continue;  // not trained by this optimizer
+        kinds[i] = {"exp_avg", "exp_avg_sq"};
+        if (group_options->amsgrad()) kinds[i].push_back("max_exp_avg_sq");
+        for (const auto& kind : kinds[i]) {
+          const std::string key = "optim/" + kind + "/" + lp.name;
+          auto it = index.tensors.find(key);
+          if (it == index.tensors.end() || it->second.shape != lp.global_shape) missing.push_back(key);
+        }
+        if (index.optimizer_steps.count(lp.name) == 0) missing.push_back("optimizer step of " + lp.name);
+      }
+      if (!missing.empty()) {
+        std::string message = "checkpoint '" + dir + "' lacks optimizer state the optimizer needs:";
+        append_list(message, "missing", missing);
+        TORCH_CHECK(false, message);
+      }
+    }
+    const std::vector<SafetensorsReader> readers = open_rank_files(dir, index);
+
+    // Everything is validated: fill the model and the optimizer.
+    for (size_t i = 0; i < locals.size(); ++i) {
+      const LocalParam& lp = locals[i];
+      const std::string model_key = kModelPrefix + lp.name;
+      result.bytes_read += fill_rows(model_key, index.tensors.at(model_key), lp,
+                                     lp.rows_view(lp.param.detach()), readers);
+      if (kinds[i].empty()) continue;
+      auto& states = adamw->state();
+      auto it = states.find(lp.param.unsafeGetTensorImpl());
+      if (it == states.end()) {
+        at::NoGradGuard no_grad;
+        const at::Tensor p = lp.param.detach();
+        auto state = std::make_unique<torch::optim::AdamWParamState>();
+        state->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+        state->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        if (kinds[i].size() == 3) state->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        it = states.emplace(lp.param.unsafeGetTensorImpl(), std::move(state)).first;
+      }
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      s.step(index.optimizer_steps.at(lp.name));
+      for (const auto& kind : kinds[i]) {
+        at::Tensor t = state_tensor(s, kind);
+        TORCH_CHECK(t.defined() && t.is_contiguous() && t.numel() == lp.param.numel(),
+                    "optimizer state ", kind, " of '", lp.name, "' is missing or mis-shaped");
+        const std::string key = "optim/" + kind + "/" + lp.name;
+        result.bytes_read += fill_rows(key, index.tensors.at(key), lp, lp.rows_view(t), readers);
+      }
+    }
+    if (!index.rng_states.empty()) {
+      const size_t r = static_cast<size_t>(rank) < index.rng_states.size() ? rank : 0;
+      try {
+        set_cpu_rng_state(index.rng_states[r]);
+      } catch (const c10::Error& e) {
+        TORCH_CHECK(false, "checkpoint '", dir, "' has an RNG state this build cannot restore: ",
+                    e.what_without_backtrace());
+      }
+    }
+    result.step = index.step;
+    result.user_json = index.user_json;
+    result.saved_world_size = index.world_size;
+  } catch (...) {
+    error = std::current_exception();
+  }
+  detail::agree(group, error, "loading checkpoint '" + path + "'");
+  result.seconds = seconds_since(start);
+  return result;
+}
+
+}  // namespace fsdp::checkpoint
