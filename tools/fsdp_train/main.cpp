@@ -51,6 +51,12 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", o.prefetch, "1: gather the next unit while this one computes; 0: off")
       ->check(CLI::IsMember({0, 1}))->capture_default_str();
   app.add_option("--trace", o.trace_dir, "Write each rank's timeline (Chrome trace JSON) to DIR/rank<N>.json");
+  app.add_option("--save", o.save_dir, "Write sharded checkpoints under this directory (at the end, and see --save-every)");
+  app.add_option("--save-every", o.save_every, "Also save a checkpoint every N steps")->capture_default_str();
+  app.add_option("--resume", o.resume_dir, "Continue from this checkpoint directory (or a --save directory: its latest)");
+  app.add_option("--export", o.export_path, "Write the final model as Hugging Face GPT-2 safetensors (config.json beside it)");
+  app.add_option("--export-dtype", o.export_dtype, "Element type of --export: fp32 or bf16")->capture_default_str();
+  app.add_option("--init-from", o.init_from, "Initialize the model from a Hugging Face GPT-2 safetensors file");
   CLI11_PARSE(app, argc, argv);
   o.reshard_after_forward = reshard == 1;
 

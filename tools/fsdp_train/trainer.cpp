@@ -10,12 +10,14 @@
 //   reference's loss on the global batch because micro-batches have equal sizes.
 #include <fsdp_train/trainer.h>
 
+#include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/clip_grad.h>
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
 #include <fsdp_train/corpus.h>
 #include <fsdp_train/data.h>
 #include <models/gpt2/gpt2.h>
+#include <models/gpt2/hf.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -115,6 +117,38 @@ TokenDataset load_dataset(const TrainerOptions& o) {
   return data;
 }
 
+// What a checkpoint records about the run: the options that decide the model and the batches,
+// and the data position (batches are a pure function of (seed, step), so the next step is the
+// position; the rest makes a mismatch visible).
+nlohmann::json trainer_json(const TrainerOptions& o) {
+  return {{"model", o.model}, {"seed", o.seed}, {"global_batch", o.global_batch},
+          {"seq_len", o.seq_len}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
+          {"max_grad_norm", o.max_grad_norm}, {"no_fsdp", o.no_fsdp},
+          {"reshard_after_forward", o.reshard_after_forward}};
+}
+
+std::string run_state_json(const TrainerOptions& o, const TokenDataset& data, int64_t next_step) {
+  const nlohmann::json j = {
+      {"trainer", trainer_json(o)},
+      {"data", {{"source", data.source()}, {"tokens", data.size()}, {"next_step", next_step},
+                {"seed", o.seed}, {"global_batch", o.global_batch}, {"seq_len", o.seq_len}}}};
+  return j.dump();
+}
+
+// Rank 0's note when a run resumes with settings that change the batches or the model.
+void report_resume_mismatches(const TrainerOptions& o, const std::string& user_json) {
+  const auto saved = nlohmann::json::parse(user_json, nullptr, false);
+  if (!saved.is_object() || !saved.contains("trainer") || !saved["trainer"].is_object()) return;
+  const nlohmann::json& t = saved["trainer"];
+  const nlohmann::json now = trainer_json(o);
+  for (const char* key : {"model", "seed", "global_batch", "seq_len", "lr", "weight_decay"}) {
+    if (t.contains(key) && t[key] != now[key]) {
+      fmt::print(stderr, "fsdp-train: note: the checkpoint was saved with {} = {}, this run uses {}\n",
+                 key, t[key].dump(), now[key].dump());
+    }
+  }
+}
+
 }  // namespace
 
 void validate(const TrainerOptions& o, int world) {
@@ -129,6 +163,12 @@ void validate(const TrainerOptions& o, int world) {
   TORCH_CHECK(o.seq_len >= 1 && o.seq_len <= config.n_positions, "--seq-len ", o.seq_len,
               " is outside [1, ", config.n_positions, "], the positions model '", o.model,
               "' has");
+  TORCH_CHECK(o.save_every >= 0, "--save-every must be non-negative, got ", o.save_every);
+  TORCH_CHECK(o.save_every == 0 || !o.save_dir.empty(), "--save-every needs --save DIR");
+  TORCH_CHECK(o.export_dtype == "fp32" || o.export_dtype == "bf16",
+              "--export-dtype must be fp32 or bf16, got '", o.export_dtype, "'");
+  TORCH_CHECK(o.resume_dir.empty() || o.init_from.empty(),
+              "--resume and --init-from both set the weights; give one of them");
   if (!o.data_path.empty()) load_dataset(o);  // fails early on a missing or short file
 }
 
@@ -184,9 +224,29 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     std::fflush(stdout);
   }
 
+  int64_t first_step = 0;
+  if (!o.init_from.empty()) {
+    checkpoint::load_full(o.init_from, *model, group.get(), models::gpt2_hf_layout());
+    if (printing) fmt::print("fsdp-train: initialized from {}\n", o.init_from);
+  }
+  if (!o.resume_dir.empty()) {
+    const checkpoint::LoadResult loaded =
+        checkpoint::load_sharded(o.resume_dir, *model, &optimizer, group.get());
+    first_step = loaded.step;
+    TORCH_CHECK(first_step <= o.steps, "--resume ", loaded.path, " is at step ", first_step,
+                ", past --steps ", o.steps, " (the total number of steps)");
+    if (printing) {
+      fmt::print("fsdp-train: resumed from {} at step {} (saved by {} rank{}), read {:.1f} MB in "
+                 "{:.2f}s\n",
+                 loaded.path, first_step, loaded.saved_world_size,
+                 loaded.saved_world_size == 1 ? "" : "s", loaded.bytes_read / 1e6, loaded.seconds);
+      report_resume_mismatches(o, loaded.user_json);
+    }
+  }
+
   double elapsed = 0;
   const int64_t tokens_per_step = o.global_batch * o.seq_len;
-  for (int64_t step = 0; step < o.steps; ++step) {
+  for (int64_t step = first_step; step < o.steps; ++step) {
     const auto start = Clock::now();
     if (group) group->reset_counters();
     if (mesh) {
@@ -236,13 +296,44 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
       metrics.flush();
     }
     if (printing && ((step + 1) % o.log_every == 0 || step == 0 || step + 1 == o.steps)) {
-      const double eta = elapsed / double(step + 1) * double(o.steps - step - 1);
+      const int64_t done = step + 1 - first_step;
+      const double eta = elapsed / double(done) * double(o.steps - step - 1);
       fmt::print("step {:>5}/{} | loss {:.4f} | grad norm {:.3f} | {:>8.0f} tokens/s | ETA {}\n",
-                 step + 1, o.steps, mean_loss, norm, tokens_per_step * (step + 1) / elapsed,
+                 step + 1, o.steps, mean_loss, norm, tokens_per_step * done / elapsed,
                  format_duration(eta));
       std::fflush(stdout);
     }
     summary.steps.push_back(std::move(record));
+    if (!o.save_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == o.steps)) {
+      const auto saved = checkpoint::save_sharded(
+          o.save_dir, *model, &optimizer, group.get(),
+          checkpoint::SaveOptions().step(step + 1).user_json(run_state_json(o, data, step + 1)));
+      if (printing) {
+        fmt::print("fsdp-train: saved {} ({:.1f} MB in {:.2f}s, {:.0f} MB/s)\n", saved.path,
+                   saved.bytes / 1e6, saved.seconds, saved.bytes / 1e6 / saved.seconds);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (!o.export_path.empty()) {
+    checkpoint::ExportOptions export_options;
+    export_options.layout(models::gpt2_hf_layout());
+    if (o.export_dtype == "bf16") export_options.dtype(at::kBFloat16);
+    const auto exported = checkpoint::save_full(o.export_path, *model, group.get(), export_options);
+    if (rank == 0) {
+      // (No std::filesystem: libtorch.so exports a clashing copy of parts of it.)
+      const auto slash = o.export_path.rfind('/');
+      const std::string config_path =
+          (slash == std::string::npos ? "" : o.export_path.substr(0, slash + 1)) + "config.json";
+      std::ofstream config_file(config_path, std::ios::out | std::ios::trunc);
+      config_file << models::gpt2_hf_config_json(config);
+      config_file.close();
+      TORCH_CHECK(config_file.good(), "cannot write '", config_path, "'");
+      if (printing) {
+        fmt::print("fsdp-train: exported {} and {} ({:.1f} MB in {:.2f}s)\n", o.export_path,
+                   config_path, exported.bytes / 1e6, exported.seconds);
+      }
+    }
   }
   if (!o.trace_dir.empty()) {
     TORCH_CHECK(::mkdir(o.trace_dir.c_str(), 0755) == 0 || errno == EEXIST,
@@ -251,7 +342,7 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     tracer.write_chrome_trace(path, rank);
     if (printing) fmt::print("fsdp-train: wrote the timeline of each rank to {}/rank<N>.json\n", o.trace_dir);
   }
-  if (printing) {
+  if (printing && !summary.steps.empty()) {
     fmt::print("fsdp-train: final loss {:.4f} nats vs unigram entropy {:.4f} nats, {:.1f}s\n",
                summary.steps.back().loss, summary.unigram_entropy, elapsed);
   }

@@ -29,6 +29,13 @@ struct TrainerOptions {
   bool quiet = false;               // no progress lines
   int prefetch = 1;                 // implicit prefetch depth in units (0: off)
   std::string trace_dir;            // empty: no timeline; else DIR/rank<N>.json per rank
+  // Checkpoints (include/fsdp/checkpoint/checkpoint.h). Empty strings turn each off.
+  std::string save_dir;             // sharded checkpoints under this root, at the end of training
+  int64_t save_every = 0;           // and every N steps (0: only at the end)
+  std::string resume_dir;           // continue from this checkpoint (or root with `latest`)
+  std::string export_path;          // write the final model here, Hugging Face GPT-2 safetensors
+  std::string export_dtype = "fp32";  // fp32 or bf16
+  std::string init_from;            // initialize from a Hugging Face GPT-2 safetensors file
 };
 
 // One rank's numbers for a step, as written under "ranks" in the metrics file.
@@ -59,7 +66,11 @@ struct TrainSummary {
 
 // Trains on this rank of group (group == nullptr means the --no-fsdp reference). Collective:
 // every rank of group calls it with the same options. Rank 0 prints progress and writes the
-// metrics file.
+// metrics file. With resume_dir, training continues at the checkpoint's step up to `steps`
+// (the total), and the losses and parameters are those of an uninterrupted run: bit for bit at
+// the same world size, to float rounding across world sizes (batches depend only on the seed
+// and the step). export_path also gets a config.json beside it, so that the directory loads
+// with transformers' GPT2LMHeadModel.from_pretrained.
 TrainSummary train(const TrainerOptions& options, const std::shared_ptr<ProcessGroup>& group);
 
 // Validates options that need no data (positive sizes, a known model, the global batch
