@@ -1,0 +1,78 @@
+// Small helpers for the checkpoint tests: fresh temporary directories and raw file bytes (to
+// truncate and corrupt files on purpose). POSIX calls, not std::filesystem: libtorch.so exports
+// a clashing copy of parts of std::filesystem (see src/checkpoint/file_util.h).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <dirent.h>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <vector>
+
+namespace fsdp::checkpoint::testing_util {
+
+inline bool exists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+inline int64_t file_size(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
+
+inline std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
+inline void remove_all(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    for (const auto& name : list_dir(path)) remove_all(path + "/" + name);
+    ::rmdir(path.c_str());
+  } else {
+    ::unlink(path.c_str());
+  }
+}
+
+// An empty directory under the test temp dir, unique per name and process.
+inline std::string temp_dir(const std::string& name) {
+  std::string base = ::testing::TempDir();
+  if (!base.empty() && base.back() != '/') base += '/';
+  const std::string dir = base + "fsdp_ckpt_" + std::to_string(::getpid()) + "_" + name;
+  remove_all(dir);
+  ::mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Copies the regular files of a flat directory into a new directory to.
+inline void copy_flat_dir(const std::string& from, const std::string& to) {
+  ::mkdir(to.c_str(), 0755);
+  for (const auto& name : list_dir(from)) write_bytes(to + "/" + name, read_bytes(from + "/" + name));
+}
+
+}  // namespace fsdp::checkpoint::testing_util

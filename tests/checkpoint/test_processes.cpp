@@ -1,0 +1,143 @@
+// Checkpoints with real processes: fsdp-train ranks killed with SIGKILL in the middle of a save
+// leave the previous checkpoint intact, and resuming from it reproduces the uninterrupted run;
+// transformers loads our export (no missing or unexpected keys, same logits) and we load a
+// file transformers wrote.
+#include <fsdp/checkpoint/checkpoint.h>
+#include <fsdp/checkpoint/safetensors.h>
+#include <models/gpt2/gpt2.h>
+#include <models/gpt2/hf.h>
+
+#include "checkpoint/checkpoint_test_util.h"
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sys/wait.h>
+
+#ifndef FSDP_SOURCE_DIR
+#error "FSDP_SOURCE_DIR must name the source tree (tests/CMakeLists.txt defines it)"
+#endif
+
+namespace fsdp::checkpoint {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::read_bytes;
+using testing_util::temp_dir;
+using testing_util::exists;
+using testing_util::file_size;
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs a shell command with a hard time limit, so that a hang fails instead of stalling.
+Result shell(const std::string& command, int limit_s = 240) {
+  const std::string cmd = "timeout -s KILL " + std::to_string(limit_s) + " " + command + " 2>&1";
+  Result r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string trainer() {
+  const char* path = std::getenv("FSDP_TRAIN_BIN");
+  return path != nullptr ? path : "./fsdp-train";
+}
+
+std::map<int64_t, double> losses(const std::string& metrics_path) {
+  std::map<int64_t, double> result;
+  std::ifstream in(metrics_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    result[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return result;
+}
+
+TEST(CheckpointProcesses, SigkillMidSaveLeavesThePreviousCheckpointLoadable) {
+  const std::string dir = temp_dir("sigkill");
+  const std::string common = trainer() + " --nproc 2 --steps 4 --global-batch 4 --seq-len 16 --seed 3 --quiet";
+  const Result straight = shell(common + " --metrics " + dir + "/straight.jsonl");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const auto want = losses(dir + "/straight.jsonl");
+  ASSERT_EQ(want.size(), 4u);
+
+  for (int victim : {1, 0}) {
+    const std::string root = dir + "/ckpt" + std::to_string(victim);
+    // The rank dies 50,000 bytes into its file of the step-4 save; step 2's save completed.
+    const Result crashed = shell("env FSDP_CHECKPOINT_KILL_AT=4:" + std::to_string(victim) +
+                                 ":50000 " + common + " --save " + root + " --save-every 2");
+    EXPECT_NE(crashed.exit_code, 0) << crashed.output;
+    EXPECT_THAT(crashed.output, HasSubstr("rank " + std::to_string(victim) + " of 2 was killed by signal"));
+    EXPECT_EQ(read_bytes(root + "/latest"), "step_00000002\n");
+    EXPECT_FALSE(exists(root + "/step_00000004"));
+    const std::string partial =
+        root + "/.tmp-step_00000004/rank_0000" + std::to_string(victim) + "-of-00002.safetensors";
+    ASSERT_TRUE(exists(partial));
+    EXPECT_EQ(file_size(partial), 50000);
+
+    const std::string metrics = root + "-resumed.jsonl";
+    const Result resumed = shell(common + " --resume " + root + " --metrics " + metrics + " --save " + root);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    const auto got = losses(metrics);
+    ASSERT_EQ(got.size(), 2u);
+    for (const auto& [step, loss] : got) EXPECT_EQ(loss, want.at(step)) << "victim " << victim << " step " << step;
+    EXPECT_FALSE(exists(root + "/.tmp-step_00000004")) << "the next save removes the leftovers";
+    EXPECT_EQ(read_bytes(root + "/latest"), "step_00000004\n");
+  }
+}
+
+std::string python() {
+  const char* p = std::getenv("FSDP_PYTHON");
+  return p != nullptr ? p : "python3";
+}
+
+at::Tensor logits_of(const std::string& model_file, const at::Tensor& input_ids) {
+  models::GPT2LMHead model(models::GPT2Config::tiny());
+  load_full(model_file, *model, nullptr, models::gpt2_hf_layout());
+  return model->forward(input_ids).detach();
+}
+
+TEST(CheckpointProcesses, TransformersLoadsOurExportAndWeLoadTheirs) {
+  const Result probe = shell(python() + " -c 'import transformers, safetensors, torch'", 120);
+  ASSERT_EQ(probe.exit_code, 0)
+      << "the Hugging Face interop test needs transformers and safetensors in " << python()
+      << " (set FSDP_PYTHON to another interpreter, or run: " << python()
+      << " -m pip install transformers safetensors; scripts/run.sh test installs them):\n"
+      << probe.output;
+
+  const std::string dir = temp_dir("hf");
+  const std::string ours = dir + "/ours", theirs = dir + "/theirs";
+  const Result trained = shell(trainer() + " --nproc 2 --steps 3 --global-batch 4 --seq-len 16 --quiet --export " +
+                               ours + "/model.safetensors");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  ASSERT_TRUE(exists(ours + "/config.json"));
+  const at::Tensor input_ids = (at::arange(2 * 24).reshape({2, 24}) * 37 + 11).remainder(256);
+  save_safetensors(ours + "/expected.safetensors",
+                   {{"input_ids", input_ids}, {"logits", logits_of(ours + "/model.safetensors", input_ids)}});
+
+  const Result checked = shell(python() + " " FSDP_SOURCE_DIR "/tests/checkpoint/hf_interop.py " + ours + " " + theirs, 300);
+  ASSERT_EQ(checked.exit_code, 0) << checked.output;
+  EXPECT_THAT(checked.output, HasSubstr("no missing or unexpected keys"));
+
+  const auto expected = load_safetensors(theirs + "/expected.safetensors");
+  const at::Tensor got = logits_of(theirs + "/model.safetensors", expected.at("input_ids"));
+  const double diff = (got - expected.at("logits")).abs().max().item<double>();
+  EXPECT_LE(diff, 1e-5) << "logits of the transformers-written file, computed by our model";
+}
+
+}  // namespace
+}  // namespace fsdp::checkpoint
