@@ -31,11 +31,28 @@
 
 namespace fsdp {
 
+// FSDP2's MixedPrecisionPolicy. The sharded parameters (what the optimizer updates) and the
+// optimizer state keep their own dtype (fp32 master weights); only the unsharded copies used
+// by forward and backward, and the communication, change dtype.
+struct MixedPrecisionPolicy {
+  // dtype of the unsharded parameters, and so of the all-gather and of forward/backward
+  // compute. (optional) defaults to the parameters' own dtype.
+  TORCH_ARG(std::optional<at::ScalarType>, param_dtype) = std::nullopt;
+  // dtype in which gradients are reduce-scattered (and all-reduced across replicas).
+  // (optional) defaults to param_dtype.
+  TORCH_ARG(std::optional<at::ScalarType>, reduce_dtype) = std::nullopt;
+  // dtype the unit's floating-point outputs are cast to. (optional) defaults to no cast.
+  TORCH_ARG(std::optional<at::ScalarType>, output_dtype) = std::nullopt;
+  // Cast the unit's floating-point tensor inputs to param_dtype. (optional) defaults to true.
+  TORCH_ARG(bool, cast_forward_inputs) = true;
+};
+
 struct FullyShardOptions {
   // Free the unsharded parameters after this unit's forward and gather them again for its
   // backward. (optional) defaults to true for every unit but the root, false for the root,
   // whose backward starts right after its forward.
   TORCH_ARG(std::optional<bool>, reshard_after_forward) = std::nullopt;
+  TORCH_ARG(MixedPrecisionPolicy, mp_policy) = MixedPrecisionPolicy();
 };
 
 // Where a rank's shard of one parameter sits in the global tensor (DTensor-like metadata).
@@ -106,6 +123,18 @@ class FSDPModule {
   // in forward (next in the previous step's forward order) and in backward (next in reverse
   // forward order). 0 turns prefetching off; (optional) defaults to 1.
   void set_implicit_prefetch(int units);
+
+  // Gradient accumulation (FSDP2's names; recurse: also every unit under this module). All
+  // throw if called while a backward pass is running.
+  // sync=false: backward keeps full gradients locally (summed over backward passes) and
+  // reduce-scatters nothing; the next backward with sync=true reduces the sum.
+  void set_requires_gradient_sync(bool sync, bool recurse = true);
+  // false: parameters stay unsharded after backward, so the next forward gathers nothing.
+  void set_reshard_after_backward(bool reshard, bool recurse = true);
+  void set_reshard_after_forward(bool reshard, bool recurse = true);
+  // On the root: false lets the next backward return with reduce-scatters in flight (they
+  // complete in a later backward); true (the default) completes them before it returns.
+  void set_is_last_backward(bool last);
 
   detail::ParamGroup& group() const { return *group_; }
 

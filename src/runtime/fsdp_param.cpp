@@ -20,12 +20,13 @@ void resize_storage(const at::Tensor& t, size_t nbytes) {
 
 }  // namespace
 
-FSDPParam::FSDPParam(std::string name, at::Tensor param, int rank, int world)
+FSDPParam::FSDPParam(std::string name, at::Tensor param, int rank, int world,
+                     at::ScalarType compute_dtype)
     : name_(std::move(name)),
       param_(std::move(param)),
       global_shape_(param_.sizes().begin(), param_.sizes().end()),
       layout_(shard_layout(param_.sizes(), rank, world)) {
-  unsharded_ = at::empty(global_shape_, param_.options().requires_grad(false));
+  unsharded_ = at::empty(global_shape_, param_.options().dtype(compute_dtype).requires_grad(false));
   resize_storage(unsharded_, 0);
 }
 
@@ -41,7 +42,7 @@ ShardMetadata FSDPParam::metadata(int rank, int world) const {
 }
 
 int64_t FSDPParam::unsharded_bytes() const {
-  return layout_.dim0 * layout_.row_numel * static_cast<int64_t>(param_.element_size());
+  return layout_.dim0 * layout_.row_numel * static_cast<int64_t>(unsharded_.element_size());
 }
 
 void FSDPParam::copy_local_rows_into(const at::Tensor& full, const at::Tensor& shard) const {

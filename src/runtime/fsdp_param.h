@@ -21,8 +21,9 @@ namespace fsdp::detail {
 
 class FSDPParam {
  public:
-  // param must hold the full (global) value; it is not modified here.
-  FSDPParam(std::string name, at::Tensor param, int rank, int world);
+  // param must hold the full (global) value; it is not modified here. compute_dtype is the
+  // dtype of the unsharded parameter (the mixed-precision param_dtype, or param's own).
+  FSDPParam(std::string name, at::Tensor param, int rank, int world, at::ScalarType compute_dtype);
 
   const std::string& name() const { return name_; }
   at::Tensor& param() { return param_; }
@@ -32,7 +33,9 @@ class FSDPParam {
   ShardMetadata metadata(int rank, int world) const;
   bool requires_grad() const { return param_.requires_grad(); }
   int64_t padded_numel() const { return layout_.padded_numel(); }
+  // Bytes of the unsharded parameter, in the compute dtype.
   int64_t unsharded_bytes() const;
+  at::ScalarType compute_dtype() const { return unsharded_.scalar_type(); }
 
   // Copies this rank's rows of the full value into shard (a flat slice of padded_numel()
   // elements), zeroing the padding.
@@ -57,6 +60,9 @@ class FSDPParam {
   // zero-padded.
   void copy_grad_into(const at::Tensor& full_grad, const at::Tensor& slot_2d) const;
 
+  // Full gradient summed over backward passes that ran without gradient sync, in the reduce
+  // dtype; reduce-scattered (and cleared) by the next backward that syncs.
+  at::Tensor unsynced_grad;
   // Sharded gradient saved while the full gradient of the current backward accumulates.
   at::Tensor stashed_grad;
   // True once pre-backward moved any sharded gradient into stashed_grad this backward.

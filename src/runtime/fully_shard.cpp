@@ -35,11 +35,35 @@ std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {
   return result;
 }
 
+namespace {
+
+// The dtypes our collectives move on every backend (gloo reduces bf16 and fp16 through fp32).
+bool communicable(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf;
+}
+
+void check_policy(const MixedPrecisionPolicy& mp, const DeviceMesh& mesh) {
+  const auto check = [&](const char* field, const std::optional<at::ScalarType>& dtype) {
+    TORCH_CHECK(!dtype.has_value() || communicable(*dtype), "fully_shard: MixedPrecisionPolicy.",
+                field, " is ", *dtype, ", which the ", mesh.shard_group().backend_name(),
+                " backend cannot all-gather and reduce; use Float, BFloat16, Half or Double");
+  };
+  check("param_dtype", mp.param_dtype());
+  check("reduce_dtype", mp.reduce_dtype());
+  TORCH_CHECK(!mp.output_dtype().has_value() || at::isFloatingType(*mp.output_dtype()),
+              "fully_shard: MixedPrecisionPolicy.output_dtype must be a floating-point dtype, got ",
+              *mp.output_dtype());
+}
+
+}  // namespace
+
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const DeviceMesh& mesh,
                        const FullyShardOptions& options) {
   TORCH_CHECK(module != nullptr, "fully_shard: module is null");
   TORCH_CHECK(detail::param_group_of(*module) == nullptr, "fully_shard: module '", module->name(),
               "' is already sharded; fully_shard must be applied once per module");
+
+  check_policy(options.mp_policy(), mesh);
 
   std::unordered_set<const c10::TensorImpl*> claimed;
   for (const auto& item : module->named_modules()) {
@@ -64,7 +88,8 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const D
                   params.front().name(), "' is ", params.front().param().scalar_type(), " and '",
                   name, "' is ", tensor.scalar_type());
     }
-    params.emplace_back(name, tensor, mesh.shard_rank(), mesh.shard_size());
+    params.emplace_back(name, tensor, mesh.shard_rank(), mesh.shard_size(),
+                        options.mp_policy().param_dtype().value_or(tensor.scalar_type()));
   }
 
   auto group = std::make_shared<ParamGroup>(module.get(), std::move(params), mesh, options);
@@ -147,5 +172,27 @@ void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>&
 }
 
 void FSDPModule::set_implicit_prefetch(int units) { group_->set_implicit_prefetch(units); }
+
+namespace {
+template <typename Fn>
+void for_units(ParamGroup& group, bool recurse, Fn&& fn) {
+  if (!recurse) {
+    fn(group);
+    return;
+  }
+  for (ParamGroup* unit : group.units_under()) fn(*unit);
+}
+}  // namespace
+
+void FSDPModule::set_requires_gradient_sync(bool sync, bool recurse) {
+  for_units(*group_, recurse, [&](ParamGroup& g) { g.set_requires_gradient_sync(sync); });
+}
+void FSDPModule::set_reshard_after_backward(bool reshard, bool recurse) {
+  for_units(*group_, recurse, [&](ParamGroup& g) { g.set_reshard_after_backward(reshard); });
+}
+void FSDPModule::set_reshard_after_forward(bool reshard, bool recurse) {
+  for_units(*group_, recurse, [&](ParamGroup& g) { g.set_reshard_after_forward(reshard); });
+}
+void FSDPModule::set_is_last_backward(bool last) { group_->set_is_last_backward(last); }
 
 }  // namespace fsdp

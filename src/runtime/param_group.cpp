@@ -95,6 +95,8 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
   int64_t total = 0;
   for (const auto& p : params_) total += p.padded_numel();
   const auto dtype = params_.empty() ? at::kFloat : params_.front().param().scalar_type();
+  compute_dtype_ = options_.mp_policy().param_dtype().value_or(dtype);
+  reduce_dtype_ = options_.mp_policy().reduce_dtype().value_or(compute_dtype_);
   flat_shards_ = at::empty({total}, at::TensorOptions().dtype(dtype).device(mesh_.device()));
   int64_t offset = 0;
   for (auto& p : params_) {
@@ -115,6 +117,40 @@ bool ParamGroup::reshard_after_forward() const {
 void ParamGroup::set_implicit_prefetch(int count) {
   TORCH_CHECK(count >= 0, "fsdp: the implicit prefetch count must be >= 0, got ", count);
   implicit_prefetch_ = count;
+}
+
+std::vector<ParamGroup*> ParamGroup::units_under() const {
+  std::vector<ParamGroup*> units;
+  for (const auto& m : module_->modules()) {
+    if (ParamGroup* unit = param_group_of(*m)) units.push_back(unit);
+  }
+  return units;
+}
+
+void ParamGroup::check_not_in_backward(const char* setting) const {
+  const ParamGroup* root = root_ != nullptr ? root_ : this;
+  TORCH_CHECK(!root->end_of_backward_queued_, "fsdp: ", setting, " called on unit '", label_,
+              "' while a backward pass is running; change it between backward passes");
+}
+
+void ParamGroup::set_requires_gradient_sync(bool sync) {
+  check_not_in_backward(sync ? "set_requires_gradient_sync(true)" : "set_requires_gradient_sync(false)");
+  requires_gradient_sync_ = sync;
+}
+
+void ParamGroup::set_reshard_after_backward(bool reshard) {
+  check_not_in_backward(reshard ? "set_reshard_after_backward(true)" : "set_reshard_after_backward(false)");
+  reshard_after_backward_ = reshard;
+}
+
+void ParamGroup::set_reshard_after_forward(bool reshard) {
+  check_not_in_backward(reshard ? "set_reshard_after_forward(true)" : "set_reshard_after_forward(false)");
+  options_.reshard_after_forward(reshard);
+}
+
+void ParamGroup::set_is_last_backward(bool last) {
+  check_not_in_backward(last ? "set_is_last_backward(true)" : "set_is_last_backward(false)");
+  is_last_backward_ = last;
 }
 
 int ParamGroup::implicit_prefetch() const {
@@ -212,8 +248,13 @@ void ParamGroup::pre_forward() {
   compute_begin_ = Tracer::Clock::now();
 }
 
-void ParamGroup::post_forward(const std::vector<at::Tensor>& outputs) {
+void ParamGroup::post_forward(std::vector<at::Tensor>& outputs) {
   mesh_.tracer().complete("compute", "forward", compute_begin_, Tracer::Clock::now(), label_);
+  if (const auto dtype = options_.mp_policy().output_dtype()) {
+    for (auto& out : outputs) {
+      if (out.defined() && out.is_floating_point()) out = out.to(*dtype);
+    }
+  }
   const bool training = at::GradMode::is_enabled();
   if (training) {
     std::shared_ptr<ParamGroup> self = shared_from_this();
@@ -225,6 +266,14 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& outputs) {
   }
   if (reshard_after_forward() || !training) reshard();
   state_ = training ? UnitState::kForwardDone : UnitState::kIdle;
+}
+
+void ParamGroup::cast_forward_inputs(std::vector<at::Tensor>& inputs) const {
+  const MixedPrecisionPolicy& mp = options_.mp_policy();
+  if (!mp.cast_forward_inputs() || !mp.param_dtype().has_value()) return;
+  for (auto& input : inputs) {
+    if (input.defined() && input.is_floating_point()) input = input.to(*mp.param_dtype());
+  }
 }
 
 void ParamGroup::abort_forward() {
@@ -295,19 +344,46 @@ void ParamGroup::post_backward() {
   // The unit's full gradients are alive together with its full parameters at this point, the
   // unit's peak: record it, then release both.
   stats.add_unsharded_grads(full_grad_bytes);
-  reshard();
+  if (reshard_after_backward_) reshard();
   stats.add_unsharded_grads(-full_grad_bytes);
   state_ = UnitState::kIdle;
   if (trainable.empty()) return;
 
+  // Gradients of earlier backward passes that did not sync are added first, so the sum is
+  // formed in the same order as autograd's accumulation in a single process.
+  for (size_t i = 0; i < trainable.size(); ++i) {
+    FSDPParam& p = *trainable[i];
+    if (!p.unsynced_grad.defined()) continue;
+    stats.add_unsharded_grads(-p.unsynced_grad.nbytes());
+    if (full_grads[i].defined()) p.unsynced_grad.add_(full_grads[i]);
+    full_grads[i] = std::move(p.unsynced_grad);
+    p.unsynced_grad = at::Tensor();
+  }
+  if (!requires_gradient_sync_) {
+    // No reduction this time: keep the full gradients (in the reduce dtype) for the backward
+    // that syncs, and give the parameters back the sharded gradients they had.
+    for (size_t i = 0; i < trainable.size(); ++i) {
+      FSDPParam& p = *trainable[i];
+      if (full_grads[i].defined()) {
+        p.unsynced_grad = full_grads[i].to(reduce_dtype_).contiguous();
+        stats.add_unsharded_grads(p.unsynced_grad.nbytes());
+      }
+      p.param().mutable_grad() = previous[i];
+    }
+    return;
+  }
+
   if (world == 1) {
-    // One rank: the full gradient is the sharded gradient; nothing to copy or reduce.
+    // One rank: the full gradient is the sharded gradient; nothing to copy or reduce. (Rounding
+    // through the reduce dtype is kept, as a one-rank reduction in it would do.)
+    const at::ScalarType master_dtype = flat_shards_.scalar_type();
     for (size_t i = 0; i < trainable.size(); ++i) {
       FSDPParam& p = *trainable[i];
       const auto shape = p.layout().padded_shape(p.global_shape());
-      at::Tensor grad = full_grads[i].defined()
-                            ? alias_of(full_grads[i].contiguous(), 0, shape)
-                            : at::zeros(shape, flat_shards_.options());
+      at::Tensor grad =
+          full_grads[i].defined()
+              ? alias_of(full_grads[i].to(reduce_dtype_).to(master_dtype).contiguous(), 0, shape)
+              : at::zeros(shape, flat_shards_.options());
       if (previous[i].defined()) grad.add_(previous[i]);
       p.param().mutable_grad() = grad;
     }
@@ -318,7 +394,7 @@ void ParamGroup::post_backward() {
   reduce.unit = this;
   reduce.params = std::move(trainable);
   reduce.previous = std::move(previous);
-  reduce.input = at::empty({world * reduce_numel}, flat_shards_.options());
+  reduce.input = at::empty({world * reduce_numel}, flat_shards_.options().dtype(reduce_dtype_));
   {
     TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
     const at::Tensor input_2d = reduce.input.view({world, reduce_numel});
@@ -335,7 +411,7 @@ void ParamGroup::post_backward() {
       column += p.padded_numel();
     }
   }
-  reduce.output = at::empty({reduce_numel}, flat_shards_.options());
+  reduce.output = at::empty({reduce_numel}, flat_shards_.options().dtype(reduce_dtype_));
   stats.add_comm_buffers(reduce.input.nbytes());
   reduce.issued = Tracer::Clock::now();
   try {
@@ -367,10 +443,12 @@ void ParamGroup::finish_reduce(PendingReduce& reduce) {
   unit.mesh_.stats().add_comm_buffers(-input_bytes);
   reduce.input = at::Tensor();
   reduce.output.div_(unit.mesh_.shard_size());
+  // Sharded gradients live in the master (sharded parameter) dtype.
+  const at::Tensor reduced = reduce.output.to(unit.flat_shards_.scalar_type());
   int64_t offset = 0;
   for (size_t i = 0; i < reduce.params.size(); ++i) {
     FSDPParam& p = *reduce.params[i];
-    at::Tensor grad = alias_of(reduce.output, offset, p.layout().padded_shape(p.global_shape()));
+    at::Tensor grad = alias_of(reduced, offset, p.layout().padded_shape(p.global_shape()));
     if (reduce.previous[i].defined()) grad.add_(reduce.previous[i]);
     p.param().mutable_grad() = grad;
     offset += p.padded_numel();
@@ -382,9 +460,13 @@ void ParamGroup::end_of_backward() {
   for (auto it = forward_order_.rbegin(); it != forward_order_.rend(); ++it) {
     (*it)->post_backward();
   }
-  finish_reduces(/*keep=*/0);
+  if (is_last_backward_) finish_reduces(/*keep=*/0);
   for (ParamGroup* unit : units_) {
-    unit->reshard();  // also completes gathers prefetched for units that never ran
+    if (unit->reshard_after_backward_) {
+      unit->reshard();  // also completes gathers prefetched for units that never ran
+    } else {
+      unit->drop_pending_gather();
+    }
     unit->state_ = UnitState::kIdle;
   }
 }
@@ -392,7 +474,8 @@ void ParamGroup::end_of_backward() {
 void ParamGroup::issue_unshard() {
   if (unsharded_ || pending_gather_ != nullptr) return;
   const int world = mesh_.shard_size();
-  if (params_.empty() || world == 1) {
+  const bool cast = compute_dtype_ != flat_shards_.scalar_type();
+  if (params_.empty() || (world == 1 && !cast)) {
     // Nothing to gather: with one rank the shard is the parameter, so no bytes are added (and
     // none are counted).
     for (auto& p : params_) p.unshard_single_rank();
@@ -401,12 +484,18 @@ void ParamGroup::issue_unshard() {
     return;
   }
   auto pending = std::make_unique<PendingGather>();
-  pending->buffer = at::empty({world * flat_shards_.numel()}, flat_shards_.options());
+  if (cast) {
+    TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
+    pending->input = flat_shards_.to(compute_dtype_);
+  }
+  pending->buffer =
+      at::empty({world * flat_shards_.numel()}, flat_shards_.options().dtype(compute_dtype_));
   mesh_.stats().add_comm_buffers(pending->buffer.nbytes());
   mesh_.stats().add_unsharded_units(1);
   pending->issued = Tracer::Clock::now();
   try {
-    pending->work = mesh_.shard_group().all_gather_into_tensor(pending->buffer, flat_shards_);
+    pending->work = mesh_.shard_group().all_gather_into_tensor(
+        pending->buffer, cast ? pending->input : flat_shards_);
   } catch (const std::exception& e) {
     mesh_.stats().add_comm_buffers(-pending->buffer.nbytes());
     mesh_.stats().add_unsharded_units(-1);
@@ -445,15 +534,18 @@ void ParamGroup::wait_unshard() {
   unsharded_ = true;
 }
 
+void ParamGroup::drop_pending_gather() {
+  if (pending_gather_ == nullptr) return;
+  // A prefetched all-gather whose unit did not run: complete it (every rank issued it) and
+  // drop the result.
+  std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
+  mesh_.stats().add_comm_buffers(-pending->buffer.nbytes());
+  mesh_.stats().add_unsharded_units(-1);
+  wait_for(pending->work, "all-gather of parameters");
+}
+
 void ParamGroup::reshard() {
-  if (pending_gather_ != nullptr) {
-    // A prefetched all-gather whose unit did not run: complete it (every rank issued it) and
-    // drop the result.
-    std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
-    mesh_.stats().add_comm_buffers(-pending->buffer.nbytes());
-    mesh_.stats().add_unsharded_units(-1);
-    wait_for(pending->work, "all-gather of parameters");
-  }
+  drop_pending_gather();
   if (!unsharded_) return;
   const bool counted = mesh_.shard_size() > 1;
   for (auto& p : params_) {
@@ -474,6 +566,7 @@ ForwardScope::~ForwardScope() {
 
 std::vector<at::Tensor> ForwardScope::pre_forward(std::vector<at::Tensor> inputs) {
   group_.pre_forward();
+  group_.cast_forward_inputs(inputs);
   if (!at::GradMode::is_enabled()) return inputs;
   torch::autograd::variable_list needing_grad;
   std::vector<size_t> positions;

@@ -45,7 +45,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
 
   // Hooks, called by ForwardScope and autograd.
   void pre_forward();
-  void post_forward(const std::vector<at::Tensor>& outputs);
+  // Casts outputs to the policy's output_dtype, hooks pre-backward onto them, reshards.
+  void post_forward(std::vector<at::Tensor>& outputs);
+  // Casts floating-point inputs to param_dtype when the policy asks for it.
+  void cast_forward_inputs(std::vector<at::Tensor>& inputs) const;
   void abort_forward();
   void pre_backward();
   void post_backward();
@@ -57,6 +60,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void unshard() { wait_unshard(); }
   // Frees the unsharded parameters; completes and drops an all-gather still in flight.
   void reshard();
+  // Completes and drops an all-gather still in flight, keeping unsharded parameters.
+  void drop_pending_gather();
 
   // Explicit prefetch targets (FSDP2's set_modules_to_forward/backward_prefetch). When set,
   // they replace the implicit choice for this unit.
@@ -64,6 +69,17 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void set_backward_prefetch(std::vector<ParamGroup*> units) { backward_prefetch_ = std::move(units); }
   // How many units ahead the implicit prefetch gathers (0: off). Read from the root.
   void set_implicit_prefetch(int count);
+
+  // FSDP2's gradient-accumulation controls, for this unit only (FSDPModule recurses). Throw if
+  // a backward pass is running.
+  void set_requires_gradient_sync(bool sync);
+  void set_reshard_after_backward(bool reshard);
+  void set_reshard_after_forward(bool reshard);
+  // On the root: whether the next backward is the last before the optimizer step. If not, its
+  // reduce-scatters may still be in flight when backward returns.
+  void set_is_last_backward(bool last);
+  // Every unit at or under this unit's module, in pre-order.
+  std::vector<ParamGroup*> units_under() const;
 
   // For error messages: the unit's path under the root, or the module's type name.
   const std::string& label() const { return label_; }
@@ -82,6 +98,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
  private:
   struct PendingGather {
     WorkHandle work;
+    at::Tensor input;   // the shards cast to the compute dtype, if they needed a cast
     at::Tensor buffer;  // [W * shard numel]
     Tracer::Clock::time_point issued;
   };
@@ -108,6 +125,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   static void finish_reduce(PendingReduce& reduce);
   // Blocks on work, counting the wait as exposed communication; rethrows with context.
   void wait_for(const WorkHandle& work, const char* what);
+  void check_not_in_backward(const char* setting) const;
   [[noreturn]] void rethrow_with_context(const char* what, const std::exception& e) const;
 
   torch::nn::Module* module_;  // not owned: the module owns this group
@@ -116,6 +134,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   std::vector<FSDPParam> params_;
   DeviceMesh mesh_;
   FullyShardOptions options_;
+  at::ScalarType compute_dtype_;  // unsharded parameters and all-gathers
+  at::ScalarType reduce_dtype_;   // gradient reduction
+  bool requires_gradient_sync_ = true;
+  bool reshard_after_backward_ = true;
   at::Tensor flat_shards_;  // every parameter's padded shard, concatenated
   UnitState state_ = UnitState::kIdle;
   bool unsharded_ = false;
@@ -129,6 +151,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   ParamGroup* root_ = nullptr;
   // Root only.
   int implicit_prefetch_ = 1;
+  bool is_last_backward_ = true;
   std::vector<ParamGroup*> units_;               // every unit under the root, pre-order
   std::vector<ParamGroup*> forward_order_;       // units in the order their forward ran this step
   std::vector<ParamGroup*> last_forward_order_;  // the same, for the previous step
