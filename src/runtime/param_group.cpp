@@ -128,9 +128,13 @@ std::vector<ParamGroup*> ParamGroup::units_under() const {
 }
 
 void ParamGroup::check_not_in_backward(const char* setting) const {
+  // From the root's training forward to the end of its backward, units act on these settings
+  // at different times; a change in between would leave ranks or units disagreeing.
   const ParamGroup* root = root_ != nullptr ? root_ : this;
-  TORCH_CHECK(!root->end_of_backward_queued_, "fsdp: ", setting, " called on unit '", label_,
-              "' while a backward pass is running; change it between backward passes");
+  TORCH_CHECK(root->state_ == UnitState::kIdle && !root->end_of_backward_queued_, "fsdp: ",
+              setting, " called on unit '", label_,
+              "' while a backward pass is running (or pending after forward); change it before "
+              "the forward of the micro-batch it applies to");
 }
 
 void ParamGroup::set_requires_gradient_sync(bool sync) {

@@ -82,6 +82,7 @@ std::vector<TrainRecord> train_sharded(
           double loss_sum = 0;
           for (int micro = 0; micro < c.accumulation; ++micro) {
             auto [inputs, targets] = batch_of(c, step * c.accumulation + micro);
+            if (c.before_micro_batch) c.before_micro_batch(model, micro);
             at::Tensor loss = c.loss(model, slice_rows(inputs, rank, world),
                                      slice_rows(targets, rank, world)) /
                               c.accumulation;

@@ -1,6 +1,7 @@
 // GPT-2 (tiny) trained with fully_shard over W thread-ranks against the single-process
 // reference: 10 AdamW steps with weight decay and clipping; loss and grad norm per step within
 // 1e-5 relative, every parameter within 1e-5; W = 1 bit-identical.
+#include "runtime/gpt_case.h"
 #include "runtime/harness.h"
 
 #include <fsdp_train/corpus.h>
@@ -17,58 +18,6 @@ using models::GPT2Config;
 using models::GPT2LMHead;
 using models::GPT2LMHeadImpl;
 using models::GPT2Options;
-
-struct GptCaseOptions {
-  std::optional<bool> reshard_after_forward;
-  int accumulation = 1;
-  // Build with the deferred, block-by-block construction that shards each block as it is made.
-  bool deferred = true;
-  int prefetch = 1;  // implicit prefetch depth (0: off)
-};
-
-TrainCase gpt_case(const GptCaseOptions& opt = {}) {
-  static const train::TokenDataset data(std::string(train::default_corpus()));
-  TrainCase c;
-  const GPT2Config config = GPT2Config::tiny();
-  c.loss = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x, const at::Tensor& y) {
-    GPT2LMHead model(std::static_pointer_cast<GPT2LMHeadImpl>(m));
-    return models::loss(fsdp::forward(model, x), y);
-  };
-  c.batch = [](int64_t step) { return data.global_batch(step, 12, 16, 7); };
-  c.accumulation = opt.accumulation;
-  c.steps = 10;
-  // lr 1e-3 keeps Adam's amplification of float32 rounding noise (in gradients that are
-  // mathematically ~0, like attention key biases) below the 1e-5 parameter tolerance; the
-  // float64 test uses 1e-2.
-  c.lr = 1e-3;
-  c.weight_decay = 0.1;
-  c.max_grad_norm = 1.0;
-  FullyShardOptions unit_options;
-  unit_options.reshard_after_forward(opt.reshard_after_forward);
-  const bool deferred = opt.deferred;
-  const int prefetch = opt.prefetch;
-  c.make_model = [config, unit_options, deferred](const DeviceMesh* mesh) {
-    GPT2Options o(config);
-    o.seed(42);
-    if (mesh != nullptr && deferred) {
-      // Each block is sharded the moment it is built (deferred initialization).
-      const DeviceMesh m = *mesh;
-      o.on_block_built([m, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
-        fully_shard(block, m, unit_options);
-      });
-    }
-    return GPT2LMHead(o).ptr();
-  };
-  c.shard = [unit_options, deferred, prefetch](const std::shared_ptr<torch::nn::Module>& m,
-                                               const DeviceMesh& mesh) {
-    auto model = std::static_pointer_cast<GPT2LMHeadImpl>(m);
-    if (!deferred) {
-      for (auto& block : model->transformer->blocks) fully_shard(block, mesh, unit_options);
-    }
-    fully_shard(m, mesh).set_implicit_prefetch(prefetch);
-  };
-  return c;
-}
 
 TEST(GptEquivalence, OneRankIsBitIdenticalToNoFsdp) {
   const TrainCase c = gpt_case();

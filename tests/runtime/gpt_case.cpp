@@ -1,0 +1,61 @@
+// See gpt_case.h.
+#include "runtime/gpt_case.h"
+
+#include <fsdp_train/corpus.h>
+#include <fsdp_train/data.h>
+#include <models/gpt2/gpt2.h>
+
+namespace fsdp::testing {
+
+using models::GPT2Config;
+using models::GPT2LMHead;
+using models::GPT2LMHeadImpl;
+using models::GPT2Options;
+
+TrainCase gpt_case(const GptCaseOptions& opt) {
+  static const train::TokenDataset data(std::string(train::default_corpus()));
+  TrainCase c;
+  const GPT2Config config = GPT2Config::tiny();
+  c.loss = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x, const at::Tensor& y) {
+    GPT2LMHead model(std::static_pointer_cast<GPT2LMHeadImpl>(m));
+    return models::loss(fsdp::forward(model, x), y);
+  };
+  c.batch = [](int64_t step) { return data.global_batch(step, 12, 16, 7); };
+  c.accumulation = opt.accumulation;
+  c.steps = 10;
+  // lr 1e-3 keeps Adam's amplification of float32 rounding noise (in gradients that are
+  // mathematically ~0, like attention key biases) below the 1e-5 parameter tolerance; the
+  // float64 test uses 1e-2.
+  c.lr = 1e-3;
+  c.weight_decay = 0.1;
+  c.max_grad_norm = 1.0;
+  FullyShardOptions unit_options;
+  unit_options.reshard_after_forward(opt.reshard_after_forward).mp_policy(opt.mp_policy);
+  FullyShardOptions root_options;
+  root_options.mp_policy(opt.mp_policy);
+  const bool deferred = opt.deferred;
+  const int prefetch = opt.prefetch;
+  c.make_model = [config, unit_options, deferred](const DeviceMesh* mesh) {
+    GPT2Options o(config);
+    o.seed(42);
+    if (mesh != nullptr && deferred) {
+      // Each block is sharded the moment it is built (deferred initialization).
+      const DeviceMesh m = *mesh;
+      o.on_block_built([m, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
+        fully_shard(block, m, unit_options);
+      });
+    }
+    return GPT2LMHead(o).ptr();
+  };
+  c.shard = [unit_options, root_options, deferred, prefetch](
+                const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+    auto model = std::static_pointer_cast<GPT2LMHeadImpl>(m);
+    if (!deferred) {
+      for (auto& block : model->transformer->blocks) fully_shard(block, mesh, unit_options);
+    }
+    fully_shard(m, mesh, root_options).set_implicit_prefetch(prefetch);
+  };
+  return c;
+}
+
+}  // namespace fsdp::testing

@@ -1,0 +1,22 @@
+// The tiny GPT-2 on the embedded corpus as a TrainCase, with the sharding options the tests
+// vary. Global batch 12 x 16 tokens (divisible by W = 1..4), 10 AdamW steps.
+#pragma once
+
+#include "runtime/harness.h"
+
+#include <optional>
+
+namespace fsdp::testing {
+
+struct GptCaseOptions {
+  std::optional<bool> reshard_after_forward;
+  int accumulation = 1;
+  // Build with the deferred, block-by-block construction that shards each block as it is made.
+  bool deferred = true;
+  int prefetch = 1;  // implicit prefetch depth (0: off)
+  MixedPrecisionPolicy mp_policy;
+};
+
+TrainCase gpt_case(const GptCaseOptions& opt = {});
+
+}  // namespace fsdp::testing

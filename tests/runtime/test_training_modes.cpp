@@ -1,0 +1,191 @@
+// Training modes against the single-process reference: mixed precision (bf16 compute from fp32
+// master weights) and the gradient-accumulation controls, with their communication counts, and
+// the errors for bad settings.
+#include "runtime/gpt_case.h"
+#include "runtime/harness.h"
+#include "support/test_support.h"
+
+#include <fsdp/fully_shard.h>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+namespace fsdp::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// Single-process mixed precision: fp32 master weights and optimizer; each step copies them
+// into a bf16 model, runs forward and backward there, and hands the fp32-cast gradients to the
+// master parameters.
+TrainRecord train_reference_mixed(const TrainCase& c, at::ScalarType param_dtype) {
+  TrainRecord record;
+  auto master = c.make_model(nullptr);
+  auto compute = c.make_model(nullptr);
+  compute->to(param_dtype);
+  const auto master_params = unique_parameters(*master);
+  const auto compute_params = unique_parameters(*compute);
+  torch::optim::AdamW optimizer(master_params,
+                                torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  for (int64_t step = 0; step < c.steps; ++step) {
+    {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < master_params.size(); ++i) compute_params[i].copy_(master_params[i]);
+    }
+    for (auto& p : compute_params) p.mutable_grad() = at::Tensor();
+    auto [inputs, targets] = c.batch(step);
+    at::Tensor loss = c.loss(compute, inputs, targets);
+    loss.backward();
+    optimizer.zero_grad();
+    for (size_t i = 0; i < master_params.size(); ++i) {
+      const_cast<at::Tensor&>(master_params[i]).mutable_grad() = compute_params[i].grad().to(at::kFloat);
+    }
+    record.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(master_params, c.max_grad_norm));
+    record.losses.push_back(loss.item<double>());
+    optimizer.step();
+  }
+  for (auto& [name, p] : unique_named_parameters(*master)) record.params[name] = p.detach().clone();
+  return record;
+}
+
+TEST(MixedPrecision, Bf16MatchesSingleProcessBf16ComputeWithFp32Masters) {
+  GptCaseOptions opt;
+  opt.mp_policy.param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
+  const TrainCase c = gpt_case(opt);
+  const TrainRecord reference = train_reference_mixed(c, at::kBFloat16);
+  const auto ranks = train_sharded(c, 4, [](int, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh&) {
+    // Master weights and their gradients stay fp32.
+    for (const auto& p : unique_parameters(*m)) {
+      EXPECT_EQ(p.scalar_type(), at::kFloat);
+      if (p.grad().defined()) EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
+    }
+  });
+  // bf16 has 8 bits of mantissa: 2e-2 relative on the loss and gradient norm, and 1e-2 on the
+  // weights (10 steps of lr 1e-3).
+  expect_equivalent(reference, ranks, 2e-2, 1e-2);
+}
+
+TEST(MixedPrecision, AllGatherMovesHalfTheBytesInBf16) {
+  std::map<std::string, int64_t> gathered;
+  for (const bool bf16 : {false, true}) {
+    GptCaseOptions opt;
+    if (bf16) opt.mp_policy.param_dtype(at::kBFloat16);
+    TrainCase c = gpt_case(opt);
+    c.steps = 1;
+    run_ranks_in_threads(4, [&](std::shared_ptr<ProcessGroup> group) {
+      DeviceMesh mesh(group);
+      auto model = c.make_model(&mesh);
+      c.shard(model, mesh);
+      auto [x, y] = c.batch(0);
+      group->reset_counters();
+      c.loss(model, x.narrow(0, 3 * group->rank(), 3), y.narrow(0, 3 * group->rank(), 3)).backward();
+      if (group->rank() == 0) gathered[bf16 ? "bf16" : "fp32"] = group->counters().all_gather.payload_bytes;
+    });
+  }
+  EXPECT_GT(gathered["fp32"], 0);
+  EXPECT_EQ(2 * gathered["bf16"], gathered["fp32"]);
+}
+
+// --- gradient accumulation: K micro-batches per step equal the reference's global batch ---
+
+enum class AccumMode { kSync, kNoSync, kNoReshard };
+
+TrainCase accumulation_case(AccumMode mode, int k) {
+  GptCaseOptions opt;
+  opt.accumulation = k;
+  TrainCase c = gpt_case(opt);
+  c.before_micro_batch = [mode, k](const std::shared_ptr<torch::nn::Module>& m, int micro) {
+    FSDPModule root = *fsdp_module_of(*m);
+    const bool last = micro == k - 1;
+    if (mode == AccumMode::kNoSync || mode == AccumMode::kNoReshard) root.set_requires_gradient_sync(last);
+    if (mode == AccumMode::kNoReshard) {
+      // Keep every unit gathered from the first forward to the last backward.
+      root.set_reshard_after_forward(false);
+      root.set_reshard_after_backward(last);
+    }
+  };
+  return c;
+}
+
+class Accumulation : public ::testing::TestWithParam<AccumMode> {};
+
+TEST_P(Accumulation, EqualsTheReferenceWithTheSameGlobalBatch) {
+  const TrainCase c = accumulation_case(GetParam(), 3);
+  expect_equivalent(train_reference(c), train_sharded(c, 2), 1e-5, 1e-5);
+}
+
+TEST_P(Accumulation, CommunicationCountsPerStep) {
+  constexpr int kMicro = 3;
+  const AccumMode mode = GetParam();
+  TrainCase c = accumulation_case(mode, kMicro);
+  c.steps = 2;
+  const int units = 1 + 2;  // root + two blocks (tiny)
+  train_sharded(c, 2, [&](int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh& mesh) {
+    const CommCounters counters = mesh.shard_group().counters();
+    mesh.shard_group().reset_counters();
+    switch (mode) {
+      case AccumMode::kSync:  // every micro-batch gathers (blocks twice) and reduces
+        EXPECT_EQ(counters.all_gather.calls, kMicro * (units + 2));
+        EXPECT_EQ(counters.reduce_scatter.calls, kMicro * units);
+        break;
+      case AccumMode::kNoSync:  // gathers as usual, one reduce-scatter per unit per step
+        EXPECT_EQ(counters.all_gather.calls, kMicro * (units + 2));
+        EXPECT_EQ(counters.reduce_scatter.calls, units);
+        break;
+      case AccumMode::kNoReshard:  // one all-gather and one reduce-scatter per unit per step
+        EXPECT_EQ(counters.all_gather.calls, units);
+        EXPECT_EQ(counters.reduce_scatter.calls, units);
+        break;
+    }
+    // Nothing stays unsharded once the step's last backward resharded.
+    EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Accumulation,
+                         ::testing::Values(AccumMode::kSync, AccumMode::kNoSync, AccumMode::kNoReshard),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case AccumMode::kSync: return std::string("Sync");
+                             case AccumMode::kNoSync: return std::string("NoSync");
+                             default: return std::string("NoReshard");
+                           }
+                         });
+
+// --- bad settings ---
+
+TEST(TrainingModeErrors, UnsupportedDtypeForTheBackend) {
+  run_ranks_in_threads(1, [](std::shared_ptr<ProcessGroup> group) {
+    DeviceMesh mesh(group);
+    torch::nn::Linear linear(4, 3);
+    FullyShardOptions options;
+    options.mp_policy(MixedPrecisionPolicy().param_dtype(at::kInt));
+    EXPECT_THAT(test::error_message([&] { fully_shard(linear, mesh, options); }),
+                AllOf(HasSubstr("param_dtype is Int"), HasSubstr("gloo")));
+    options.mp_policy(MixedPrecisionPolicy().reduce_dtype(at::kFloat8_e4m3fn));
+    EXPECT_THAT(test::error_message([&] { fully_shard(linear, mesh, options); }),
+                AllOf(HasSubstr("reduce_dtype is Float8_e4m3fn"), HasSubstr("gloo")));
+  });
+}
+
+TEST(TrainingModeErrors, ChangingSyncSettingsDuringBackward) {
+  run_ranks_in_threads(2, [](std::shared_ptr<ProcessGroup> group) {
+    DeviceMesh mesh(group);
+    TrainCase c = gpt_case();
+    auto model = c.make_model(&mesh);
+    c.shard(model, mesh);
+    FSDPModule root = *fsdp_module_of(*model);
+    auto [x, y] = c.batch(0);
+    at::Tensor loss = c.loss(model, x.narrow(0, 6 * group->rank(), 6), y.narrow(0, 6 * group->rank(), 6));
+    loss.register_hook([root](const at::Tensor&) { FSDPModule(root).set_requires_gradient_sync(false); });
+    EXPECT_THAT(test::error_message([&] { loss.backward(); }),
+                AllOf(HasSubstr("set_requires_gradient_sync(false)"), HasSubstr("while a backward pass is running")));
+  });
+}
+
+}  // namespace
+}  // namespace fsdp::testing
