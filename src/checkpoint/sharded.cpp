@@ -602,6 +602,7 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
     result.step = index.step;
     result.user_json = index.user_json;
     result.saved_world_size = index.world_size;
+    for (const auto& f : index.files) result.checkpoint_bytes += static_cast<int64_t>(f.bytes);
   } catch (...) {
     error = std::current_exception();
   }

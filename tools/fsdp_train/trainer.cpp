@@ -236,10 +236,12 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     TORCH_CHECK(first_step <= o.steps, "--resume ", loaded.path, " is at step ", first_step,
                 ", past --steps ", o.steps, " (the total number of steps)");
     if (printing) {
-      fmt::print("fsdp-train: resumed from {} at step {} (saved by {} rank{}), read {:.1f} MB in "
-                 "{:.2f}s\n",
+      fmt::print("fsdp-train: resumed from {} at step {} (saved by {} rank{}): {:.1f} MB loaded in "
+                 "{:.2f}s ({:.0f} MB/s), {:.1f} MB of it read by rank 0\n",
                  loaded.path, first_step, loaded.saved_world_size,
-                 loaded.saved_world_size == 1 ? "" : "s", loaded.bytes_read / 1e6, loaded.seconds);
+                 loaded.saved_world_size == 1 ? "" : "s", loaded.checkpoint_bytes / 1e6,
+                 loaded.seconds, loaded.checkpoint_bytes / 1e6 / loaded.seconds,
+                 loaded.bytes_read / 1e6);
       report_resume_mismatches(o, loaded.user_json);
     }
   }

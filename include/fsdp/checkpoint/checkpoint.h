@@ -62,8 +62,8 @@ struct SaveOptions {
 
 struct SaveResult {
   std::string path;    // the checkpoint directory, root/step_<step>
-  int64_t bytes = 0;   // of every rank's file plus metadata.json
-  double seconds = 0;  // wall time of the save on this rank
+  int64_t bytes = 0;   // of every rank's file (metadata.json not counted)
+  double seconds = 0;  // wall time of the whole collective save, as seen by this rank
 };
 
 // Saves model's parameters and, when optimizer is given (a torch::optim::AdamW over them), its
@@ -82,6 +82,7 @@ struct LoadResult {
   std::string user_json;     // SaveOptions::user_json of the save
   int saved_world_size = 1;
   int64_t bytes_read = 0;    // by this rank
+  int64_t checkpoint_bytes = 0;  // of all the checkpoint's rank files
   double seconds = 0;
 };
 
