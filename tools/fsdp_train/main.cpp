@@ -57,6 +57,8 @@ int main(int argc, char** argv) {
   app.add_option("--export", o.export_path, "Write the final model as Hugging Face GPT-2 safetensors (config.json beside it)");
   app.add_option("--export-dtype", o.export_dtype, "Element type of --export: fp32 or bf16")->capture_default_str();
   app.add_option("--init-from", o.init_from, "Initialize the model from a Hugging Face GPT-2 safetensors file");
+  app.add_option("--dump-batches", o.dump_batches_path,
+                 "Write every step's global (inputs, targets) batch to this file (rank 0; format in trainer.h)");
   CLI11_PARSE(app, argc, argv);
   o.reshard_after_forward = reshard == 1;
 

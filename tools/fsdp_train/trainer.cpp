@@ -30,6 +30,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -76,7 +77,9 @@ nlohmann::json to_json(const StepRecord& r) {
                      {"optim_bytes", s.optim_bytes},
                      {"peak_unsharded_bytes", s.peak_unsharded_bytes},
                      {"all_gather_bytes", s.all_gather_bytes},
-                     {"reduce_scatter_bytes", s.reduce_scatter_bytes}});
+                     {"reduce_scatter_bytes", s.reduce_scatter_bytes},
+                     {"peak_rss_bytes", s.peak_rss_bytes},
+                     {"sent_bytes", s.sent_bytes}});
   }
   return {{"step", r.step},           {"loss", r.loss},     {"grad_norm", r.grad_norm},
           {"tokens_per_s", r.tokens_per_s}, {"step_s", r.step_s},
@@ -90,23 +93,50 @@ std::vector<RankStepStats> gather_stats(const RankStepStats& mine, ProcessGroup*
   const at::Tensor local = at::tensor(
       {double(mine.param_bytes), double(mine.grad_bytes), double(mine.optim_bytes),
        double(mine.peak_unsharded_bytes), double(mine.all_gather_bytes),
-       double(mine.reduce_scatter_bytes)},
+       double(mine.reduce_scatter_bytes), double(mine.peak_rss_bytes), double(mine.sent_bytes)},
       at::kDouble);
-  at::Tensor all = at::empty({world * 6}, at::kDouble);
+  constexpr int kFields = 8;
+  at::Tensor all = at::empty({world * kFields}, at::kDouble);
   group->all_gather_into_tensor(all, local)->wait();
   std::vector<RankStepStats> result(world);
   const double* v = all.data_ptr<double>();
   for (int r = 0; r < world; ++r) {
-    const double* row = v + 6 * r;
+    const double* row = v + kFields * r;
     result[r] = {r,
                  int64_t(row[0]),
                  int64_t(row[1]),
                  int64_t(row[2]),
                  int64_t(row[3]),
                  int64_t(row[4]),
-                 int64_t(row[5])};
+                 int64_t(row[5]),
+                 int64_t(row[6]),
+                 int64_t(row[7])};
   }
   return result;
+}
+
+// A "<key> <number>" line of a /proc/self file (status: kB, io: bytes), or 0 if absent.
+int64_t proc_self_field(const char* file, const std::string& key) {
+  std::ifstream in(std::string("/proc/self/") + file);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, key.size(), key) == 0) return std::atoll(line.c_str() + key.size());
+  }
+  return 0;
+}
+int64_t peak_rss_bytes() { return proc_self_field("status", "VmHWM:") * 1024; }
+int64_t written_bytes() { return proc_self_field("io", "wchar:"); }
+
+// Little-endian int64s, as --dump-batches documents (every platform we build on is
+// little-endian, so the bytes are written as they are in memory).
+void write_int64s(std::ofstream& out, const std::vector<int64_t>& values) {
+  out.write(reinterpret_cast<const char*>(values.data()),
+            static_cast<std::streamsize>(values.size() * sizeof(int64_t)));
+}
+void write_int64s(std::ofstream& out, const at::Tensor& values) {
+  const at::Tensor v = values.to(at::kLong).contiguous();
+  out.write(reinterpret_cast<const char*>(v.data_ptr<int64_t>()),
+            static_cast<std::streamsize>(v.numel() * sizeof(int64_t)));
 }
 
 TokenDataset load_dataset(const TrainerOptions& o) {
@@ -152,7 +182,8 @@ void report_resume_mismatches(const TrainerOptions& o, const std::string& user_j
 }  // namespace
 
 void validate(const TrainerOptions& o, int world) {
-  TORCH_CHECK(o.steps >= 1, "--steps must be at least 1, got ", o.steps);
+  // --steps 0 trains nothing: with --export it writes the initial weights.
+  TORCH_CHECK(o.steps >= 0, "--steps must be non-negative, got ", o.steps);
   TORCH_CHECK(o.global_batch >= 1, "--global-batch must be at least 1, got ", o.global_batch);
   TORCH_CHECK(o.global_batch % world == 0, "--global-batch ", o.global_batch,
               " is not divisible by the number of ranks, ", world,
@@ -210,6 +241,14 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     metrics.open(o.metrics_path, std::ios::out | std::ios::trunc);
     TORCH_CHECK(metrics.good(), "cannot open --metrics file '", o.metrics_path, "' for writing");
   }
+  std::ofstream batches;  // --dump-batches, format in trainer.h
+  if (rank == 0 && !o.dump_batches_path.empty()) {
+    batches.open(o.dump_batches_path, std::ios::out | std::ios::trunc | std::ios::binary);
+    TORCH_CHECK(batches.good(), "cannot open --dump-batches file '", o.dump_batches_path,
+                "' for writing");
+    batches.write("FSDPBAT1", 8);
+    write_int64s(batches, {o.global_batch, o.seq_len});
+  }
 
   TrainSummary summary;
   summary.unigram_entropy = unigram_entropy_nats(
@@ -257,6 +296,14 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     }
 
     const auto global = data.global_batch(step, o.global_batch, o.seq_len, o.seed);
+    if (batches.is_open()) {
+      write_int64s(batches, {step + 1});
+      write_int64s(batches, global.first);
+      write_int64s(batches, global.second);
+      batches.flush();
+      TORCH_CHECK(batches.good(), "cannot write --dump-batches file '", o.dump_batches_path, "'");
+    }
+    const int64_t written_at_start = written_bytes();  // after the dump: sent_bytes is the step's
     const auto [inputs, targets] = micro_batch(global, rank, world);
     optimizer.zero_grad();
     at::Tensor loss = models::loss(fsdp::forward(model, inputs), targets);
@@ -275,6 +322,8 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     if (group) group->all_reduce(loss_sum, ReduceOp::kSum)->wait();
     const double mean_loss = loss_sum.item<double>() / world;
 
+    mine.sent_bytes = written_bytes() - written_at_start;
+    mine.peak_rss_bytes = peak_rss_bytes();
     mine.param_bytes = tensor_bytes(params);
     mine.optim_bytes = optimizer_bytes(optimizer);
     if (mesh) {

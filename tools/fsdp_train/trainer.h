@@ -36,6 +36,12 @@ struct TrainerOptions {
   std::string export_path;          // write the final model here, Hugging Face GPT-2 safetensors
   std::string export_dtype = "fp32";  // fp32 or bf16
   std::string init_from;            // initialize from a Hugging Face GPT-2 safetensors file
+  // Rank 0 writes every step's global batch here, for reference runners (bench/reference/)
+  // that must train on exactly our tokens. Empty: off. The file, all integers little-endian:
+  //   header: 8 bytes "FSDPBAT1", int64 global_batch B, int64 seq_len T;
+  //   then per step: int64 step (1-based, as in --metrics), B*T int64 inputs (row-major
+  //   [B, T]), B*T int64 targets (inputs shifted left by one token).
+  std::string dump_batches_path;
 };
 
 // One rank's numbers for a step, as written under "ranks" in the metrics file.
@@ -47,6 +53,11 @@ struct RankStepStats {
   int64_t peak_unsharded_bytes = 0;
   int64_t all_gather_bytes = 0;
   int64_t reduce_scatter_bytes = 0;
+  // What the process has measured of itself (Linux; 0 elsewhere): its peak resident memory so
+  // far (VmHWM), and the bytes it wrote during the step, to sockets and files alike
+  // (/proc/self/io wchar: the bytes every collective sent, plus the small metrics writes).
+  int64_t peak_rss_bytes = 0;
+  int64_t sent_bytes = 0;
 };
 
 struct StepRecord {
