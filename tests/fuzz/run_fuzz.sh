@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Bounded libFuzzer runs of the checkpoint parsers (src/checkpoint/format.cpp, which needs no
+# LibTorch): the safetensors header parser and the sharded checkpoint's index parser, built
+# with clang's -fsanitize=fuzzer,address,undefined.
+#
+#   bash tests/fuzz/run_fuzz.sh [SECONDS_PER_TARGET]   (default 60)
+#
+# Needs Debian's clang and libclang-rt-14-dev (the fuzzer runtime) and libxxhash-dev; installs
+# them when missing. Seeds: a real export and checkpoint index from build/fsdp-train when it
+# exists, plus small hand-written ones. Prints, per target, the runs, the time and the crashes
+# found; exits non-zero when a crash was found (the reproducer is left in the work directory).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+seconds="${1:-60}"
+work="${FSDP_FUZZ_DIR:-/tmp/fsdp_fuzz}"
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+missing=()
+for p in clang libclang-rt-14-dev libxxhash-dev nlohmann-json3-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+rm -rf "$work" && mkdir -p "$work"
+for target in safetensors index; do
+  clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    -Iinclude -Isrc tests/fuzz/fuzz_$target.cpp src/checkpoint/format.cpp -lxxhash \
+    -o "$work/fuzz_$target"
+  mkdir -p "$work/corpus_$target"
+done
+
+# Seeds.
+printf '\x02\x00\x00\x00\x00\x00\x00\x00{}' > "$work/corpus_safetensors/empty"
+python3 - "$work/corpus_safetensors/small" <<'PY'
+import json, struct, sys
+h = json.dumps({"__metadata__": {"format": "pt"},
+                "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                "b": {"dtype": "BF16", "shape": [3], "data_offsets": [16, 22]}}).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(22))
+PY
+if [ -x build/fsdp-train ]; then
+  seeds="$work/seed_run"
+  build/fsdp-train --nproc 2 --steps 1 --global-batch 2 --seq-len 8 --quiet \
+    --save "$seeds/ckpt" --export "$seeds/model.safetensors" >/dev/null
+  # Real headers with their data cut short enough to keep inputs small.
+  python3 - "$seeds" "$work" <<'PY'
+import glob, struct, sys
+seeds, work = sys.argv[1], sys.argv[2]
+for i, path in enumerate([f"{seeds}/model.safetensors"] + sorted(glob.glob(f"{seeds}/ckpt/step_*/rank_*"))):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    open(f"{work}/corpus_safetensors/real_{i}", "wb").write(b[:8 + n])
+    open(f"{work}/corpus_safetensors/real_full_{i}", "wb").write(b[:65536])
+PY
+  cp "$seeds"/ckpt/step_*/metadata.json "$work/corpus_index/real_index"
+fi
+echo '{"format":"fsdp-sharded-checkpoint","version":1,"world_size":1,"step":0,"files":[{"name":"rank_00000-of-00001.safetensors","bytes":8,"xxh3_64":"0000000000000000"}],"tensors":{},"xxh3_64":"0000000000000000"}' \
+  > "$work/corpus_index/minimal"
+
+status=0
+for target in safetensors index; do
+  log="$work/fuzz_$target.log"
+  ( cd "$work" && ./fuzz_$target -max_total_time="$seconds" -max_len=65536 -timeout=10 \
+      -rss_limit_mb=2048 -dict="$OLDPWD/tests/fuzz/json.dict" -print_final_stats=1 \
+      -artifact_prefix="$work/crash_${target}_" "corpus_$target" ) >"$log" 2>&1 || status=1
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+  crashes=$(find "$work" -maxdepth 1 -name "crash_${target}_*" | wc -l)
+  corpus=$(ls "$work/corpus_$target" | wc -l)
+  echo "fuzz_$target: $runs runs in ${seconds}s, corpus $corpus inputs, crashes found: $crashes"
+  if [ "$crashes" != 0 ]; then tail -40 "$log"; status=1; fi
+done
+exit $status
