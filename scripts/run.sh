@@ -15,7 +15,7 @@ case "$mode" in train|test|build) ;; *) echo "usage: $0 train|test|build [args..
 
 TORCH_VERSION=2.11.0
 DEBIAN_PACKAGES=(cmake g++ make python3 python3-venv python3-pip libgtest-dev libgmock-dev
-                 libbenchmark-dev libgloo-dev libcli11-dev nlohmann-json3-dev)
+                 libbenchmark-dev libgloo-dev libcli11-dev nlohmann-json3-dev libxxhash-dev)
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -57,6 +57,17 @@ fi
 echo "== building (LibTorch from $prefix)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build build -j"$(nproc)"
+
+# The checkpoint interop test loads our export with transformers (tests/checkpoint/hf_interop.py),
+# in the python that has our torch; it fails, saying so, when they are missing.
+if [ "$mode" = test ]; then
+  PYTHON="${PYTHON:-python3}"
+  if [ "${FSDP_SKIP_INSTALL:-0}" != 1 ] && ! "$PYTHON" -c "import transformers, safetensors" 2>/dev/null; then
+    echo "== installing transformers and safetensors into $PYTHON (checkpoint interop test)"
+    "$PYTHON" -m pip install -q "transformers==5.23.0" "safetensors==0.8.0"
+  fi
+  export FSDP_PYTHON="$PYTHON"
+fi
 
 case "$mode" in
   train) exec ./build/fsdp-train "$@" ;;
