@@ -285,6 +285,17 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     }
   }
 
+  // Collective: every rank saves its shards; the checkpoint holds the state after `step` steps.
+  auto save_checkpoint = [&](int64_t step) {
+    const auto saved = checkpoint::save_sharded(
+        o.save_dir, *model, &optimizer, group.get(),
+        checkpoint::SaveOptions().step(step).user_json(run_state_json(o, data, step)));
+    if (printing) {
+      fmt::print("fsdp-train: saved {} ({:.1f} MB in {:.2f}s, {:.0f} MB/s)\n", saved.path,
+                 saved.bytes / 1e6, saved.seconds, saved.bytes / 1e6 / saved.seconds);
+      std::fflush(stdout);
+    }
+  };
   double elapsed = 0;
   const int64_t tokens_per_step = o.global_batch * o.seq_len;
   for (int64_t step = first_step; step < o.steps; ++step) {
@@ -355,16 +366,14 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
       std::fflush(stdout);
     }
     summary.steps.push_back(std::move(record));
-    if (!o.save_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == o.steps)) {
-      const auto saved = checkpoint::save_sharded(
-          o.save_dir, *model, &optimizer, group.get(),
-          checkpoint::SaveOptions().step(step + 1).user_json(run_state_json(o, data, step + 1)));
-      if (printing) {
-        fmt::print("fsdp-train: saved {} ({:.1f} MB in {:.2f}s, {:.0f} MB/s)\n", saved.path,
-                   saved.bytes / 1e6, saved.seconds, saved.bytes / 1e6 / saved.seconds);
-        std::fflush(stdout);
-      }
+    if (!o.save_dir.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0) {
+      save_checkpoint(step + 1);
     }
+  }
+  // The final state, unless --save-every just saved it (also when no step ran: --steps 0, or a
+  // resume at the last step).
+  if (!o.save_dir.empty() && !(o.save_every > 0 && o.steps > first_step && o.steps % o.save_every == 0)) {
+    save_checkpoint(o.steps);
   }
   if (!o.export_path.empty()) {
     checkpoint::ExportOptions export_options;
