@@ -1,0 +1,476 @@
+#!/usr/bin/env python3
+"""PyTorch reference for fsdp-train: the same GPT-2, weights and token batches, trained with
+PyTorch FSDP2 (fully_shard), DDP or a single process, on the CPU over gloo.
+
+A reference, not product code. It exists so that fsdp-train's numbers can be checked step by
+step against PyTorch's own FSDP2 (tests/tools/test_fsdp2_parity.cpp) and timed side by side
+with it (bench/fsdp2_side_by_side.sh).
+
+    # fsdp-train writes the initial weights and the batches it trains on:
+    fsdp-train --nproc 1 --steps 0 --export init/model.safetensors
+    fsdp-train --nproc 2 --steps 10 --dump-batches b.bin --metrics ours.jsonl --export ours/model.safetensors
+    # the same run in FSDP2:
+    python3 bench/reference/fsdp2_reference.py --mode fsdp2 --nproc 2 \
+        --init init/model.safetensors --batches b.bin --metrics ref.jsonl --export ref.safetensors
+
+What has to match fsdp-train (tools/fsdp_train/trainer.cpp, models/gpt2/gpt2.cpp):
+- the model: pre-LayerNorm blocks, GELU (tanh), causal scaled_dot_product_attention, learned
+  positions, lm_head tied to wte, no dropout, nn.Linear's [out, in] weights, LayerNorm eps
+  from config.json (written by --export beside the weights);
+- the weights: --init is fsdp-train's --export (Hugging Face layout: Conv1D weights c_attn,
+  c_proj, c_fc stored [in, out], transposed here);
+- the data: --batches is fsdp-train's --dump-batches; rank r trains on rows
+  [r*B/W, (r+1)*B/W) of each global batch, split into --grad-accum consecutive micro-batches,
+  each micro-batch loss divided by K before backward;
+- the optimizer: AdamW(lr, betas (0.9, 0.95), eps 1e-8 (torch::optim::AdamW's default too),
+  weight_decay), single-tensor implementation (foreach=False; CPU's default anyway); gradient
+  clipping with torch.nn.utils.clip_grad_norm_(max_norm), norm reported before clipping;
+- the reported loss: the mean over ranks and micro-batches of the micro-batch mean losses;
+- threads: each of W local ranks uses cpu_count // W intra-op threads, as fsdp-train does.
+
+Modes: fsdp2 (fully_shard on every block, then the root, over a 1-D mesh of W ranks), ddp
+(DistributedDataParallel, the counterpart of --strategy no_shard) and single (one process on
+the whole global batch, no torch.distributed: the counterpart of --no-fsdp).
+
+Output: --metrics gets one JSON object per step, like fsdp-train's: step, loss, grad_norm,
+tokens_per_s, step_s and ranks (per rank: param_bytes, grad_bytes, optim_bytes, payload bytes
+of the all_gather_into_tensor / reduce_scatter_tensor calls FSDP2 makes (all-gather: output
+size, reduce-scatter: input size, as fsdp-train counts them), all_reduce_bytes (DDP: the
+gradients), sent_bytes (what this process wrote to sockets and files during the step, from
+/proc/self/io wchar) and peak_rss_bytes (VmHWM)). --export writes the final parameters in the
+same Hugging Face layout as fsdp-train's --export.
+
+A failure is never silent: an exception in any rank ends the run with a non-zero exit and the
+PyTorch error on stderr.
+"""
+import argparse
+import json
+import math
+import os
+import socket
+import struct
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+# ---- safetensors (tiny, dependency-free) -------------------------------------------------------
+
+_ST_DTYPES = {"F32": torch.float32, "F64": torch.float64, "BF16": torch.bfloat16,
+              "F16": torch.float16, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+
+
+def load_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = e["data_offsets"]
+        dtype = _ST_DTYPES[e["dtype"]]
+        raw = bytearray(data[base + begin:base + end])
+        t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        out[name] = t.reshape(e["shape"]).clone()
+    return out
+
+
+def save_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous().cpu()
+        b = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    os.replace(tmp, path)
+
+
+# ---- the model: models/gpt2/gpt2.cpp in PyTorch --------------------------------------------------
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.n_head = c["n_head"]
+        self.c_attn = nn.Linear(c["n_embd"], 3 * c["n_embd"])
+        self.c_proj = nn.Linear(c["n_embd"], c["n_embd"])
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.c_attn(x).split(d, dim=2)
+
+        def heads(z):
+            return z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2)
+
+        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c_fc = nn.Linear(c["n_embd"], 4 * c["n_embd"])
+        self.c_proj = nn.Linear(4 * c["n_embd"], c["n_embd"])
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        eps = c["layer_norm_epsilon"]
+        self.ln_1 = nn.LayerNorm(c["n_embd"], eps=eps)
+        self.attn = CausalSelfAttention(c)
+        self.ln_2 = nn.LayerNorm(c["n_embd"], eps=eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x):
+        h = x + self.attn(self.ln_1(x))
+        return h + self.mlp(self.ln_2(h))
+
+
+class GPT2Model(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.wte = nn.Embedding(c["vocab_size"], c["n_embd"])
+        self.wpe = nn.Embedding(c["n_positions"], c["n_embd"])
+        self.h = nn.ModuleList(Block(c) for _ in range(c["n_layer"]))
+        self.ln_f = nn.LayerNorm(c["n_embd"], eps=c["layer_norm_epsilon"])
+
+    def forward(self, idx):
+        pos = torch.arange(idx.size(1), dtype=idx.dtype)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.h:
+            x = block(x)
+        return self.ln_f(x)
+
+
+class GPT2LMHead(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.transformer = GPT2Model(c)
+        self.lm_head = nn.Linear(c["n_embd"], c["vocab_size"], bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied, one Parameter
+
+    def forward(self, idx):
+        return self.lm_head(self.transformer(idx))
+
+
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def from_hf(name, t):
+    """(our name, tensor) of a Hugging Face GPT-2 entry, or None for entries we do not hold."""
+    if not name.startswith("transformer.") and not name.startswith("lm_head."):
+        name = "transformer." + name
+    if name == "lm_head.weight" or name.endswith(".attn.bias") or name.endswith(".attn.masked_bias"):
+        return None
+    return name, (t.t().contiguous() if name.endswith(_CONV1D) else t)
+
+
+def to_hf(name, t):
+    if name == "lm_head.weight":
+        return None
+    return name, (t.t().contiguous() if name.endswith(_CONV1D) else t)
+
+
+def load_config(init_path):
+    path = os.path.join(os.path.dirname(os.path.abspath(init_path)), "config.json")
+    with open(path) as f:
+        hf = json.load(f)
+    return {k: hf[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head",
+                               "layer_norm_epsilon")}
+
+
+def build_model(config, init_path):
+    torch.manual_seed(0)  # values are overwritten below; this only makes construction repeatable
+    model = GPT2LMHead(config)
+    state = {}
+    for name, t in load_safetensors(init_path).items():
+        kv = from_hf(name, t)
+        if kv is not None:
+            state[kv[0]] = kv[1].to(torch.float32)
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(state))
+    unexpected = sorted(set(state) - set(params))
+    if missing or unexpected:
+        raise RuntimeError(f"{init_path}: missing {missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        for name, p in params.items():
+            if tuple(p.shape) != tuple(state[name].shape):
+                raise RuntimeError(f"{init_path}: {name} has shape {tuple(state[name].shape)}, "
+                                   f"the model wants {tuple(p.shape)}")
+            p.copy_(state[name])
+    return model
+
+
+# ---- batches: fsdp-train --dump-batches ----------------------------------------------------------
+
+def load_batches(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"FSDPBAT1":
+        raise RuntimeError(f"{path}: not an fsdp-train --dump-batches file (magic {data[:8]!r})")
+    b, t = struct.unpack("<qq", data[8:24])
+    record = 8 + 16 * b * t
+    body = data[24:]
+    if len(body) % record:
+        raise RuntimeError(f"{path}: {len(body)} bytes after the header is not a whole number "
+                           f"of {record}-byte steps (B={b}, T={t})")
+    steps = []
+    for i in range(len(body) // record):
+        chunk = bytearray(body[i * record:(i + 1) * record])
+        (step,) = struct.unpack("<q", chunk[:8])
+        v = torch.frombuffer(chunk[8:], dtype=torch.int64)
+        steps.append((step, v[:b * t].reshape(b, t).clone(), v[b * t:].reshape(b, t).clone()))
+    return b, t, steps
+
+
+# ---- accounting ------------------------------------------------------------------------------
+
+def _proc_field(path, key):
+    with open(path) as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1])
+    return 0
+
+
+def peak_rss_bytes():
+    return _proc_field("/proc/self/status", "VmHWM:") * 1024
+
+
+def written_bytes():
+    return _proc_field("/proc/self/io", "wchar:")
+
+
+class CommCounter:
+    """Counts the payload bytes of the collectives FSDP2 calls through torch.distributed."""
+
+    def __init__(self):
+        self.all_gather = 0
+        self.reduce_scatter = 0
+        ag, rs = dist.all_gather_into_tensor, dist.reduce_scatter_tensor
+
+        def counted_ag(output_tensor, input_tensor, *a, **k):
+            self.all_gather += output_tensor.numel() * output_tensor.element_size()
+            return ag(output_tensor, input_tensor, *a, **k)
+
+        def counted_rs(output, input, *a, **k):
+            self.reduce_scatter += input.numel() * input.element_size()
+            return rs(output, input, *a, **k)
+
+        dist.all_gather_into_tensor = counted_ag
+        dist.reduce_scatter_tensor = counted_rs
+
+    def reset(self):
+        self.all_gather = self.reduce_scatter = 0
+
+
+def local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+# ---- one rank ------------------------------------------------------------------------------
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def train(rank, world, args):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    distributed = args.mode != "single"
+    if distributed:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    counter = CommCounter() if args.mode == "fsdp2" else None
+
+    config = load_config(args.init)
+    model = build_model(config, args.init)
+    if args.mode == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mesh = init_device_mesh("cpu", (world,))
+        mp = MixedPrecisionPolicy(param_dtype=DTYPES[args.param_dtype] if args.param_dtype else None,
+                                  reduce_dtype=DTYPES[args.reduce_dtype] if args.reduce_dtype else None)
+        for block in model.transformer.h:
+            fully_shard(block, mesh=mesh, reshard_after_forward=bool(args.reshard_after_forward),
+                        mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        train_model = model
+    elif args.mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        train_model = DistributedDataParallel(model)
+    else:
+        train_model = model
+
+    params = list(model.parameters())  # the tied weight once, in named_parameters order
+    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+                                  weight_decay=args.weight_decay, foreach=False)
+    b, t, batches = load_batches(args.batches)
+    if args.steps is not None:
+        batches = batches[:args.steps]
+    if b % world:
+        raise RuntimeError(f"global batch {b} is not divisible by {world} ranks")
+    rows = b // world
+    if rows % args.grad_accum:
+        raise RuntimeError(f"{rows} rows per rank do not split into --grad-accum {args.grad_accum}")
+    micro = rows // args.grad_accum
+
+    metrics = open(args.metrics, "w") if rank == 0 and args.metrics else None
+    for step, inputs, targets in batches:
+        start = time.perf_counter()
+        sent0 = written_bytes()
+        if counter:
+            counter.reset()
+        x_rank = inputs[rank * rows:(rank + 1) * rows]
+        y_rank = targets[rank * rows:(rank + 1) * rows]
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for k in range(args.grad_accum):
+            last = k == args.grad_accum - 1
+            sync = last or args.accum_mode == "sync"
+            if args.mode == "fsdp2":
+                train_model.set_requires_gradient_sync(sync)
+            x = x_rank[k * micro:(k + 1) * micro]
+            y = y_rank[k * micro:(k + 1) * micro]
+            if args.mode == "ddp" and not sync:
+                with train_model.no_sync():
+                    logits = train_model(x)
+                    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+                    (loss / args.grad_accum).backward()
+            else:
+                logits = train_model(x)
+                loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+                (loss / args.grad_accum).backward()
+            loss_sum += loss.detach().double().item()
+        norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        norm = norm.item()
+        optimizer.step()
+        mean_loss = torch.tensor([loss_sum / args.grad_accum], dtype=torch.float64)
+        if distributed:
+            dist.all_reduce(mean_loss)
+        mean_loss = mean_loss.item() / world
+        step_s = time.perf_counter() - start
+        sent = written_bytes() - sent0
+
+        grads = [p.grad for p in params if p.grad is not None]
+        state_bytes = sum(local(v).numel() * local(v).element_size()
+                          for s in optimizer.state.values() for v in s.values()
+                          if torch.is_tensor(v) and v.dim() > 0)
+        mine = [
+            sum(local(p).numel() * local(p).element_size() for p in params),
+            sum(local(g).numel() * local(g).element_size() for g in grads),
+            state_bytes,
+            counter.all_gather if counter else 0,
+            counter.reduce_scatter if counter else 0,
+            sum(local(g).numel() * local(g).element_size() for g in grads) if args.mode == "ddp" else 0,
+            sent,
+            peak_rss_bytes(),
+        ]
+        keys = ["param_bytes", "grad_bytes", "optim_bytes", "all_gather_bytes",
+                "reduce_scatter_bytes", "all_reduce_bytes", "sent_bytes", "peak_rss_bytes"]
+        stats = torch.tensor(mine, dtype=torch.float64)
+        if distributed:
+            everyone = [torch.empty_like(stats) for _ in range(world)]
+            dist.all_gather(everyone, stats)
+        else:
+            everyone = [stats]
+        if metrics:
+            ranks = [dict(rank=r, **{k: int(v) for k, v in zip(keys, s.tolist())})
+                     for r, s in enumerate(everyone)]
+            metrics.write(json.dumps({"step": step, "loss": mean_loss, "grad_norm": norm,
+                                      "tokens_per_s": b * t / step_s, "step_s": step_s,
+                                      "ranks": ranks}) + "\n")
+            metrics.flush()
+        if rank == 0 and not args.quiet:
+            print(f"{args.mode} W={world} step {step} | loss {mean_loss:.6f} | grad norm "
+                  f"{norm:.6f} | {b * t / step_s:.0f} tokens/s", flush=True)
+
+    if args.export:
+        final = {}
+        for name, p in model.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            kv = to_hf(name, full.detach().to(torch.float32))
+            if kv is not None:
+                final[kv[0]] = kv[1]
+        if rank == 0:
+            save_safetensors(args.export, final)
+    if metrics:
+        metrics.close()
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _rank_main(rank, world, args, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        train(rank, world, args)
+    except BaseException:
+        sys.stderr.write(f"fsdp2_reference.py: rank {rank} failed:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        os._exit(1)  # no waiting on peers that may be stuck in a collective
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mode", choices=["fsdp2", "ddp", "single"], default="fsdp2")
+    p.add_argument("--nproc", type=int, default=1, help="ranks (single: must be 1)")
+    p.add_argument("--init", required=True, help="fsdp-train --export of the initial weights "
+                   "(config.json beside it)")
+    p.add_argument("--batches", required=True, help="fsdp-train --dump-batches file")
+    p.add_argument("--steps", type=int, default=None, help="train on the first N batches only")
+    p.add_argument("--metrics", help="one JSON object per step (rank 0)")
+    p.add_argument("--export", help="final parameters, Hugging Face GPT-2 safetensors layout")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--reshard-after-forward", type=int, choices=[0, 1], default=1)
+    p.add_argument("--param-dtype", choices=list(DTYPES), default=None)
+    p.add_argument("--reduce-dtype", choices=list(DTYPES), default=None)
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step per rank")
+    p.add_argument("--accum-mode", choices=["no-sync", "sync"], default="no-sync",
+                   help="no-sync: gradients are reduced only on the last micro-batch "
+                        "(FSDP2 set_requires_gradient_sync(False) / DDP no_sync)")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args()
+    if args.mode == "single" and args.nproc != 1:
+        p.error("--mode single runs one process; use --nproc 1")
+    if args.mode != "fsdp2" and (args.param_dtype or args.reduce_dtype):
+        p.error("--param-dtype/--reduce-dtype are FSDP2's MixedPrecisionPolicy; use --mode fsdp2")
+    if args.nproc == 1:
+        if args.mode != "single":
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        train(0, 1, args)
+        return
+    import torch.multiprocessing as mp
+    mp.spawn(_rank_main, args=(args.nproc, args, _free_port()), nprocs=args.nproc, join=True)
+
+
+if __name__ == "__main__":
+    main()
