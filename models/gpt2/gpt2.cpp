@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
+#include <fsdp/activation_checkpoint.h>
 #include <fsdp/runtime/forward.h>
 #include <models/gpt2/gpt2.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -237,7 +238,8 @@ at::Tensor MLPImpl::forward(const at::Tensor& x) {
   return c_proj->forward(at::gelu(c_fc->forward(x), "tanh"));
 }
 
-BlockImpl::BlockImpl(const GPT2Config& config) {
+BlockImpl::BlockImpl(const GPT2Config& config, bool activation_checkpoint)
+    : activation_checkpoint_(activation_checkpoint) {
   ln_1 = register_module("ln_1", make_layer_norm(config));
   attn = register_module("attn", CausalSelfAttention(config));
   ln_2 = register_module("ln_2", make_layer_norm(config));
@@ -245,6 +247,13 @@ BlockImpl::BlockImpl(const GPT2Config& config) {
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
+  if (!activation_checkpoint_) return body(x);
+  // The recompute calls body on this module, so it reads the parameters FSDP has gathered for
+  // the block's backward, not the ones forward saw.
+  return fsdp::checkpoint([this](const at::Tensor& in) { return body(in); }, x);
+}
+
+at::Tensor BlockImpl::body(const at::Tensor& x) {
   at::Tensor h = x + attn->forward(ln_1->forward(x));
   return h + mlp->forward(ln_2->forward(h));
 }
@@ -261,7 +270,7 @@ GPT2ModelImpl::GPT2ModelImpl(const GPT2Options& options, const std::string& name
   blocks.reserve(config_.n_layer);
   for (int64_t i = 0; i < config_.n_layer; ++i) {
     const std::string name = name_prefix + "h." + std::to_string(i);
-    Block block(config_);
+    Block block(config_, options.activation_checkpoint());
     init_module(*block, name + ".", config_, seed);
     h->push_back(block);
     blocks.push_back(block);

@@ -90,6 +90,11 @@ struct GPT2Options {
   // construction to the root's own parameters (wte, wpe, ln_f) plus one full block, instead of
   // the whole model. Defaults to none.
   TORCH_ARG(BlockBuiltCallback, on_block_built) = nullptr;
+  // Each block runs its forward under fsdp::checkpoint: autograd keeps only the block's input,
+  // and backward recomputes the block (after FSDP has gathered its parameters again). Trades
+  // one more forward of every block for the activation memory of all but one block.
+  // (optional) defaults to false.
+  TORCH_ARG(bool, activation_checkpoint) = false;
 };
 
 // Causal multi-head self-attention: c_attn projects to q, k, v; c_proj mixes the heads.
@@ -124,13 +129,20 @@ TORCH_MODULE(MLP);
 // must be deterministic for the equivalence tests.
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GPT2Config& config);
+  explicit BlockImpl(const GPT2Config& config, bool activation_checkpoint = false);
+  // With activation checkpointing, runs body under fsdp::checkpoint; otherwise body(x).
   at::Tensor forward(const at::Tensor& x);
+  at::Tensor body(const at::Tensor& x);
+  void set_activation_checkpoint(bool on) { activation_checkpoint_ = on; }
+  bool activation_checkpoint() const { return activation_checkpoint_; }
 
   torch::nn::LayerNorm ln_1{nullptr};
   CausalSelfAttention attn{nullptr};
   torch::nn::LayerNorm ln_2{nullptr};
   MLP mlp{nullptr};
+
+ private:
+  bool activation_checkpoint_ = false;
 };
 TORCH_MODULE(Block);
 

@@ -42,6 +42,8 @@ int main(int argc, char** argv) {
   int reshard = 1;
   app.add_option("--reshard-after-forward", reshard, "1: blocks free their gathered parameters after forward")
       ->check(CLI::IsMember({0, 1}))->capture_default_str();
+  app.add_flag("--activation-checkpoint", o.activation_checkpoint,
+               "Every transformer block recomputes its forward in backward instead of keeping activations");
   app.add_flag("--no-fsdp", o.no_fsdp, "Single-process plain LibTorch reference on the same global batch");
   app.add_option("--data", o.data_path, "UTF-8 text file to train on (byte-level tokens); default: embedded corpus");
   app.add_option("--metrics", o.metrics_path, "Write one JSON object per step to this file (rank 0)");

@@ -14,6 +14,7 @@
 #include <fsdp/clip_grad.h>
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
+#include <fsdp/util/memory_counter.h>
 #include <fsdp_train/corpus.h>
 #include <fsdp_train/data.h>
 #include <models/gpt2/gpt2.h>
@@ -79,7 +80,9 @@ nlohmann::json to_json(const StepRecord& r) {
                      {"all_gather_bytes", s.all_gather_bytes},
                      {"reduce_scatter_bytes", s.reduce_scatter_bytes},
                      {"peak_rss_bytes", s.peak_rss_bytes},
-                     {"sent_bytes", s.sent_bytes}});
+                     {"sent_bytes", s.sent_bytes},
+                     {"peak_alloc_bytes", s.peak_alloc_bytes},
+                     {"activation_bytes", s.activation_bytes}});
   }
   return {{"step", r.step},           {"loss", r.loss},     {"grad_norm", r.grad_norm},
           {"tokens_per_s", r.tokens_per_s}, {"step_s", r.step_s},
@@ -93,9 +96,10 @@ std::vector<RankStepStats> gather_stats(const RankStepStats& mine, ProcessGroup*
   const at::Tensor local = at::tensor(
       {double(mine.param_bytes), double(mine.grad_bytes), double(mine.optim_bytes),
        double(mine.peak_unsharded_bytes), double(mine.all_gather_bytes),
-       double(mine.reduce_scatter_bytes), double(mine.peak_rss_bytes), double(mine.sent_bytes)},
+       double(mine.reduce_scatter_bytes), double(mine.peak_rss_bytes), double(mine.sent_bytes),
+       double(mine.peak_alloc_bytes), double(mine.activation_bytes)},
       at::kDouble);
-  constexpr int kFields = 8;
+  constexpr int kFields = 10;
   at::Tensor all = at::empty({world * kFields}, at::kDouble);
   group->all_gather_into_tensor(all, local)->wait();
   std::vector<RankStepStats> result(world);
@@ -110,7 +114,9 @@ std::vector<RankStepStats> gather_stats(const RankStepStats& mine, ProcessGroup*
                  int64_t(row[4]),
                  int64_t(row[5]),
                  int64_t(row[6]),
-                 int64_t(row[7])};
+                 int64_t(row[7]),
+                 int64_t(row[8]),
+                 int64_t(row[9])};
   }
   return result;
 }
@@ -209,19 +215,25 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
   validate(o, world);
   const TokenDataset data = load_dataset(o);
   const bool printing = rank == 0 && !o.quiet;
+  // --metrics counts CPU tensor bytes from here on (the corpus above is not counted).
+  const bool count_memory = !o.metrics_path.empty();
+  if (count_memory) install_cpu_memory_counter();
+  MemoryCounter& memory = process_cpu_memory();
 
   const models::GPT2Config config = models::GPT2Config::by_name(o.model);
   std::optional<DeviceMesh> mesh;
   if (group) mesh.emplace(group);
   models::GPT2Options model_options(config);
   model_options.seed(o.seed);
+  model_options.activation_checkpoint(o.activation_checkpoint);
   if (mesh) {
     // Deferred initialization: each block is sharded as soon as it is built, so a rank never
     // holds more than the root's parameters plus one block in full.
     FullyShardOptions unit_options;
     unit_options.reshard_after_forward(o.reshard_after_forward);
+    // unit_options by value: the model is built after this block ends.
     model_options.on_block_built(
-        [&](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
+        [&mesh, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
           fully_shard(block, *mesh, unit_options);
         });
   }
@@ -317,12 +329,24 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     const int64_t written_at_start = written_bytes();  // after the dump: sent_bytes is the step's
     const auto [inputs, targets] = micro_batch(global, rank, world);
     optimizer.zero_grad();
+    memory.reset_peak();
+    const int64_t live_before_forward = memory.live_bytes();
+    const MemorySnapshot held_before_forward = mesh ? mesh->stats().live() : MemorySnapshot{};
     at::Tensor loss = models::loss(fsdp::forward(model, inputs), targets);
+    // What forward left alive is what autograd saved, apart from gathered parameters (the
+    // root's; every block's under shard_grad_op) and communication buffers.
+    int64_t activation_bytes = memory.live_bytes() - live_before_forward;
+    if (mesh) {
+      const MemorySnapshot held = mesh->stats().live();
+      activation_bytes -= held.unsharded_param_bytes - held_before_forward.unsharded_param_bytes;
+      activation_bytes -= held.comm_buffer_bytes - held_before_forward.comm_buffer_bytes;
+    }
     loss.backward();
     const double norm = mesh ? clip_grad_norm_(params, o.max_grad_norm, *mesh)
                              : torch::nn::utils::clip_grad_norm_(params, o.max_grad_norm);
     RankStepStats mine;
     mine.rank = rank;
+    if (count_memory) mine.activation_bytes = activation_bytes;
     mine.grad_bytes = grad_bytes(params);
     {
       TraceScope trace(tracer, "compute", "optimizer step");
@@ -337,6 +361,7 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     mine.peak_rss_bytes = peak_rss_bytes();
     mine.param_bytes = tensor_bytes(params);
     mine.optim_bytes = optimizer_bytes(optimizer);
+    if (count_memory) mine.peak_alloc_bytes = memory.peak_bytes();
     if (mesh) {
       mine.peak_unsharded_bytes = mesh->stats().peak_unsharded_bytes();
       const CommCounters counters = group->counters();

@@ -22,6 +22,7 @@ struct TrainerOptions {
   double max_grad_norm = 1.0;
   uint64_t seed = 1234;
   bool reshard_after_forward = true;
+  bool activation_checkpoint = false;  // every block checkpoints its forward (GPT2Options)
   bool no_fsdp = false;
   std::string data_path;            // empty: the embedded corpus
   std::string metrics_path;         // empty: no metrics file
@@ -58,6 +59,13 @@ struct RankStepStats {
   // (/proc/self/io wchar: the bytes every collective sent, plus the small metrics writes).
   int64_t peak_rss_bytes = 0;
   int64_t sent_bytes = 0;
+  // With --metrics, CPU tensors are counted by fsdp's counting allocator
+  // (include/fsdp/util/memory_counter.h), process-wide: the most bytes alive at once during
+  // the step (parameters and optimizer state included; what fsdp-estimate's total_bytes
+  // predicts), and the bytes autograd holds for backward at the end of forward (allocated
+  // during forward and still alive, minus the parameters gathered and buffers still held).
+  int64_t peak_alloc_bytes = 0;
+  int64_t activation_bytes = 0;
 };
 
 struct StepRecord {

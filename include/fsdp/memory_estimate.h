@@ -1,0 +1,113 @@
+// Memory estimator: predicts, before training, the bytes one rank holds during an FSDP training
+// step, by category, from the model's parameter shapes and activation sizes.
+//
+// The categories are the ones the runtime and fsdp-train report (--metrics), with the same
+// definitions, so a prediction can be checked against a run:
+//   param_bytes          the rank's sharded parameters, padding included (each rank holds
+//                        ceil(dim0 / S) rows of every parameter, S = the shard group's size)
+//   grad_bytes           their gradients after backward, same layout, master dtype
+//   optim_bytes          AdamW's exp_avg and exp_avg_sq, same layout, master dtype
+//   peak_unsharded_bytes RankStats' peak of unsharded parameters + unsharded gradients alive at
+//                        once (gathered parameters in the compute dtype; the full gradients of
+//                        a unit at the end of its backward)
+//   activation_bytes     what autograd keeps for backward at the end of forward
+//   comm_buffer_bytes    peak of all-gather / reduce-scatter staging buffers
+//   total_bytes          peak of all live tensor bytes over a steady-state step (optimizer
+//                        state present): the categories above are not all at their peaks at
+//                        the same moment, so the estimator replays the runtime's schedule
+//                        (gathers, prefetch, reshards, reduce-scatters two in flight, the
+//                        release of activations unit by unit in backward, the optimizer step)
+//                        and takes the largest sum.
+// Strategies (FSDP1's names): full_shard (S = W, blocks reshard after forward), shard_grad_op
+// (S = W, nothing reshards after forward), no_shard (S = 1, replicated as in DDP), hybrid_shard
+// (S = W / R within each of R replicas).
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
+
+// "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"; throws listing them otherwise.
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+std::string to_string(ShardingStrategy strategy);
+
+// One FSDP unit as the estimator sees it. Byte counts are for one rank's micro-batch, in the
+// compute dtype; the model describes them (see models/gpt2/gpt2_memory.h).
+struct UnitMemorySpec {
+  std::string name;
+  // Shapes of the unit's trainable parameters (a tied parameter once, in its owning unit).
+  std::vector<std::vector<int64_t>> param_shapes;
+  // Bytes autograd keeps from the unit's forward until its backward.
+  int64_t saved_bytes = 0;
+  // Most bytes of temporaries beyond saved_bytes alive at once during the unit's forward.
+  int64_t forward_workspace_bytes = 0;
+  // Most bytes of temporaries alive at once during the unit's backward (activation gradients,
+  // and with activation checkpointing the recomputed activations), not counting its parameter
+  // gradients.
+  int64_t backward_workspace_bytes = 0;
+};
+
+// A model: the root unit's own parameters and activations, and the units called from its
+// forward, in forward order.
+struct ModelMemorySpec {
+  std::vector<std::vector<int64_t>> root_param_shapes;
+  // Root activations kept from before the first unit runs (released last in backward) and
+  // after the last (released first).
+  int64_t root_saved_before_bytes = 0;
+  int64_t root_saved_after_bytes = 0;
+  // The forward's output and loss temporaries alive at the end of forward beyond what is saved.
+  int64_t root_forward_workspace_bytes = 0;
+  // Temporaries of the root's part of backward (gradients of the output, of the loss).
+  int64_t root_backward_workspace_bytes = 0;
+  std::vector<UnitMemorySpec> units;
+};
+
+struct MemoryEstimateOptions {
+  // Ranks. (optional) defaults to 1.
+  TORCH_ARG(int, world_size) = 1;
+  TORCH_ARG(ShardingStrategy, strategy) = ShardingStrategy::kFullShard;
+  // Replicas for hybrid_shard (must divide world_size). (optional) defaults to 1.
+  TORCH_ARG(int, replicate) = 1;
+  // dtype of the sharded parameters, gradients and optimizer state. (optional) defaults to fp32.
+  TORCH_ARG(at::ScalarType, master_dtype) = at::kFloat;
+  // Mixed precision, as in MixedPrecisionPolicy. (optional) default to the master dtype.
+  TORCH_ARG(std::optional<at::ScalarType>, param_dtype) = std::nullopt;
+  TORCH_ARG(std::optional<at::ScalarType>, reduce_dtype) = std::nullopt;
+  // Implicit prefetch depth (units). (optional) defaults to 1.
+  TORCH_ARG(int, prefetch) = 1;
+  // false: plain single-process training, no FSDP (fsdp-train --no-fsdp). (optional) defaults
+  // to true.
+  TORCH_ARG(bool, fsdp) = true;
+};
+
+struct MemoryEstimate {
+  int64_t param_bytes = 0;
+  int64_t grad_bytes = 0;
+  int64_t optim_bytes = 0;
+  int64_t peak_unsharded_bytes = 0;
+  int64_t activation_bytes = 0;
+  int64_t comm_buffer_bytes = 0;
+  int64_t total_bytes = 0;
+  // Where the step's peak is ("backward of h.7", "optimizer step", ...).
+  std::string peak_phase;
+  // JSON object with the fields above, under their names.
+  std::string to_json() const;
+};
+
+// Predicts one rank's bytes. Throws on a bad configuration (world size not divisible by the
+// replicas, a non-positive size), naming the values.
+MemoryEstimate estimate_memory(const ModelMemorySpec& model, const MemoryEstimateOptions& options);
+
+// Rows a rank holds of a parameter with dim0 rows over a shard group of shard_size ranks,
+// padding included: ceil(dim0 / shard_size); a 0-D parameter counts as one row.
+int64_t padded_shard_rows(int64_t dim0, int shard_size);
+
+}  // namespace fsdp

@@ -1,0 +1,367 @@
+// The memory estimator: replays one steady-state training step of one rank as a sequence of
+// allocations and frees that mirrors what the runtime does (src/runtime/param_group.cpp), and
+// keeps three running sums with their peaks: every live byte, the bytes RankStats counts as
+// unsharded (parameters and gradients), and the communication buffers RankStats counts.
+//
+// The schedule replayed, per unit (the root first, then the units in forward order):
+//   forward:  issue own gather (+ prefetch of the next units' gathers: buffers of S * shard
+//             numel in the compute dtype, plus the cast copy of the shards under mixed
+//             precision), wait = copy-out into the unsharded parameters (allocated while the
+//             buffers are alive), free the buffer; compute (saved activations stay); reshard
+//             after forward (full_shard blocks) or not (shard_grad_op, no_shard, the root).
+//   backward: the root's head first (its full gradients appear), then units in reverse: gather
+//             again if resharded, prefetch the previous unit, compute (workspace, full
+//             gradients; the unit's saved activations go), post-backward: count gradients +
+//             parameters (RankStats' peak point), reshard, copy gradients into the
+//             reduce-scatter input, free them, keep at most two reductions in flight; at the
+//             end the root's post-backward and all reductions complete.
+//   optimizer: gradients, parameters and state, plus AdamW's two temporaries of the largest
+//             shard (sqrt(exp_avg_sq) and the denominator).
+// Parameters, optimizer state (from the previous step) are live throughout; gradients were
+// set to none by zero_grad before forward.
+#include <fsdp/memory_estimate.h>
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <deque>
+
+namespace fsdp {
+namespace {
+
+int64_t element_size(at::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// What the estimator needs of a unit's parameters on this rank.
+struct UnitSizes {
+  std::string name;
+  int64_t shard_numel = 0;      // sum of padded local shards
+  int64_t full_numel = 0;       // sum of full parameters
+  int64_t max_shard_numel = 0;  // largest single padded shard (optimizer temporaries)
+  int64_t saved = 0, forward_ws = 0, backward_ws = 0;
+};
+
+UnitSizes sizes_of(const std::string& name, const std::vector<std::vector<int64_t>>& shapes, int shard) {
+  UnitSizes u;
+  u.name = name;
+  for (const auto& shape : shapes) {
+    const int64_t dim0 = shape.empty() ? 1 : shape[0];
+    const int64_t row = shape.empty() ? 1 : numel_of(shape) / std::max<int64_t>(dim0, 1);
+    const int64_t padded = padded_shard_rows(dim0, shard) * row;
+    u.shard_numel += padded;
+    u.full_numel += numel_of(shape);
+    u.max_shard_numel = std::max(u.max_shard_numel, padded);
+  }
+  return u;
+}
+
+// Running sums of one rank's bytes.
+class Replay {
+ public:
+  void alloc(int64_t bytes, const std::string& phase) {
+    live_ += bytes;
+    if (live_ > peak_) {
+      peak_ = live_;
+      peak_phase_ = phase;
+    }
+  }
+  void free(int64_t bytes) { live_ -= bytes; }
+  void transient(int64_t bytes, const std::string& phase) {
+    alloc(bytes, phase);
+    free(bytes);
+  }
+  void count_unsharded(int64_t bytes) {
+    unsharded_ += bytes;
+    peak_unsharded_ = std::max(peak_unsharded_, unsharded_);
+  }
+  void count_comm(int64_t bytes) {
+    comm_ += bytes;
+    peak_comm_ = std::max(peak_comm_, comm_);
+  }
+  int64_t peak() const { return peak_; }
+  const std::string& peak_phase() const { return peak_phase_; }
+  int64_t peak_unsharded() const { return peak_unsharded_; }
+  int64_t peak_comm() const { return peak_comm_; }
+
+ private:
+  int64_t live_ = 0, peak_ = 0;
+  std::string peak_phase_;
+  int64_t unsharded_ = 0, peak_unsharded_ = 0;
+  int64_t comm_ = 0, peak_comm_ = 0;
+};
+
+class StepModel {
+ public:
+  StepModel(const ModelMemorySpec& model, const MemoryEstimateOptions& o) : o_(o) {
+    TORCH_CHECK(o.world_size() >= 1, "estimate_memory: world_size must be at least 1, got ", o.world_size());
+    int replicate = 1;
+    switch (o.strategy()) {
+      case ShardingStrategy::kFullShard:
+      case ShardingStrategy::kShardGradOp:
+        break;
+      case ShardingStrategy::kNoShard:
+        replicate = o.world_size();
+        break;
+      case ShardingStrategy::kHybridShard:
+        replicate = o.replicate();
+        break;
+    }
+    TORCH_CHECK(replicate >= 1 && o.world_size() % replicate == 0, "estimate_memory: replicate ",
+                replicate, " does not divide the world size ", o.world_size());
+    if (!o.fsdp()) {
+      TORCH_CHECK(o.world_size() == 1, "estimate_memory: training without FSDP runs on one rank, got world_size ",
+                  o.world_size());
+      replicate = 1;
+    }
+    shard_ = o.world_size() / replicate;
+    replicate_ = replicate;
+    master_ = element_size(o.master_dtype());
+    compute_ = element_size(o.fsdp() ? o.param_dtype().value_or(o.master_dtype()) : o.master_dtype());
+    reduce_ = o.fsdp() ? element_size(o.reduce_dtype().value_or(o.param_dtype().value_or(o.master_dtype())))
+                       : master_;
+    cast_ = o.fsdp() && o.param_dtype().has_value() && *o.param_dtype() != o.master_dtype();
+    reshard_after_forward_ = o.strategy() == ShardingStrategy::kFullShard ||
+                             o.strategy() == ShardingStrategy::kHybridShard;
+
+    root_ = sizes_of("root", model.root_param_shapes, shard_);
+    for (const auto& u : model.units) {
+      UnitSizes s = sizes_of(u.name, u.param_shapes, shard_);
+      s.saved = u.saved_bytes;
+      s.forward_ws = u.forward_workspace_bytes;
+      s.backward_ws = u.backward_workspace_bytes;
+      units_.push_back(s);
+    }
+    root_before_ = model.root_saved_before_bytes;
+    root_after_ = model.root_saved_after_bytes;
+    root_forward_ws_ = model.root_forward_workspace_bytes;
+    root_backward_ws_ = model.root_backward_workspace_bytes;
+  }
+
+  MemoryEstimate run() {
+    MemoryEstimate e;
+    int64_t shard_numel = root_.shard_numel, max_shard = root_.max_shard_numel;
+    for (const auto& u : units_) {
+      shard_numel += u.shard_numel;
+      max_shard = std::max(max_shard, u.max_shard_numel);
+    }
+    e.param_bytes = shard_numel * master_;
+    e.grad_bytes = shard_numel * master_;
+    e.optim_bytes = 2 * shard_numel * master_;
+    e.activation_bytes = root_before_ + root_after_;
+    for (const auto& u : units_) e.activation_bytes += u.saved;
+
+    // Live throughout the step: the shards and AdamW's state.
+    r_.alloc(e.param_bytes + e.optim_bytes, "start of step");
+    forward();
+    backward();
+    r_.transient(2 * max_shard * master_, "optimizer step");
+
+    e.peak_unsharded_bytes = r_.peak_unsharded();
+    e.comm_buffer_bytes = r_.peak_comm();
+    e.total_bytes = r_.peak();
+    e.peak_phase = r_.peak_phase();
+    return e;
+  }
+
+ private:
+  // Unit state during the replay.
+  struct State {
+    bool unsharded = false;
+    bool gathering = false;
+  };
+
+  bool gathers() const { return o_.fsdp() && (shard_ > 1 || cast_); }
+  int64_t unsharded_bytes(const UnitSizes& u) const { return gathers() ? u.full_numel * compute_ : 0; }
+  int64_t gather_buffer_bytes(const UnitSizes& u) const { return u.shard_numel * shard_ * compute_; }
+  int64_t cast_copy_bytes(const UnitSizes& u) const { return cast_ ? u.shard_numel * compute_ : 0; }
+
+  UnitSizes& unit(int i) { return i < 0 ? root_ : units_[i]; }
+  State& state(int i) { return i < 0 ? root_state_ : states_[i]; }
+  std::string label(int i) { return i < 0 ? std::string("root") : units_[i].name; }
+
+  void issue(int i) {
+    State& s = state(i);
+    if (s.unsharded || s.gathering || !gathers()) return;
+    const UnitSizes& u = unit(i);
+    r_.alloc(cast_copy_bytes(u) + gather_buffer_bytes(u), "all-gather of " + label(i));
+    r_.count_comm(gather_buffer_bytes(u));
+    s.gathering = true;
+  }
+
+  void wait(int i, const std::string& phase) {
+    State& s = state(i);
+    if (s.unsharded) return;
+    issue(i);
+    const UnitSizes& u = unit(i);
+    if (s.gathering) {
+      // Copy-out into the unsharded storages while the buffers are alive, then free them.
+      r_.alloc(unsharded_bytes(u), phase);
+      r_.count_unsharded(unsharded_bytes(u));
+      r_.free(cast_copy_bytes(u) + gather_buffer_bytes(u));
+      r_.count_comm(-gather_buffer_bytes(u));
+    }
+    s.gathering = false;
+    s.unsharded = true;
+  }
+
+  void reshard(int i) {
+    State& s = state(i);
+    if (!s.unsharded) return;
+    r_.free(unsharded_bytes(unit(i)));
+    r_.count_unsharded(-unsharded_bytes(unit(i)));
+    s.unsharded = false;
+  }
+
+  void forward() {
+    const int n = static_cast<int>(units_.size());
+    states_.assign(n, State{});
+    root_state_ = State{};
+    // Root: gather, prefetch the first units (order of the previous step), compute the stem.
+    issue(-1);
+    for (int k = 0; k < o_.prefetch() && k < n; ++k) issue(k);
+    wait(-1, "forward of root");
+    r_.alloc(root_before_, "forward of root");
+    for (int i = 0; i < n; ++i) {
+      issue(i);
+      for (int k = 1; k <= o_.prefetch() && i + k < n; ++k) issue(i + k);
+      const std::string phase = "forward of " + units_[i].name;
+      wait(i, phase);
+      r_.alloc(units_[i].saved, phase);
+      r_.transient(units_[i].forward_ws, phase);
+      if (reshard_after_forward_) reshard(i);
+    }
+    r_.alloc(root_after_, "end of forward");
+    r_.transient(root_forward_ws_, "end of forward");
+  }
+
+  void backward() {
+    const int n = static_cast<int>(units_.size());
+    // The root's head: the output's and loss's gradients, then the root's full gradients (the
+    // tied embedding's among them), alive until the root's post-backward at the end.
+    r_.transient(root_backward_ws_, "backward of root (head)");
+    r_.free(root_after_);
+    r_.alloc(root_.full_numel * compute_, "backward of root (head)");
+    for (int i = n - 1; i >= 0; --i) {
+      const std::string phase = "backward of " + units_[i].name;
+      issue(i);
+      for (int k = 1; k <= o_.prefetch() && i - k >= 0; ++k) issue(i - k);
+      wait(i, phase);
+      const int64_t grads = units_[i].full_numel * compute_;
+      r_.alloc(grads, phase);
+      r_.transient(units_[i].backward_ws, phase);
+      r_.free(units_[i].saved);
+      post_backward(i, phase);
+    }
+    r_.free(root_before_);
+    post_backward(-1, "end of backward");
+    while (!pending_.empty()) finish_oldest();
+  }
+
+  // ParamGroup::post_backward: the unit's full gradients (already allocated) are counted with
+  // its parameters, the parameters resharded, the gradients packed for the reduction and freed.
+  void post_backward(int i, const std::string& phase) {
+    const UnitSizes& u = unit(i);
+    const int64_t grads = u.full_numel * compute_;
+    if (o_.fsdp()) r_.count_unsharded(grads);
+    reshard(i);
+    if (o_.fsdp()) r_.count_unsharded(-grads);
+    if (!o_.fsdp() || (shard_ == 1 && replicate_ == 1)) {
+      // The full gradient is the sharded one (re-typed to the master dtype if needed).
+      if (compute_ != master_ || reduce_ != master_) {
+        r_.alloc(u.shard_numel * master_, phase);
+        r_.free(grads);
+      }
+      return;
+    }
+    const int64_t input = u.shard_numel * shard_ * reduce_;
+    r_.alloc(input, phase);
+    r_.count_comm(input);
+    r_.free(grads);
+    const int64_t output = shard_ == 1 ? 0 : u.shard_numel * reduce_;  // no_shard: in place
+    r_.alloc(output, phase);
+    pending_.push_back({input, output, u.shard_numel});
+    while (pending_.size() > 2) finish_oldest();
+  }
+
+  void finish_oldest() {
+    const Pending p = pending_.front();
+    pending_.pop_front();
+    r_.count_comm(-p.input);
+    if (shard_ == 1) {
+      // All-reduce in place: the buffer becomes the gradients.
+      if (reduce_ != master_) {
+        r_.alloc(p.shard_numel * master_, "gradient reduction");
+        r_.free(p.input);
+      }
+      return;
+    }
+    r_.free(p.input);
+    if (reduce_ != master_) {
+      r_.alloc(p.shard_numel * master_, "gradient reduction");
+      r_.free(p.output);
+    }
+  }
+
+  struct Pending {
+    int64_t input, output, shard_numel;
+  };
+
+  MemoryEstimateOptions o_;
+  int shard_ = 1, replicate_ = 1;
+  int64_t master_ = 4, compute_ = 4, reduce_ = 4;
+  bool cast_ = false;
+  bool reshard_after_forward_ = true;
+  UnitSizes root_;
+  std::vector<UnitSizes> units_;
+  int64_t root_before_ = 0, root_after_ = 0, root_forward_ws_ = 0, root_backward_ws_ = 0;
+  State root_state_;
+  std::vector<State> states_;
+  std::deque<Pending> pending_;
+  Replay r_;
+};
+
+}  // namespace
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  if (name == "full_shard") return ShardingStrategy::kFullShard;
+  if (name == "shard_grad_op") return ShardingStrategy::kShardGradOp;
+  if (name == "no_shard") return ShardingStrategy::kNoShard;
+  if (name == "hybrid_shard") return ShardingStrategy::kHybridShard;
+  TORCH_CHECK(false, "unknown sharding strategy '", name,
+              "'; valid: full_shard, shard_grad_op, no_shard, hybrid_shard");
+}
+
+std::string to_string(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::kFullShard: return "full_shard";
+    case ShardingStrategy::kShardGradOp: return "shard_grad_op";
+    case ShardingStrategy::kNoShard: return "no_shard";
+    case ShardingStrategy::kHybridShard: return "hybrid_shard";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled sharding strategy");
+}
+
+int64_t padded_shard_rows(int64_t dim0, int shard_size) {
+  TORCH_CHECK(shard_size >= 1, "shard size must be at least 1, got ", shard_size);
+  return (dim0 + shard_size - 1) / shard_size;
+}
+
+std::string MemoryEstimate::to_json() const {
+  return fmt::format(
+      "{{\"param_bytes\": {}, \"grad_bytes\": {}, \"optim_bytes\": {}, \"peak_unsharded_bytes\": {}, "
+      "\"activation_bytes\": {}, \"comm_buffer_bytes\": {}, \"total_bytes\": {}, \"peak_phase\": \"{}\"}}",
+      param_bytes, grad_bytes, optim_bytes, peak_unsharded_bytes, activation_bytes, comm_buffer_bytes,
+      total_bytes, peak_phase);
+}
+
+MemoryEstimate estimate_memory(const ModelMemorySpec& model, const MemoryEstimateOptions& options) {
+  return StepModel(model, options).run();
+}
+
+}  // namespace fsdp

@@ -1,0 +1,155 @@
+// The memory estimator (include/fsdp/memory_estimate.h) against what runs measure: the
+// runtime's accounting with ranks as threads, and fsdp-train as processes with --metrics
+// (the library's category counts, the counting allocator's peak and activation bytes).
+#include "runtime/gpt_case.h"
+#include "runtime/harness.h"
+
+#include <fsdp/memory_estimate.h>
+#include <fsdp/util/memory_counter.h>
+#include <models/gpt2/gpt2.h>
+#include <models/gpt2/gpt2_memory.h>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sys/wait.h>
+
+namespace fsdp::testing {
+namespace {
+
+using models::GPT2Config;
+
+std::vector<int64_t> shape_of(const at::Tensor& t) { return {t.sizes().begin(), t.sizes().end()}; }
+
+TEST(Gpt2MemorySpec, ParameterShapesAreTheModelsUnitByUnit) {
+  const GPT2Config config = GPT2Config::tiny();
+  models::GPT2LMHead model(config);
+  const ModelMemorySpec spec = models::gpt2_memory_spec(config, 2, 16);
+  std::vector<std::vector<int64_t>> root;
+  for (const auto& [name, p] : unique_named_parameters(*model)) {
+    if (name.rfind("transformer.h.", 0) != 0) root.push_back(shape_of(p));
+  }
+  EXPECT_EQ(root, spec.root_param_shapes);
+  ASSERT_EQ(spec.units.size(), model->transformer->blocks.size());
+  int64_t total = 0;
+  for (const auto& s : spec.root_param_shapes) total += c10::multiply_integers(s);
+  for (size_t i = 0; i < spec.units.size(); ++i) {
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& p : model->transformer->blocks[i]->parameters()) shapes.push_back(shape_of(p));
+    EXPECT_EQ(shapes, spec.units[i].param_shapes) << "block " << i;
+    for (const auto& s : shapes) total += c10::multiply_integers(s);
+  }
+  EXPECT_EQ(total, models::num_parameters(config));
+}
+
+TEST(MemoryEstimate, ShardsArePaddedToCeilRowsOfTheShardGroup) {
+  ModelMemorySpec spec;
+  spec.root_param_shapes = {{5, 3}, {7}, {}};  // a 0-D parameter counts as one row
+  for (const auto& [strategy, world, replicate, rows] :
+       std::vector<std::tuple<ShardingStrategy, int, int, int64_t>>{
+           {ShardingStrategy::kFullShard, 4, 1, 2 * 3 + 2 + 1},
+           {ShardingStrategy::kShardGradOp, 4, 1, 2 * 3 + 2 + 1},
+           {ShardingStrategy::kNoShard, 4, 1, 5 * 3 + 7 + 1},
+           {ShardingStrategy::kHybridShard, 4, 2, 3 * 3 + 4 + 1}}) {
+    const MemoryEstimate e = estimate_memory(
+        spec, MemoryEstimateOptions().world_size(world).strategy(strategy).replicate(replicate));
+    EXPECT_EQ(e.param_bytes, rows * 4) << to_string(strategy);
+    EXPECT_EQ(e.grad_bytes, rows * 4) << to_string(strategy);
+    EXPECT_EQ(e.optim_bytes, 2 * rows * 4) << to_string(strategy);
+  }
+  EXPECT_THROW(estimate_memory(spec, MemoryEstimateOptions().world_size(4).strategy(
+                                         ShardingStrategy::kHybridShard).replicate(3)),
+               c10::Error);
+  EXPECT_EQ(parse_sharding_strategy("shard_grad_op"), ShardingStrategy::kShardGradOp);
+  EXPECT_THROW(parse_sharding_strategy("zero3"), c10::Error);
+}
+
+// --- against the runtime, ranks as threads ---
+
+struct Measured {
+  int64_t param_bytes = 0, grad_bytes = 0, peak_unsharded_bytes = 0;
+};
+
+// Per rank, the categories of the last step of a 3-step run.
+std::vector<Measured> measure_threads(const TrainCase& c, int world) {
+  std::vector<Measured> out(world);
+  TrainCase run = c;
+  run.steps = 3;
+  train_sharded(run, world, [&](int rank, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+    Measured& r = out[rank];
+    r.param_bytes = r.grad_bytes = 0;
+    for (const auto& p : unique_parameters(*m)) {
+      r.param_bytes += p.nbytes();
+      if (p.grad().defined()) r.grad_bytes += p.grad().nbytes();
+    }
+    r.peak_unsharded_bytes = mesh.stats().peak_unsharded_bytes();
+    mesh.stats().reset_peaks();  // the next step's peak
+  });
+  return out;
+}
+
+void expect_categories(const TrainCase& c, int world, const MemoryEstimateOptions& options) {
+  const MemoryEstimate e = estimate_memory(models::gpt2_memory_spec(GPT2Config::tiny(), 12 / world, 16), options);
+  const auto measured = measure_threads(c, world);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(measured[r].param_bytes, e.param_bytes) << "rank " << r;
+    EXPECT_EQ(measured[r].grad_bytes, e.grad_bytes) << "rank " << r;
+    EXPECT_EQ(measured[r].peak_unsharded_bytes, e.peak_unsharded_bytes) << "rank " << r;
+  }
+}
+
+TEST(MemoryEstimate, FullShardCategoriesEqualTheRuntimes) {
+  for (int world : {2, 3}) {  // 3: every dimension of tiny is padded
+    expect_categories(gpt_case(), world, MemoryEstimateOptions().world_size(world));
+  }
+}
+
+TEST(MemoryEstimate, ShardGradOpCategoriesEqualTheRuntimes) {
+  GptCaseOptions opt;
+  opt.reshard_after_forward = false;
+  expect_categories(gpt_case(opt), 2,
+                    MemoryEstimateOptions().world_size(2).strategy(ShardingStrategy::kShardGradOp));
+}
+
+TEST(MemoryEstimate, MixedPrecisionCategoriesEqualTheRuntimes) {
+  GptCaseOptions opt;
+  opt.mp_policy.param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
+  expect_categories(gpt_case(opt), 2,
+                    MemoryEstimateOptions().world_size(2).param_dtype(at::kBFloat16).reduce_dtype(at::kFloat));
+}
+
+// --- activations, one process: what forward leaves alive for backward ---
+
+int64_t held_after_forward(const GPT2Config& config, int64_t batch, int64_t seq, bool ckpt) {
+  models::GPT2LMHead model(models::GPT2Options(config).seed(1).activation_checkpoint(ckpt));
+  const at::Tensor idx = at::randint(config.vocab_size, {batch, seq}, at::kLong);
+  auto counter = std::make_shared<MemoryCounter>();
+  CountAllocations count(counter);
+  const int64_t before = counter->live_bytes();
+  at::Tensor loss = models::loss(model->forward(idx), idx);
+  const int64_t held = counter->live_bytes() - before;
+  loss.backward();
+  return held;
+}
+
+TEST(MemoryEstimate, ActivationBytesEqualWhatForwardKeeps) {
+  GPT2Config config = GPT2Config::tiny();
+  config.n_layer = 3;
+  for (const bool ckpt : {false, true}) {
+    const int64_t measured = held_after_forward(config, 4, 48, ckpt);
+    const int64_t predicted =
+        estimate_memory(models::gpt2_memory_spec(config, 4, 48, at::kFloat, ckpt),
+                        MemoryEstimateOptions().fsdp(false))
+            .activation_bytes;
+    EXPECT_NEAR(measured, predicted, 0.02 * measured) << (ckpt ? "checkpointed" : "plain");
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::testing

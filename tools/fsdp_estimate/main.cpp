@@ -1,0 +1,120 @@
+// fsdp-estimate: predicts one rank's memory for an fsdp-train run, without running it.
+//
+//   fsdp-estimate --model small --world-size 4 --strategy full_shard --global-batch 8 --seq-len 128
+//
+// Prints one JSON object: the run's settings and the estimate under the names fsdp-train's
+// --metrics uses (param_bytes, grad_bytes, optim_bytes, peak_unsharded_bytes), plus
+// activation_bytes, comm_buffer_bytes, total_bytes and the phase of the step where the total
+// peaks. See include/fsdp/memory_estimate.h for the definitions.
+#include <fsdp/memory_estimate.h>
+#include <models/gpt2/gpt2.h>
+#include <models/gpt2/gpt2_memory.h>
+
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+namespace {
+
+at::ScalarType parse_dtype(const std::string& flag, const std::string& name) {
+  if (name == "fp32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16") return at::kHalf;
+  if (name == "fp64") return at::kDouble;
+  TORCH_CHECK(false, flag, " must be fp32, bf16, fp16 or fp64, got '", name, "'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fsdp-estimate: predict one rank's memory for an FSDP GPT-2 training step"};
+  std::string model = "tiny";
+  int64_t vocab_size = 0, n_positions = 0, n_embd = 0, n_layer = 0, n_head = 0;
+  int world = 2, replicate = 1, prefetch = 1;
+  std::string strategy = "full_shard", param_dtype, reduce_dtype, master_dtype = "fp32";
+  int64_t global_batch = 16, seq_len = 64;
+  bool activation_checkpoint = false, no_fsdp = false, pretty = false;
+  app.add_option("--model", model, "GPT-2 config to start from: tiny, small or gpt2")->capture_default_str();
+  app.add_option("--vocab-size", vocab_size, "Override the config's vocab_size");
+  app.add_option("--n-positions", n_positions, "Override the config's n_positions");
+  app.add_option("--n-embd", n_embd, "Override the config's n_embd");
+  app.add_option("--n-layer", n_layer, "Override the config's n_layer");
+  app.add_option("--n-head", n_head, "Override the config's n_head");
+  app.add_option("--world-size,--nproc", world, "Ranks")->capture_default_str();
+  app.add_option("--strategy", strategy, "full_shard, shard_grad_op, no_shard or hybrid_shard")
+      ->capture_default_str();
+  app.add_option("--replicate", replicate, "Replicas for hybrid_shard (divides the world size)")
+      ->capture_default_str();
+  app.add_option("--param-dtype", param_dtype, "Mixed precision: dtype of unsharded parameters and compute (fp32, bf16, fp16)");
+  app.add_option("--reduce-dtype", reduce_dtype, "Mixed precision: dtype of gradient reduction (default: --param-dtype)");
+  app.add_option("--master-dtype", master_dtype, "dtype of sharded parameters, gradients and optimizer state")
+      ->capture_default_str();
+  app.add_option("--global-batch", global_batch, "Sequences per step over all ranks")->capture_default_str();
+  app.add_option("--seq-len", seq_len, "Tokens per sequence")->capture_default_str();
+  app.add_flag("--activation-checkpoint", activation_checkpoint, "Every block checkpoints its forward");
+  app.add_option("--prefetch", prefetch, "Implicit prefetch depth (0: off)")->capture_default_str();
+  app.add_flag("--no-fsdp", no_fsdp, "Plain single-process training (fsdp-train --no-fsdp)");
+  app.add_flag("--pretty", pretty, "Indent the JSON");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    fsdp::models::GPT2Config config = fsdp::models::GPT2Config::by_name(model);
+    if (vocab_size > 0) config.vocab_size = vocab_size;
+    if (n_positions > 0) config.n_positions = n_positions;
+    if (n_embd > 0) config.n_embd = n_embd;
+    if (n_layer > 0) config.n_layer = n_layer;
+    if (n_head > 0) config.n_head = n_head;
+    config.validate();
+    if (no_fsdp) world = 1;
+    TORCH_CHECK(world >= 1, "--world-size must be at least 1, got ", world);
+    TORCH_CHECK(global_batch >= 1 && global_batch % world == 0, "--global-batch ", global_batch,
+                " is not a positive multiple of the number of ranks, ", world);
+    fsdp::MemoryEstimateOptions options;
+    options.world_size(world)
+        .strategy(fsdp::parse_sharding_strategy(strategy))
+        .replicate(replicate)
+        .master_dtype(parse_dtype("--master-dtype", master_dtype))
+        .prefetch(prefetch)
+        .fsdp(!no_fsdp);
+    TORCH_CHECK(options.strategy() == fsdp::ShardingStrategy::kHybridShard || replicate == 1,
+                "--replicate ", replicate, " needs --strategy hybrid_shard");
+    if (!param_dtype.empty()) options.param_dtype(parse_dtype("--param-dtype", param_dtype));
+    if (!reduce_dtype.empty()) options.reduce_dtype(parse_dtype("--reduce-dtype", reduce_dtype));
+    const at::ScalarType compute =
+        no_fsdp ? options.master_dtype() : options.param_dtype().value_or(options.master_dtype());
+    const int64_t micro_batch = global_batch / world;
+    const fsdp::ModelMemorySpec spec =
+        fsdp::models::gpt2_memory_spec(config, micro_batch, seq_len, compute, activation_checkpoint);
+    const fsdp::MemoryEstimate e = fsdp::estimate_memory(spec, options);
+
+    nlohmann::json out = nlohmann::json::parse(e.to_json());
+    out["settings"] = {{"model", model},
+                       {"vocab_size", config.vocab_size},
+                       {"n_positions", config.n_positions},
+                       {"n_embd", config.n_embd},
+                       {"n_layer", config.n_layer},
+                       {"n_head", config.n_head},
+                       {"parameters", fsdp::models::num_parameters(config)},
+                       {"world_size", world},
+                       {"strategy", no_fsdp ? std::string("none") : strategy},
+                       {"replicate", replicate},
+                       {"param_dtype", param_dtype.empty() ? master_dtype : param_dtype},
+                       {"reduce_dtype", reduce_dtype.empty() ? (param_dtype.empty() ? master_dtype : param_dtype)
+                                                             : reduce_dtype},
+                       {"global_batch", global_batch},
+                       {"micro_batch", micro_batch},
+                       {"seq_len", seq_len},
+                       {"activation_checkpoint", activation_checkpoint},
+                       {"prefetch", prefetch}};
+    std::cout << out.dump(pretty ? 2 : -1) << '\n';
+    return 0;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "fsdp-estimate: error: %s\n", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdp-estimate: error: %s\n", e.what());
+  }
+  return 1;
+}
