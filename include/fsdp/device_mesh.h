@@ -1,8 +1,14 @@
 // DeviceMesh: the ranks a module is sharded over, and the per-rank accounting and timeline that
 // every unit sharded on this mesh reports into.
 //
-// A mesh is a cheap, copyable handle; copies share the same process group and RankStats.
-// Today meshes are 1-D (one shard dimension).
+// A 1-D mesh shards over every rank of a group. A 2-D mesh (replicate x shard, HSDP) splits the
+// world into replicate_size groups of consecutive ranks: parameters are sharded within a shard
+// group and replicated across the groups, and gradients, once reduce-scattered in the shard
+// group, are all-reduced across the replicate group. replicate_size == world size is plain
+// data parallelism (DDP): shard groups of one rank, nothing sharded.
+//
+// A mesh is a cheap, copyable handle; copies share the same process groups, RankStats and
+// Tracer.
 #pragma once
 
 #include <fsdp/comm/process_group.h>
@@ -18,14 +24,27 @@ class DeviceMesh {
   // A 1-D mesh over every rank of group.
   explicit DeviceMesh(std::shared_ptr<ProcessGroup> group);
 
-  int ndim() const { return 1; }
+  // A replicate_size x (W / replicate_size) mesh over world. Collective over every rank of
+  // world; throws naming both numbers if replicate_size does not divide W.
+  static DeviceMesh hybrid(const std::shared_ptr<ProcessGroup>& world, int replicate_size);
+
+  int ndim() const { return replicate_group_ ? 2 : 1; }
   // Size of the shard dimension, and this rank's coordinate in it.
   int shard_size() const { return shard_group_->size(); }
   int shard_rank() const { return shard_group_->rank(); }
+  // Size of the replicate dimension (1 for a 1-D mesh), and this rank's coordinate in it.
+  int replicate_size() const { return replicate_group_ ? replicate_group_->size() : 1; }
+  int replicate_rank() const { return replicate_group_ ? replicate_group_->rank() : 0; }
   c10::Device device() const { return shard_group_->device(); }
 
   ProcessGroup& shard_group() const { return *shard_group_; }
   const std::shared_ptr<ProcessGroup>& shard_group_ptr() const { return shard_group_; }
+  // The replicate dimension's group, or nullptr for a 1-D mesh.
+  ProcessGroup* replicate_group() const { return replicate_group_.get(); }
+
+  // Communication counters summed over the mesh's groups, and their reset.
+  CommCounters counters() const;
+  void reset_counters() const;
 
   // Bytes this rank holds, by category; shared by all units on this mesh.
   RankStats& stats() const { return *stats_; }
@@ -34,6 +53,7 @@ class DeviceMesh {
 
  private:
   std::shared_ptr<ProcessGroup> shard_group_;
+  std::shared_ptr<ProcessGroup> replicate_group_;
   std::shared_ptr<RankStats> stats_;
   std::shared_ptr<Tracer> tracer_;
 };

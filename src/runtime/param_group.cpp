@@ -377,7 +377,8 @@ void ParamGroup::post_backward() {
     return;
   }
 
-  if (world == 1) {
+  ProcessGroup* replicas = mesh_.replicate_group();
+  if (world == 1 && replicas == nullptr) {
     // One rank: the full gradient is the sharded gradient; nothing to copy or reduce. (Rounding
     // through the reduce dtype is kept, as a one-rank reduction in it would do.)
     const at::ScalarType master_dtype = flat_shards_.scalar_type();
@@ -399,6 +400,7 @@ void ParamGroup::post_backward() {
   reduce.params = std::move(trainable);
   reduce.previous = std::move(previous);
   reduce.input = at::empty({world * reduce_numel}, flat_shards_.options().dtype(reduce_dtype_));
+  reduce.replicate_after = replicas != nullptr && world > 1;
   {
     TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
     const at::Tensor input_2d = reduce.input.view({world, reduce_numel});
@@ -415,11 +417,20 @@ void ParamGroup::post_backward() {
       column += p.padded_numel();
     }
   }
-  reduce.output = at::empty({reduce_numel}, flat_shards_.options().dtype(reduce_dtype_));
   stats.add_comm_buffers(reduce.input.nbytes());
   reduce.issued = Tracer::Clock::now();
   try {
-    reduce.work = mesh_.shard_group().reduce_scatter_tensor(reduce.output, reduce.input, ReduceOp::kSum);
+    if (world == 1) {
+      // No shard dimension (DDP-style replication): the packed gradients are all-reduced
+      // across replicas in place.
+      reduce.output = reduce.input;
+      reduce.op = "all-reduce";
+      reduce.work = replicas->all_reduce(reduce.output, ReduceOp::kSum);
+    } else {
+      reduce.output = at::empty({reduce_numel}, flat_shards_.options().dtype(reduce_dtype_));
+      reduce.work =
+          mesh_.shard_group().reduce_scatter_tensor(reduce.output, reduce.input, ReduceOp::kSum);
+    }
   } catch (const std::exception& e) {
     stats.add_comm_buffers(-reduce.input.nbytes());
     rethrow_with_context("reduce-scatter of gradients", e);
@@ -440,13 +451,22 @@ void ParamGroup::finish_reduces(size_t keep) {
 
 void ParamGroup::finish_reduce(PendingReduce& reduce) {
   ParamGroup& unit = *reduce.unit;
-  unit.wait_for(reduce.work, "reduce-scatter of gradients");
+  const DeviceMesh& mesh = unit.mesh_;
+  unit.wait_for(reduce.work, "reduction of gradients");
   const int64_t input_bytes = reduce.input.nbytes();
-  unit.mesh_.tracer().complete("comm", "reduce-scatter", reduce.issued,
-                               reduce.work->finished_at(), unit.label_, input_bytes, "comm");
-  unit.mesh_.stats().add_comm_buffers(-input_bytes);
+  mesh.tracer().complete("comm", reduce.op, reduce.issued, reduce.work->finished_at(), unit.label_,
+                         input_bytes, "comm");
+  mesh.stats().add_comm_buffers(-input_bytes);
   reduce.input = at::Tensor();
-  reduce.output.div_(unit.mesh_.shard_size());
+  if (reduce.replicate_after) {
+    // HSDP: this rank's reduced shard, summed over the replicas holding the same shard.
+    const auto issued = Tracer::Clock::now();
+    WorkHandle across = mesh.replicate_group()->all_reduce(reduce.output, ReduceOp::kSum);
+    unit.wait_for(across, "all-reduce of gradients across replicas");
+    mesh.tracer().complete("comm", "all-reduce", issued, across->finished_at(), unit.label_,
+                           reduce.output.nbytes(), "comm");
+  }
+  reduce.output.div_(mesh.shard_size() * mesh.replicate_size());
   // Sharded gradients live in the master (sharded parameter) dtype.
   const at::Tensor reduced = reduce.output.to(unit.flat_shards_.scalar_type());
   int64_t offset = 0;

@@ -110,6 +110,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
     std::vector<FSDPParam*> params;
     std::vector<at::Tensor> previous;  // sharded gradients to add (accumulation)
     Tracer::Clock::time_point issued;
+    const char* op = "reduce-scatter";  // what work is: a reduce-scatter, or (no shard
+                                        // dimension) the all-reduce across replicas
+    bool replicate_after = false;       // all-reduce output across replicas once work is done
   };
 
   void lazy_init_as_root();

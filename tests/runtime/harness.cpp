@@ -71,7 +71,7 @@ std::vector<TrainRecord> train_sharded(
       world,
       [&](std::shared_ptr<ProcessGroup> group) {
         const int rank = group->rank();
-        DeviceMesh mesh(group);
+        DeviceMesh mesh = DeviceMesh::hybrid(group, c.replicate);
         auto model = build(c, &mesh);
         c.shard(model, mesh);
         auto params = unique_parameters(*model);

@@ -43,6 +43,8 @@ struct TrainCase {
   double max_grad_norm = 1.0;
   // Backward passes per optimizer step (micro-batch accumulation without zero_grad).
   int accumulation = 1;
+  // Sharded runs: the mesh's replicate dimension (1: a 1-D mesh over all ranks; W: DDP-style).
+  int replicate = 1;
   // Sharded runs only: called before each micro-batch's forward (e.g. to switch gradient sync).
   std::function<void(const std::shared_ptr<torch::nn::Module>&, int micro)> before_micro_batch;
 };

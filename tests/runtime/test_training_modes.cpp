@@ -156,6 +156,71 @@ INSTANTIATE_TEST_SUITE_P(Modes, Accumulation,
                            }
                          });
 
+// --- sharding strategies at W = 4: ZeRO-3, ZeRO-2, DDP, HSDP 2 x 2 ---
+
+struct Strategy {
+  const char* name;
+  int replicate;                  // mesh replicate dimension
+  bool reshard_after_forward;     // for the blocks
+};
+const Strategy kStrategies[] = {{"full_shard", 1, true},
+                                {"shard_grad_op", 1, false},
+                                {"no_shard", 4, true},
+                                {"hybrid_shard", 2, true}};
+
+class Strategies : public ::testing::TestWithParam<Strategy> {};
+
+TrainCase strategy_case(const Strategy& s) {
+  GptCaseOptions opt;
+  opt.reshard_after_forward = s.reshard_after_forward;
+  TrainCase c = gpt_case(opt);
+  c.replicate = s.replicate;
+  return c;
+}
+
+TEST_P(Strategies, MatchesSingleProcess) {
+  const TrainCase c = strategy_case(GetParam());
+  expect_equivalent(train_reference(c), train_sharded(c, 4), 1e-5, 1e-5);
+}
+
+TEST_P(Strategies, BytesHeldAndMovedMatchTheAnalyticCounts) {
+  const Strategy s = GetParam();
+  TrainCase c = strategy_case(s);
+  c.steps = 1;
+  const int shard = 4 / s.replicate;
+  // Padded full-model bytes for a shard group of `shard` ranks, and the blocks' share.
+  auto model = c.make_model(nullptr);
+  int64_t padded = 0, padded_blocks = 0, full = 0;
+  for (const auto& [name, p] : unique_named_parameters(*model)) {
+    const int64_t dim0 = p.dim() == 0 ? 1 : p.size(0);
+    const int64_t bytes = (dim0 + shard - 1) / shard * shard * (p.numel() / dim0) * 4;
+    padded += bytes;
+    if (name.rfind("transformer.h.", 0) == 0) padded_blocks += bytes;
+    full += p.nbytes();
+  }
+  train_sharded(c, 4, [&](int, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+    int64_t param_bytes = 0;
+    for (const auto& p : unique_parameters(*m)) param_bytes += p.nbytes();
+    EXPECT_EQ(param_bytes, padded / shard) << s.name;
+    if (shard == 1) EXPECT_EQ(param_bytes, full) << s.name;
+    const CommCounters n = mesh.counters();
+    const int64_t gathered = shard == 1 ? 0 : padded + (s.reshard_after_forward ? padded_blocks : 0);
+    EXPECT_EQ(n.all_gather.payload_bytes, gathered) << s.name;
+    EXPECT_EQ(n.reduce_scatter.payload_bytes, shard == 1 ? 0 : padded) << s.name;
+    EXPECT_EQ(n.reduce_scatter.sent_bytes, shard == 1 ? 0 : padded / shard * (shard - 1)) << s.name;
+    // Across replicas each rank all-reduces its reduced shard once. Besides: the gradient norm
+    // (8 bytes, on the shard group when it has more than one rank) and, on a 1-D mesh whose
+    // group is the world, the harness's loss average (4 bytes).
+    const int64_t norm = shard > 1 ? 8 : 0;
+    const int64_t loss = s.replicate == 1 ? 4 : 0;
+    const int64_t grads = s.replicate == 1 ? 0 : padded / shard;
+    EXPECT_EQ(n.all_reduce.payload_bytes, grads + norm + loss) << s.name;
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(W4, Strategies, ::testing::ValuesIn(kStrategies),
+                         [](const auto& info) { return std::string(info.param.name); });
+
 // --- bad settings ---
 
 TEST(TrainingModeErrors, UnsupportedDtypeForTheBackend) {
@@ -169,6 +234,13 @@ TEST(TrainingModeErrors, UnsupportedDtypeForTheBackend) {
     options.mp_policy(MixedPrecisionPolicy().reduce_dtype(at::kFloat8_e4m3fn));
     EXPECT_THAT(test::error_message([&] { fully_shard(linear, mesh, options); }),
                 AllOf(HasSubstr("reduce_dtype is Float8_e4m3fn"), HasSubstr("gloo")));
+  });
+}
+
+TEST(TrainingModeErrors, ReplicateSizeThatDoesNotDivideTheWorld) {
+  run_ranks_in_threads(4, [](std::shared_ptr<ProcessGroup> group) {
+    EXPECT_THAT(test::error_message([&] { DeviceMesh::hybrid(group, 3); }),
+                HasSubstr("replicate size 3 does not divide the world size 4"));
   });
 }
 

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace fsdp {
 
@@ -85,6 +86,14 @@ class ProcessGroup {
   virtual WorkHandle all_reduce(const at::Tensor& tensor, ReduceOp op) = 0;
   virtual WorkHandle broadcast(const at::Tensor& tensor, int root) = 0;
   virtual WorkHandle barrier() = 0;
+
+  // A new group of the given ranks of this group, numbered in that order (for the dimensions
+  // of a 2-D mesh). Only those ranks take part: each calls it with the same ranks and name and
+  // gets its handle (blocking until all of them joined); any other rank gets nullptr at once.
+  // name must be unique among the splits of this group. Throws on duplicate or out-of-range
+  // ranks.
+  virtual std::shared_ptr<ProcessGroup> split(const std::vector<int>& ranks,
+                                              const std::string& name) = 0;
 
   // A snapshot of this rank's counters since construction or the last reset.
   CommCounters counters() const {

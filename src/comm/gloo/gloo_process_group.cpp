@@ -31,6 +31,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <fsdp/comm/rendezvous.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <utility>
@@ -96,7 +97,7 @@ class GlooProcessGroup final : public ProcessGroup {
  public:
   GlooProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
                    const ProcessGroupOptions& options)
-      : store_(store), rank_(rank), size_(world_size), timeout_(options.timeout) {
+      : store_(store), rank_(rank), size_(world_size), timeout_(options.timeout), options_(options) {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout_);
     // One c10d worker thread: our progress thread already serializes ops, so more would only
     // idle.
@@ -239,6 +240,25 @@ class GlooProcessGroup final : public ProcessGroup {
       }
       wait_c10d(pg_->barrier(), op, -1);
     });
+  }
+
+  std::shared_ptr<ProcessGroup> split(const std::vector<int>& ranks,
+                                      const std::string& name) override {
+    TORCH_CHECK(!ranks.empty(), prefix(), "split '", name, "': no ranks given");
+    std::vector<bool> seen(size_, false);
+    int index = -1;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const int r = ranks[i];
+      TORCH_CHECK(r >= 0 && r < size_, prefix(), "split '", name, "': rank ", r,
+                  " is outside this group of ", size_);
+      TORCH_CHECK(!seen[r], prefix(), "split '", name, "': rank ", r, " is listed twice");
+      seen[r] = true;
+      if (r == rank_) index = static_cast<int>(i);
+    }
+    if (index < 0) return nullptr;
+    // The subgroup rendezvouses on its own key space of this group's store.
+    auto store = c10::make_intrusive<c10d::PrefixStore>("split/" + name, store_);
+    return init_process_group(store, index, static_cast<int>(ranks.size()), options_);
   }
 
  private:
@@ -429,6 +449,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   c10::intrusive_ptr<c10d::Store> store_;  // Kept: a TCPStore server must outlive the group.
+  ProcessGroupOptions options_;             // for the groups split from this one
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
