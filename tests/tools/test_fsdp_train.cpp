@@ -155,6 +155,49 @@ TEST(FsdpTrain, TraceAndExposedCommunication) {
   }
 }
 
+// Every strategy and accumulation mode of the trainer reproduces the --no-fsdp reference.
+TEST(FsdpTrain, StrategiesAndAccumulationModesMatchTheReference) {
+  const std::string common = "--model tiny --steps 3 --global-batch 8 --seq-len 16 --quiet --seed 5";
+  const std::string reference = temp_path("strategy_reference.jsonl");
+  const Result ref = run("--no-fsdp " + common + " --metrics " + reference);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const auto want = read_lines(reference);
+  const std::vector<std::string> variants = {
+      "--strategy shard_grad_op", "--strategy no_shard", "--strategy hybrid_shard --replicate 2",
+      "--grad-accum 2 --accum-mode no-sync", "--grad-accum 2 --accum-mode no-reshard"};
+  for (const std::string& variant : variants) {
+    const std::string metrics = temp_path("strategy.jsonl");
+    const Result r = run("--nproc 4 " + variant + " " + common + " --metrics " + metrics);
+    ASSERT_EQ(r.exit_code, 0) << variant << "\n" << r.output;
+    const auto got = read_lines(metrics);
+    ASSERT_EQ(got.size(), want.size()) << variant;
+    for (size_t s = 0; s < got.size(); ++s) {
+      const double loss = got[s]["loss"], ref_loss = want[s]["loss"];
+      const double norm = got[s]["grad_norm"], ref_norm = want[s]["grad_norm"];
+      EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss) << variant << ", step " << s + 1;
+      EXPECT_NEAR(norm, ref_norm, 1e-5 * ref_norm) << variant << ", step " << s + 1;
+    }
+  }
+}
+
+TEST(FsdpTrain, BadTrainingModeFlagsAreNamed) {
+  struct Case {
+    std::string args, message;
+  };
+  const Case cases[] = {
+      {"--nproc 4 --grad-accum 0", "--grad-accum must be at least 1, got 0"},
+      {"--nproc 4 --strategy hybrid_shard --replicate 3", "--replicate 3 does not divide the world size 4"},
+      {"--nproc 2 --param-dtype int8", "--param-dtype must be fp32, bf16 or fp16, got 'int8'"},
+      {"--nproc 2 --strategy zero4", "--strategy must be full_shard, shard_grad_op, no_shard or hybrid_shard"},
+      {"--nproc 2 --accum-mode later", "--accum-mode must be sync, no-sync or no-reshard, got 'later'"},
+  };
+  for (const Case& c : cases) {
+    const Result r = run(c.args + " --steps 1");
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_THAT(r.output, HasSubstr(c.message)) << c.args;
+  }
+}
+
 TEST(FsdpTrain, NprocZeroIsRejected) {
   const Result r = run("--nproc 0 --steps 1");
   EXPECT_NE(r.exit_code, 0);

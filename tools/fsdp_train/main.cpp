@@ -50,6 +50,19 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "Print progress every N steps")->capture_default_str();
   app.add_option("--timeout-s", timeout_s, "Collective and rendezvous timeout in seconds")->capture_default_str();
   app.add_flag("--quiet", o.quiet, "No progress lines");
+  app.add_option("--strategy", o.strategy,
+                 "full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP) or hybrid_shard (HSDP)")
+      ->capture_default_str();
+  app.add_option("--replicate", o.replicate, "hybrid_shard: replicas (the shard groups have W / R ranks)")
+      ->capture_default_str();
+  app.add_option("--param-dtype", o.param_dtype, "Compute and all-gather dtype: fp32, bf16 or fp16 (masters stay fp32)")
+      ->capture_default_str();
+  app.add_option("--reduce-dtype", o.reduce_dtype, "Gradient reduction dtype (default: --param-dtype)");
+  app.add_option("--grad-accum", o.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
+  app.add_option("--accum-mode", o.accum_mode,
+                 "sync: reduce every micro-batch; no-sync: reduce once per step; no-reshard: also keep "
+                 "parameters gathered across micro-batches")
+      ->capture_default_str();
   app.add_option("--prefetch", o.prefetch, "1: gather the next unit while this one computes; 0: off")
       ->check(CLI::IsMember({0, 1}))->capture_default_str();
   app.add_option("--trace", o.trace_dir, "Write each rank's timeline (Chrome trace JSON) to DIR/rank<N>.json");

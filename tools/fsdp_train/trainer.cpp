@@ -187,6 +187,14 @@ void report_resume_mismatches(const TrainerOptions& o, const std::string& user_j
 
 }  // namespace
 
+std::optional<at::ScalarType> dtype_flag(const std::string& flag, const std::string& value) {
+  if (value.empty()) return std::nullopt;
+  if (value == "fp32") return at::kFloat;
+  if (value == "bf16") return at::kBFloat16;
+  if (value == "fp16") return at::kHalf;
+  TORCH_CHECK(false, flag, " must be fp32, bf16 or fp16, got '", value, "'");
+}
+
 void validate(const TrainerOptions& o, int world) {
   // --steps 0 trains nothing: with --export it writes the initial weights.
   TORCH_CHECK(o.steps >= 0, "--steps must be non-negative, got ", o.steps);
@@ -196,6 +204,25 @@ void validate(const TrainerOptions& o, int world) {
               ": every rank trains on an equal slice of the global batch");
   TORCH_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
   TORCH_CHECK(o.log_every >= 1, "--log-every must be at least 1, got ", o.log_every);
+  TORCH_CHECK(o.grad_accum >= 1, "--grad-accum must be at least 1, got ", o.grad_accum);
+  TORCH_CHECK(o.global_batch % (int64_t(world) * o.grad_accum) == 0, "--global-batch ",
+              o.global_batch, " is not divisible by ranks x micro-batches = ", world, " x ",
+              o.grad_accum);
+  TORCH_CHECK(o.accum_mode == "sync" || o.accum_mode == "no-sync" || o.accum_mode == "no-reshard",
+              "--accum-mode must be sync, no-sync or no-reshard, got '", o.accum_mode, "'");
+  TORCH_CHECK(o.strategy == "full_shard" || o.strategy == "shard_grad_op" ||
+                  o.strategy == "no_shard" || o.strategy == "hybrid_shard",
+              "--strategy must be full_shard, shard_grad_op, no_shard or hybrid_shard, got '",
+              o.strategy, "'");
+  TORCH_CHECK(o.replicate == 1 || o.strategy == "hybrid_shard", "--replicate ", o.replicate,
+              " applies to --strategy hybrid_shard only, not ", o.strategy);
+  TORCH_CHECK(o.replicate >= 1 && world % o.replicate == 0, "--replicate ", o.replicate,
+              " does not divide the world size ", world);
+  dtype_flag("--param-dtype", o.param_dtype);
+  dtype_flag("--reduce-dtype", o.reduce_dtype);
+  TORCH_CHECK(!o.no_fsdp || (o.param_dtype == "fp32" && o.reduce_dtype.empty()),
+              "--no-fsdp trains in fp32; --param-dtype ", o.param_dtype, " and --reduce-dtype '",
+              o.reduce_dtype, "' need FSDP");
   const auto config = models::GPT2Config::by_name(o.model);
   TORCH_CHECK(o.seq_len >= 1 && o.seq_len <= config.n_positions, "--seq-len ", o.seq_len,
               " is outside [1, ", config.n_positions, "], the positions model '", o.model,
@@ -222,7 +249,15 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
 
   const models::GPT2Config config = models::GPT2Config::by_name(o.model);
   std::optional<DeviceMesh> mesh;
-  if (group) mesh.emplace(group);
+  if (group) {
+    const int replicate = o.strategy == "no_shard" ? world
+                          : o.strategy == "hybrid_shard" ? o.replicate
+                                                         : 1;
+    mesh.emplace(DeviceMesh::hybrid(group, replicate));
+  }
+  MixedPrecisionPolicy mp_policy;
+  if (o.param_dtype != "fp32") mp_policy.param_dtype(dtype_flag("--param-dtype", o.param_dtype));
+  mp_policy.reduce_dtype(dtype_flag("--reduce-dtype", o.reduce_dtype));
   models::GPT2Options model_options(config);
   model_options.seed(o.seed);
   model_options.activation_checkpoint(o.activation_checkpoint);
@@ -230,7 +265,9 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     // Deferred initialization: each block is sharded as soon as it is built, so a rank never
     // holds more than the root's parameters plus one block in full.
     FullyShardOptions unit_options;
-    unit_options.reshard_after_forward(o.reshard_after_forward);
+    // ZeRO-2 keeps every block's parameters from its forward to its backward.
+    unit_options.reshard_after_forward(o.strategy == "shard_grad_op" ? false : o.reshard_after_forward)
+        .mp_policy(mp_policy);
     // unit_options by value: the model is built after this block ends.
     model_options.on_block_built(
         [&mesh, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
@@ -238,7 +275,11 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
         });
   }
   models::GPT2LMHead model(model_options);
-  if (mesh) fully_shard(model, *mesh).set_implicit_prefetch(o.prefetch);
+  std::optional<FSDPModule> root;
+  if (mesh) {
+    root = fully_shard(model, *mesh, FullyShardOptions().mp_policy(mp_policy));
+    root->set_implicit_prefetch(o.prefetch);
+  }
   // The --no-fsdp reference has no mesh; it traces its compute into a tracer of its own.
   Tracer reference_tracer;
   Tracer& tracer = mesh ? mesh->tracer() : reference_tracer;
@@ -312,7 +353,7 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
   const int64_t tokens_per_step = o.global_batch * o.seq_len;
   for (int64_t step = first_step; step < o.steps; ++step) {
     const auto start = Clock::now();
-    if (group) group->reset_counters();
+    if (mesh) mesh->reset_counters();
     if (mesh) {
       mesh->stats().reset_peaks();
       mesh->stats().reset_exposed_comm();
@@ -332,16 +373,39 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     memory.reset_peak();
     const int64_t live_before_forward = memory.live_bytes();
     const MemorySnapshot held_before_forward = mesh ? mesh->stats().live() : MemorySnapshot{};
-    at::Tensor loss = models::loss(fsdp::forward(model, inputs), targets);
-    // What forward left alive is what autograd saved, apart from gathered parameters (the
-    // root's; every block's under shard_grad_op) and communication buffers.
-    int64_t activation_bytes = memory.live_bytes() - live_before_forward;
-    if (mesh) {
-      const MemorySnapshot held = mesh->stats().live();
-      activation_bytes -= held.unsharded_param_bytes - held_before_forward.unsharded_param_bytes;
-      activation_bytes -= held.comm_buffer_bytes - held_before_forward.comm_buffer_bytes;
+    // The rank's micro-batch runs as grad_accum slices, each loss scaled by 1/grad_accum, so
+    // the summed gradient is the same mean as one pass over the micro-batch.
+    const int64_t slice = inputs.size(0) / o.grad_accum;
+    at::Tensor loss;
+    int64_t activation_bytes = 0;
+    for (int k = 0; k < o.grad_accum; ++k) {
+      const bool last = k == o.grad_accum - 1;
+      if (root && o.accum_mode != "sync") {
+        root->set_requires_gradient_sync(last);
+        if (o.accum_mode == "no-reshard") {
+          // Every unit stays gathered from the first forward to the last backward: one
+          // all-gather per unit per step.
+          root->set_reshard_after_forward(false);
+          root->set_reshard_after_backward(last);
+        }
+      }
+      at::Tensor micro =
+          models::loss(fsdp::forward(model, inputs.narrow(0, k * slice, slice)),
+                       targets.narrow(0, k * slice, slice));
+      if (o.grad_accum > 1) micro = micro / o.grad_accum;
+      if (k == 0) {
+        // What forward left alive is what autograd saved, apart from gathered parameters (the
+        // root's; every block's under shard_grad_op) and communication buffers.
+        activation_bytes = memory.live_bytes() - live_before_forward;
+        if (mesh) {
+          const MemorySnapshot held = mesh->stats().live();
+          activation_bytes -= held.unsharded_param_bytes - held_before_forward.unsharded_param_bytes;
+          activation_bytes -= held.comm_buffer_bytes - held_before_forward.comm_buffer_bytes;
+        }
+      }
+      micro.backward();
+      loss = k == 0 ? micro.detach() : loss + micro.detach();
     }
-    loss.backward();
     const double norm = mesh ? clip_grad_norm_(params, o.max_grad_norm, *mesh)
                              : torch::nn::utils::clip_grad_norm_(params, o.max_grad_norm);
     RankStepStats mine;
@@ -364,7 +428,7 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     if (count_memory) mine.peak_alloc_bytes = memory.peak_bytes();
     if (mesh) {
       mine.peak_unsharded_bytes = mesh->stats().peak_unsharded_bytes();
-      const CommCounters counters = group->counters();
+      const CommCounters counters = mesh->counters();
       mine.all_gather_bytes = counters.all_gather.payload_bytes;
       mine.reduce_scatter_bytes = counters.reduce_scatter.payload_bytes;
     }

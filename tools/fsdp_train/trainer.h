@@ -23,6 +23,13 @@ struct TrainerOptions {
   uint64_t seed = 1234;
   bool reshard_after_forward = true;
   bool activation_checkpoint = false;  // every block checkpoints its forward (GPT2Options)
+  // full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP), hybrid_shard (HSDP).
+  std::string strategy = "full_shard";
+  int replicate = 1;                 // hybrid_shard: size of the replicate dimension (divides W)
+  std::string param_dtype = "fp32";  // fp32, bf16 or fp16: dtype of forward/backward compute
+  std::string reduce_dtype;          // empty: param_dtype
+  int grad_accum = 1;                // micro-batches per optimizer step
+  std::string accum_mode = "sync";   // sync | no-sync | no-reshard (see README)
   bool no_fsdp = false;
   std::string data_path;            // empty: the embedded corpus
   std::string metrics_path;         // empty: no metrics file
