@@ -82,6 +82,13 @@ void File::pwrite_all(const void* src, size_t n, uint64_t offset) {
   }
 }
 
+void File::start_writeback(uint64_t offset, size_t n) {
+#ifdef __linux__
+  // Only a hint: errors surface in sync().
+  (void)::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), SYNC_FILE_RANGE_WRITE);
+#endif
+}
+
 void File::sync() { TORCH_CHECK(::fsync(fd_) == 0, system_error("cannot fsync", path_)); }
 
 void File::close() {

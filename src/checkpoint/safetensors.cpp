@@ -24,6 +24,8 @@ namespace {
 constexpr char kDataChecksumKey[] = "fsdp.xxh3_64";
 constexpr char kTensorChecksumPrefix[] = "fsdp.xxh3_64:";
 const std::string kPlaceholder(16, '0');
+// Writes go out in pieces of this size, each handed to the kernel's writeback at once.
+constexpr size_t kWriteChunk = 16 << 20;
 
 void check_cpu_contiguous(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.defined() && t.device().is_cpu() && t.is_contiguous(), what,
@@ -221,13 +223,19 @@ SafetensorsWriter::~SafetensorsWriter() = default;
 
 void SafetensorsWriter::put(const void* data, size_t n) {
   hashers_->file.update(data, n);
-  if (options_.kill_after_bytes && written_ + n >= *options_.kill_after_bytes) {
-    const size_t part = static_cast<size_t>(*options_.kill_after_bytes - written_);
-    file_->pwrite_all(data, part, written_);
-    ::kill(::getpid(), SIGKILL);  // the test hook: die mid-write, as a crash would
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const size_t len = std::min(n, kWriteChunk);
+    if (options_.kill_after_bytes && written_ + len >= *options_.kill_after_bytes) {
+      file_->pwrite_all(p, static_cast<size_t>(*options_.kill_after_bytes - written_), written_);
+      ::kill(::getpid(), SIGKILL);  // the test hook: die mid-write, as a crash would
+    }
+    file_->pwrite_all(p, len, written_);
+    file_->start_writeback(written_, len);
+    written_ += len;
+    p += len;
+    n -= len;
   }
-  file_->pwrite_all(data, n, written_);
-  written_ += n;
 }
 
 uint64_t SafetensorsWriter::write(const at::Tensor& tensor) {

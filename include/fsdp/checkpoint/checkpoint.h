@@ -52,7 +52,7 @@ struct SaveOptions {
   // The training step the checkpoint holds; names its directory step_<step, 8 digits>.
   // (optional) defaults to 0.
   TORCH_ARG(int64_t, step) = 0;
-  // A JSON object stored verbatim in metadata.json as "user" (e.g. the run's configuration
+  // A JSON object stored in metadata.json as "user" (e.g. the run's configuration
   // and data position). (optional) defaults to "{}".
   TORCH_ARG(std::string, user_json) = "{}";
   // After a save, checkpoints under root other than the newest keep_last (the one just written

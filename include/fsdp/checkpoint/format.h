@@ -129,7 +129,7 @@ struct CheckpointIndex {
   std::string optimizer;                        // "AdamW", or "" when no optimizer state
   std::map<std::string, int64_t> optimizer_steps;  // parameter name -> its optimizer step
   std::vector<std::string> rng_states;          // per rank (raw bytes); may be empty
-  std::string user_json = "{}";                 // the caller's JSON object, kept verbatim
+  std::string user_json = "{}";                 // the caller's JSON object (re-serialized)
 };
 
 // "rank_00001-of-00004.safetensors".
