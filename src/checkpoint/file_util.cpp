@@ -25,13 +25,26 @@ File File::open_read(const std::string& path) {
   return File(fd, path);
 }
 
-File File::create(const std::string& path) {
+File File::create(const std::string& path, bool direct) {
+  if (direct) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+    if (fd >= 0) return File(fd, path, true);
+    // tmpfs and some others refuse O_DIRECT with EINVAL: write through the page cache there.
+    TORCH_CHECK(errno == EINVAL, system_error("cannot create", path));
+  }
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   TORCH_CHECK(fd >= 0, system_error("cannot create", path));
   return File(fd, path);
 }
 
-File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
+File File::open_write(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, system_error("cannot open for writing", path));
+  return File(fd, path);
+}
+
+File::File(File&& other) noexcept
+    : fd_(other.fd_), path_(std::move(other.path_)), direct_(other.direct_) {
   other.fd_ = -1;
 }
 
@@ -40,6 +53,7 @@ File& File::operator=(File&& other) noexcept {
     if (fd_ >= 0) ::close(fd_);
     fd_ = other.fd_;
     path_ = std::move(other.path_);
+    direct_ = other.direct_;
     other.fd_ = -1;
   }
   return *this;
@@ -90,6 +104,10 @@ void File::start_writeback(uint64_t offset, size_t n) {
 }
 
 void File::sync() { TORCH_CHECK(::fsync(fd_) == 0, system_error("cannot fsync", path_)); }
+
+void File::truncate(uint64_t size) {
+  TORCH_CHECK(::ftruncate(fd_, static_cast<off_t>(size)) == 0, system_error("cannot truncate", path_));
+}
 
 void File::close() {
   if (fd_ < 0) return;

@@ -13,6 +13,8 @@
 #include <c10/util/Exception.h>
 
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <unistd.h>
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -215,7 +217,16 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Tensor
     TORCH_CHECK(false, "cannot write '", path, "': ", e.what());
   }
   data_offset_ = header.size();
-  file_ = std::make_unique<detail::File>(detail::File::create(path));
+  path_ = path;
+  // The kill hook needs a file cut at an exact byte: write it through the page cache.
+  const bool direct = options_.direct_io && !options_.kill_after_bytes;
+  file_ = std::make_unique<detail::File>(detail::File::create(path, direct));
+  if (file_->is_direct()) {
+    void* buffer = nullptr;
+    TORCH_CHECK(::posix_memalign(&buffer, detail::kDirectAlign, kWriteChunk) == 0,
+                "cannot allocate a ", kWriteChunk, "-byte write buffer for '", path, "'");
+    staging_ = std::unique_ptr<char, void (*)(void*)>(static_cast<char*>(buffer), &std::free);
+  }
   put(header.data(), header.size());
 }
 
@@ -224,6 +235,18 @@ SafetensorsWriter::~SafetensorsWriter() = default;
 void SafetensorsWriter::put(const void* data, size_t n) {
   hashers_->file.update(data, n);
   const auto* p = static_cast<const char*>(data);
+  if (staging_) {
+    while (n > 0) {
+      const size_t len = std::min(n, kWriteChunk - staged_);
+      std::memcpy(staging_.get() + staged_, p, len);
+      staged_ += len;
+      written_ += len;
+      p += len;
+      n -= len;
+      if (staged_ == kWriteChunk) flush_staging(false);
+    }
+    return;
+  }
   while (n > 0) {
     const size_t len = std::min(n, kWriteChunk);
     if (options_.kill_after_bytes && written_ + len >= *options_.kill_after_bytes) {
@@ -256,9 +279,26 @@ uint64_t SafetensorsWriter::write(const at::Tensor& tensor) {
   return sum;
 }
 
+void SafetensorsWriter::flush_staging(bool final) {
+  if (staged_ == 0) return;
+  size_t len = staged_;
+  if (final) {
+    len = (staged_ + detail::kDirectAlign - 1) / detail::kDirectAlign * detail::kDirectAlign;
+    std::memset(staging_.get() + staged_, 0, len - staged_);
+  }
+  file_->pwrite_all(staging_.get(), len, flushed_);
+  flushed_ += staged_;
+  staged_ = 0;
+}
+
 void SafetensorsWriter::finish() {
   TORCH_CHECK(next_ == entries_.size(), "'", file_->path(), "': finish() after ", next_, " of ",
               entries_.size(), " tensors");
+  if (staging_) {
+    flush_staging(true);
+    file_->truncate(written_);  // drop the last block's padding
+    staging_.reset();
+  }
   if (options_.embed_checksums) {
     metadata_[kDataChecksumKey] = checksum_hex(hashers_->data.digest());
     for (size_t i = 0; i < entries_.size(); ++i) {
@@ -266,7 +306,15 @@ void SafetensorsWriter::finish() {
     }
     const std::string header = encode_safetensors_header(entries_, metadata_);
     TORCH_INTERNAL_ASSERT(header.size() == data_offset_, "patched header changed size");
-    file_->pwrite_all(header.data(), header.size(), 0);
+    if (file_->is_direct()) {
+      // An unaligned write needs the page cache: patch through a second, buffered descriptor.
+      detail::File patch = detail::File::open_write(path_);
+      patch.pwrite_all(header.data(), header.size(), 0);
+      patch.sync();
+      patch.close();
+    } else {
+      file_->pwrite_all(header.data(), header.size(), 0);
+    }
   }
   file_->sync();
   file_->close();
