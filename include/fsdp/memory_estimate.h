@@ -35,9 +35,17 @@ namespace fsdp {
 
 enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
 
+// How gradients of the micro-batches of one step are accumulated (fsdp-train --accum-mode):
+// reduce after every backward (kSync); keep full gradients until the last backward reduces
+// their sum (kNoSync: set_requires_gradient_sync(false)); and also keep every unit gathered
+// from the first forward to the last backward (kNoReshard).
+enum class AccumulationMode { kSync, kNoSync, kNoReshard };
+
 // "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"; throws listing them otherwise.
 ShardingStrategy parse_sharding_strategy(const std::string& name);
 std::string to_string(ShardingStrategy strategy);
+// "sync", "no-sync", "no-reshard" (fsdp-train's --accum-mode); throws listing them otherwise.
+AccumulationMode parse_accumulation_mode(const std::string& name);
 
 // One FSDP unit as the estimator sees it. Byte counts are for one rank's micro-batch, in the
 // compute dtype; the model describes them (see models/gpt2/gpt2_memory.h).
@@ -47,12 +55,13 @@ struct UnitMemorySpec {
   std::vector<std::vector<int64_t>> param_shapes;
   // Bytes autograd keeps from the unit's forward until its backward.
   int64_t saved_bytes = 0;
-  // Most bytes of temporaries beyond saved_bytes alive at once during the unit's forward.
+  // Most bytes alive at once during the unit's forward beyond what is alive when it returns.
   int64_t forward_workspace_bytes = 0;
-  // Most bytes of temporaries alive at once during the unit's backward (activation gradients,
-  // and with activation checkpointing the recomputed activations), not counting its parameter
-  // gradients.
-  int64_t backward_workspace_bytes = 0;
+  // Most bytes alive at once during the unit's backward beyond what was alive when it began:
+  // activation gradients, the parameter gradients made so far and, with activation
+  // checkpointing, the recomputed activations, less the saved tensors released so far. (When
+  // the backward ends, saved_bytes are gone and the full parameter gradients are alive.)
+  int64_t backward_peak_bytes = 0;
 };
 
 // A model: the root unit's own parameters and activations, and the units called from its
@@ -65,8 +74,9 @@ struct ModelMemorySpec {
   int64_t root_saved_after_bytes = 0;
   // The forward's output and loss temporaries alive at the end of forward beyond what is saved.
   int64_t root_forward_workspace_bytes = 0;
-  // Temporaries of the root's part of backward (gradients of the output, of the loss).
-  int64_t root_backward_workspace_bytes = 0;
+  // Most bytes alive at once during the root's part of backward before the units' (the
+  // gradients of the loss and of the output) beyond what was alive when backward began.
+  int64_t root_backward_peak_bytes = 0;
   std::vector<UnitMemorySpec> units;
 };
 
@@ -83,6 +93,10 @@ struct MemoryEstimateOptions {
   TORCH_ARG(std::optional<at::ScalarType>, reduce_dtype) = std::nullopt;
   // Implicit prefetch depth (units). (optional) defaults to 1.
   TORCH_ARG(int, prefetch) = 1;
+  // Forward/backward passes per optimizer step; the model spec describes one pass's
+  // micro-batch. (optional) defaults to 1.
+  TORCH_ARG(int, grad_accum) = 1;
+  TORCH_ARG(AccumulationMode, accumulation) = AccumulationMode::kSync;
   // false: plain single-process training, no FSDP (fsdp-train --no-fsdp). (optional) defaults
   // to true.
   TORCH_ARG(bool, fsdp) = true;
@@ -98,6 +112,8 @@ struct MemoryEstimate {
   int64_t total_bytes = 0;
   // Where the step's peak is ("backward of h.7", "optimizer step", ...).
   std::string peak_phase;
+  // The most bytes live in each phase of the replayed step, in order.
+  std::vector<std::pair<std::string, int64_t>> timeline;
   // JSON object with the fields above, under their names.
   std::string to_json() const;
 };

@@ -36,9 +36,13 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   spec.root_saved_before_bytes = seq_len * 8 + btd;    // position ids, wte(idx) + wpe(pos)
   spec.root_saved_after_bytes = ln_stats + btd + btv;  // ln_f, its output, log_softmax
   spec.root_forward_workspace_bytes = btv;             // the logits, freed after the loss
-  spec.root_backward_workspace_bytes = 2 * btv;        // gradients of log_softmax's output and input
+  spec.root_backward_peak_bytes = 2 * btv;             // gradients of log_softmax's output and input
 
   const int64_t full_saved = 16 * btd + 2 * ln_stats + logsumexp;
+  // The first step of a block's backward is its peak: the MLP's c_proj gives the gradient of
+  // the GELU output [B, T, 4d] and its own weight and bias gradients, before the GELU output it
+  // kept is released; the steps after it free about as much as they allocate.
+  const int64_t plain_backward_peak = 4 * btd + (4 * d * d + d) * e;
   for (int64_t i = 0; i < c.n_layer; ++i) {
     UnitMemorySpec unit;
     unit.name = "h." + std::to_string(i);
@@ -48,16 +52,19 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
                          {d},         {d},         // ln_2
                          {4 * d, d},  {4 * d},     // mlp.c_fc
                          {d, 4 * d},  {d}};        // mlp.c_proj
-    // The MLP's c_proj output before the residual add.
-    unit.forward_workspace_bytes = btd;
-    // Gradients flowing through the block: the incoming one and the MLP's two [B, T, 4d].
-    unit.backward_workspace_bytes = 9 * btd;
     if (activation_checkpoint) {
       unit.saved_bytes = btd + kCpuGeneratorStateBytes;
-      // The recompute materializes the block's activations again during its backward.
-      unit.backward_workspace_bytes += full_saved;
+      // Forward runs without autograd, so intermediates go when their last reference does; a
+      // C++ temporary lives to the end of its full expression, so at c_proj the residual h,
+      // ln_2's output, c_fc's output (4), the GELU (4) and c_proj's output are alive: 11
+      // [B, T, d] above the block's input, 10 above its output.
+      unit.forward_workspace_bytes = 10 * btd;
+      // The recompute materializes the block's activations again, then backward runs on them.
+      unit.backward_peak_bytes = full_saved + plain_backward_peak;
     } else {
       unit.saved_bytes = full_saved;
+      unit.forward_workspace_bytes = btd;  // the MLP's c_proj output before the residual add
+      unit.backward_peak_bytes = plain_backward_peak;
     }
     spec.units.push_back(std::move(unit));
   }

@@ -3,22 +3,26 @@
 // keeps three running sums with their peaks: every live byte, the bytes RankStats counts as
 // unsharded (parameters and gradients), and the communication buffers RankStats counts.
 //
-// The schedule replayed, per unit (the root first, then the units in forward order):
+// The schedule replayed, per pass (grad_accum passes per step), per unit (the root first,
+// then the units in forward order):
 //   forward:  issue own gather (+ prefetch of the next units' gathers: buffers of S * shard
 //             numel in the compute dtype, plus the cast copy of the shards under mixed
 //             precision), wait = copy-out into the unsharded parameters (allocated while the
-//             buffers are alive), free the buffer; compute (saved activations stay); reshard
-//             after forward (full_shard blocks) or not (shard_grad_op, no_shard, the root).
+//             buffers are alive), free the buffer; compute (saved activations stay, a workspace
+//             comes and goes); reshard after forward (full_shard and hybrid blocks) or not
+//             (shard_grad_op, no_shard, the root, no-reshard accumulation).
 //   backward: the root's head first (its full gradients appear), then units in reverse: gather
-//             again if resharded, prefetch the previous unit, compute (workspace, full
-//             gradients; the unit's saved activations go), post-backward: count gradients +
-//             parameters (RankStats' peak point), reshard, copy gradients into the
-//             reduce-scatter input, free them, keep at most two reductions in flight; at the
-//             end the root's post-backward and all reductions complete.
+//             again if resharded, prefetch the previous unit, compute (a peak, then the saved
+//             activations are gone and the full gradients made), post-backward: count
+//             gradients + parameters (RankStats' peak point), reshard, then keep the full
+//             gradients for a later pass (no sync) or copy them into the reduce-scatter input
+//             and free them, at most two reductions in flight; at the end the root's
+//             post-backward and (syncing) all reductions complete.
 //   optimizer: gradients, parameters and state, plus AdamW's two temporaries of the largest
 //             shard (sqrt(exp_avg_sq) and the denominator).
-// Parameters, optimizer state (from the previous step) are live throughout; gradients were
-// set to none by zero_grad before forward.
+// Collectives run on the process group's progress thread with temporaries of their own (see
+// concurrent_temporaries). Parameters and optimizer state (from the previous step) are live
+// throughout; zero_grad set the gradients to none before the first forward.
 #include <fsdp/memory_estimate.h>
 
 #include <c10/util/Exception.h>
@@ -44,7 +48,7 @@ struct UnitSizes {
   int64_t shard_numel = 0;      // sum of padded local shards
   int64_t full_numel = 0;       // sum of full parameters
   int64_t max_shard_numel = 0;  // largest single padded shard (optimizer temporaries)
-  int64_t saved = 0, forward_ws = 0, backward_ws = 0;
+  int64_t saved = 0, forward_ws = 0, backward_peak = 0;
 };
 
 UnitSizes sizes_of(const std::string& name, const std::vector<std::vector<int64_t>>& shapes, int shard) {
@@ -70,7 +74,10 @@ class Replay {
       peak_ = live_;
       peak_phase_ = phase;
     }
+    if (timeline_.empty() || timeline_.back().first != phase) timeline_.emplace_back(phase, live_);
+    timeline_.back().second = std::max(timeline_.back().second, live_);
   }
+  const std::vector<std::pair<std::string, int64_t>>& timeline() const { return timeline_; }
   void free(int64_t bytes) { live_ -= bytes; }
   void transient(int64_t bytes, const std::string& phase) {
     alloc(bytes, phase);
@@ -94,12 +101,15 @@ class Replay {
   std::string peak_phase_;
   int64_t unsharded_ = 0, peak_unsharded_ = 0;
   int64_t comm_ = 0, peak_comm_ = 0;
+  std::vector<std::pair<std::string, int64_t>> timeline_;
 };
 
 class StepModel {
  public:
   StepModel(const ModelMemorySpec& model, const MemoryEstimateOptions& o) : o_(o) {
     TORCH_CHECK(o.world_size() >= 1, "estimate_memory: world_size must be at least 1, got ", o.world_size());
+    TORCH_CHECK(o.grad_accum() >= 1, "estimate_memory: grad_accum must be at least 1, got ", o.grad_accum());
+    TORCH_CHECK(o.prefetch() >= 0, "estimate_memory: prefetch must be non-negative, got ", o.prefetch());
     int replicate = 1;
     switch (o.strategy()) {
       case ShardingStrategy::kFullShard:
@@ -134,13 +144,13 @@ class StepModel {
       UnitSizes s = sizes_of(u.name, u.param_shapes, shard_);
       s.saved = u.saved_bytes;
       s.forward_ws = u.forward_workspace_bytes;
-      s.backward_ws = u.backward_workspace_bytes;
+      s.backward_peak = u.backward_peak_bytes;
       units_.push_back(s);
     }
     root_before_ = model.root_saved_before_bytes;
     root_after_ = model.root_saved_after_bytes;
     root_forward_ws_ = model.root_forward_workspace_bytes;
-    root_backward_ws_ = model.root_backward_workspace_bytes;
+    root_backward_peak_ = model.root_backward_peak_bytes;
   }
 
   MemoryEstimate run() {
@@ -156,16 +166,25 @@ class StepModel {
     e.activation_bytes = root_before_ + root_after_;
     for (const auto& u : units_) e.activation_bytes += u.saved;
 
-    // Live throughout the step: the shards and AdamW's state.
+    // Live throughout the step: the shards and AdamW's state. zero_grad left no gradients.
     r_.alloc(e.param_bytes + e.optim_bytes, "start of step");
-    forward();
-    backward();
+    states_.assign(units_.size(), State{});
+    root_state_ = State{};
+    const int passes = o_.grad_accum();
+    for (int k = 0; k < passes; ++k) {
+      const bool last = k == passes - 1;
+      const bool sync = last || o_.accumulation() == AccumulationMode::kSync;
+      const bool keep = o_.accumulation() == AccumulationMode::kNoReshard;
+      forward(reshard_after_forward_ && !keep);
+      backward(sync, !keep || last);
+    }
     r_.transient(2 * max_shard * master_, "optimizer step");
 
     e.peak_unsharded_bytes = r_.peak_unsharded();
     e.comm_buffer_bytes = r_.peak_comm();
     e.total_bytes = r_.peak();
     e.peak_phase = r_.peak_phase();
+    e.timeline = r_.timeline();
     return e;
   }
 
@@ -174,6 +193,8 @@ class StepModel {
   struct State {
     bool unsharded = false;
     bool gathering = false;
+    bool sharded_grad = false;  // holds a (sharded) gradient from an earlier pass of the step
+    bool unsynced = false;      // holds full gradients of passes that did not sync
   };
 
   bool gathers() const { return o_.fsdp() && (shard_ > 1 || cast_); }
@@ -191,6 +212,8 @@ class StepModel {
     const UnitSizes& u = unit(i);
     r_.alloc(cast_copy_bytes(u) + gather_buffer_bytes(u), "all-gather of " + label(i));
     r_.count_comm(gather_buffer_bytes(u));
+    // c10d's gloo all-gather gathers into a flat tensor of the output's size and copies out.
+    issued_since_compute_.push_back(gather_buffer_bytes(u));
     s.gathering = true;
   }
 
@@ -218,74 +241,108 @@ class StepModel {
     s.unsharded = false;
   }
 
-  void forward() {
+  void forward(bool reshard_after_forward) {
     const int n = static_cast<int>(units_.size());
-    states_.assign(n, State{});
-    root_state_ = State{};
     // Root: gather, prefetch the first units (order of the previous step), compute the stem.
     issue(-1);
     for (int k = 0; k < o_.prefetch() && k < n; ++k) issue(k);
     wait(-1, "forward of root");
     r_.alloc(root_before_, "forward of root");
+    r_.transient(concurrent_temporaries(), "forward of root");
     for (int i = 0; i < n; ++i) {
       issue(i);
       for (int k = 1; k <= o_.prefetch() && i + k < n; ++k) issue(i + k);
       const std::string phase = "forward of " + units_[i].name;
       wait(i, phase);
       r_.alloc(units_[i].saved, phase);
-      r_.transient(units_[i].forward_ws, phase);
-      if (reshard_after_forward_) reshard(i);
+      r_.transient(units_[i].forward_ws + concurrent_temporaries(), phase);
+      if (reshard_after_forward) reshard(i);
     }
     r_.alloc(root_after_, "end of forward");
     r_.transient(root_forward_ws_, "end of forward");
   }
 
-  void backward() {
+  void backward(bool sync, bool reshard_after_backward) {
     const int n = static_cast<int>(units_.size());
     // The root's head: the output's and loss's gradients, then the root's full gradients (the
     // tied embedding's among them), alive until the root's post-backward at the end.
-    r_.transient(root_backward_ws_, "backward of root (head)");
+    r_.transient(root_backward_peak_ + concurrent_temporaries(), "backward of root (head)");
     r_.free(root_after_);
     r_.alloc(root_.full_numel * compute_, "backward of root (head)");
     for (int i = n - 1; i >= 0; --i) {
       const std::string phase = "backward of " + units_[i].name;
       issue(i);
-      for (int k = 1; k <= o_.prefetch() && i - k >= 0; ++k) issue(i - k);
+      for (int k = 1; k <= o_.prefetch() && i - k >= 0; ++k) {
+        if (!state(i - k).unsharded) issue(i - k);
+      }
       wait(i, phase);
-      const int64_t grads = units_[i].full_numel * compute_;
-      r_.alloc(grads, phase);
-      r_.transient(units_[i].backward_ws, phase);
+      r_.transient(units_[i].backward_peak + concurrent_temporaries(), phase);
+      // Its end state: the saved activations gone, the full gradients made.
       r_.free(units_[i].saved);
-      post_backward(i, phase);
+      r_.alloc(units_[i].full_numel * compute_, phase);
+      post_backward(i, sync, reshard_after_backward, phase);
     }
     r_.free(root_before_);
-    post_backward(-1, "end of backward");
-    while (!pending_.empty()) finish_oldest();
+    post_backward(-1, sync, reshard_after_backward, "end of backward");
+    if (sync) {
+      while (!pending_.empty()) finish_oldest();
+    }
   }
 
   // ParamGroup::post_backward: the unit's full gradients (already allocated) are counted with
-  // its parameters, the parameters resharded, the gradients packed for the reduction and freed.
-  void post_backward(int i, const std::string& phase) {
-    const UnitSizes& u = unit(i);
+  // its parameters, the parameters resharded, then the gradients are kept for a later backward
+  // (no sync), or packed for the reduction and freed.
+  void post_backward(int i, bool sync, bool reshard_after_backward, const std::string& phase) {
+    UnitSizes& u = unit(i);
+    State& s = state(i);
     const int64_t grads = u.full_numel * compute_;
     if (o_.fsdp()) r_.count_unsharded(grads);
-    reshard(i);
+    if (reshard_after_backward) reshard(i);
     if (o_.fsdp()) r_.count_unsharded(-grads);
-    if (!o_.fsdp() || (shard_ == 1 && replicate_ == 1)) {
-      // The full gradient is the sharded one (re-typed to the master dtype if needed).
-      if (compute_ != master_ || reduce_ != master_) {
-        r_.alloc(u.shard_numel * master_, phase);
+    if (!o_.fsdp()) {
+      // Plain LibTorch: AccumulateGrad adds into the gradient of an earlier pass in place.
+      if (s.sharded_grad) r_.free(grads);
+      s.sharded_grad = true;
+      return;
+    }
+    // Gradients of earlier passes that did not sync, summed in place with this one's.
+    int64_t full = grads;
+    if (s.unsynced) {
+      r_.count_unsharded(-u.full_numel * reduce_);
+      r_.free(grads);
+      full = u.full_numel * reduce_;
+      s.unsynced = false;
+    }
+    if (!sync) {
+      // Kept, in the reduce dtype, for the backward that syncs.
+      if (full == grads && reduce_ != compute_) {
+        r_.alloc(u.full_numel * reduce_, phase);
         r_.free(grads);
       }
+      r_.count_unsharded(u.full_numel * reduce_);
+      s.unsynced = true;
+      return;
+    }
+    if (shard_ == 1 && replicate_ == 1) {
+      // One rank: the full gradient is the sharded one (re-typed to the master dtype if needed),
+      // plus the one of an earlier pass, which it replaces.
+      if (compute_ != master_ || reduce_ != master_) {
+        r_.alloc(u.shard_numel * master_, phase);
+        r_.free(full);
+      }
+      if (s.sharded_grad) r_.free(u.shard_numel * master_);
+      s.sharded_grad = true;
       return;
     }
     const int64_t input = u.shard_numel * shard_ * reduce_;
     r_.alloc(input, phase);
     r_.count_comm(input);
-    r_.free(grads);
+    r_.free(full);
     const int64_t output = shard_ == 1 ? 0 : u.shard_numel * reduce_;  // no_shard: in place
     r_.alloc(output, phase);
-    pending_.push_back({input, output, u.shard_numel});
+    pending_.push_back({input, output, u.shard_numel, i});
+    // The ring reduce-scatter's two chunk buffers (an all-reduce's live inside gloo).
+    if (shard_ > 1) issued_since_compute_.push_back(2 * u.shard_numel * reduce_);
     while (pending_.size() > 2) finish_oldest();
   }
 
@@ -293,24 +350,36 @@ class StepModel {
     const Pending p = pending_.front();
     pending_.pop_front();
     r_.count_comm(-p.input);
-    if (shard_ == 1) {
-      // All-reduce in place: the buffer becomes the gradients.
-      if (reduce_ != master_) {
-        r_.alloc(p.shard_numel * master_, "gradient reduction");
-        r_.free(p.input);
-      }
-      return;
-    }
-    r_.free(p.input);
+    // The reduced shard becomes the gradient (in the master dtype); an earlier pass's sharded
+    // gradient is added to it and freed.
+    const int64_t reduced = shard_ == 1 ? p.input : p.output;
+    if (shard_ > 1) r_.free(p.input);
     if (reduce_ != master_) {
       r_.alloc(p.shard_numel * master_, "gradient reduction");
-      r_.free(p.output);
+      r_.free(reduced);
     }
+    State& s = state(p.unit);
+    if (s.sharded_grad) r_.free(p.shard_numel * master_);
+    s.sharded_grad = true;
   }
 
   struct Pending {
     int64_t input, output, shard_numel;
+    int unit;
   };
+
+  // Collectives run one at a time on the process group's progress thread, with temporaries of
+  // their own. Those issued since the previous unit began computing (the next unit's
+  // prefetched all-gather, the previous unit's reduce-scatter) typically run while this unit
+  // computes; the largest of their temporaries is counted at its compute peak. Earlier ones
+  // had a whole unit's compute to finish.
+  int64_t concurrent_temporaries() {
+    int64_t most = 0;
+    for (int64_t bytes : issued_since_compute_) most = std::max(most, bytes);
+    issued_since_compute_.clear();
+    return most;
+  }
+  std::vector<int64_t> issued_since_compute_;
 
   MemoryEstimateOptions o_;
   int shard_ = 1, replicate_ = 1;
@@ -319,7 +388,7 @@ class StepModel {
   bool reshard_after_forward_ = true;
   UnitSizes root_;
   std::vector<UnitSizes> units_;
-  int64_t root_before_ = 0, root_after_ = 0, root_forward_ws_ = 0, root_backward_ws_ = 0;
+  int64_t root_before_ = 0, root_after_ = 0, root_forward_ws_ = 0, root_backward_peak_ = 0;
   State root_state_;
   std::vector<State> states_;
   std::deque<Pending> pending_;
@@ -345,6 +414,13 @@ std::string to_string(ShardingStrategy strategy) {
     case ShardingStrategy::kHybridShard: return "hybrid_shard";
   }
   TORCH_INTERNAL_ASSERT(false, "unhandled sharding strategy");
+}
+
+AccumulationMode parse_accumulation_mode(const std::string& name) {
+  if (name == "sync") return AccumulationMode::kSync;
+  if (name == "no-sync") return AccumulationMode::kNoSync;
+  if (name == "no-reshard") return AccumulationMode::kNoReshard;
+  TORCH_CHECK(false, "unknown accumulation mode '", name, "'; valid: sync, no-sync, no-reshard");
 }
 
 int64_t padded_shard_rows(int64_t dim0, int shard_size) {

@@ -33,10 +33,11 @@ int main(int argc, char** argv) {
   CLI::App app{"fsdp-estimate: predict one rank's memory for an FSDP GPT-2 training step"};
   std::string model = "tiny";
   int64_t vocab_size = 0, n_positions = 0, n_embd = 0, n_layer = 0, n_head = 0;
-  int world = 2, replicate = 1, prefetch = 1;
+  int world = 2, replicate = 1, prefetch = 1, grad_accum = 1;
+  std::string accum_mode = "sync";
   std::string strategy = "full_shard", param_dtype, reduce_dtype, master_dtype = "fp32";
   int64_t global_batch = 16, seq_len = 64;
-  bool activation_checkpoint = false, no_fsdp = false, pretty = false;
+  bool activation_checkpoint = false, no_fsdp = false, pretty = false, timeline = false;
   app.add_option("--model", model, "GPT-2 config to start from: tiny, small or gpt2")->capture_default_str();
   app.add_option("--vocab-size", vocab_size, "Override the config's vocab_size");
   app.add_option("--n-positions", n_positions, "Override the config's n_positions");
@@ -56,8 +57,12 @@ int main(int argc, char** argv) {
   app.add_option("--seq-len", seq_len, "Tokens per sequence")->capture_default_str();
   app.add_flag("--activation-checkpoint", activation_checkpoint, "Every block checkpoints its forward");
   app.add_option("--prefetch", prefetch, "Implicit prefetch depth (0: off)")->capture_default_str();
+  app.add_option("--grad-accum", grad_accum, "Forward/backward passes per step, each on 1/K of the rank's batch")
+      ->capture_default_str();
+  app.add_option("--accum-mode", accum_mode, "sync, no-sync or no-reshard (see fsdp-train)")->capture_default_str();
   app.add_flag("--no-fsdp", no_fsdp, "Plain single-process training (fsdp-train --no-fsdp)");
   app.add_flag("--pretty", pretty, "Indent the JSON");
+  app.add_flag("--timeline", timeline, "Add the most bytes live in each phase of the step");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -70,14 +75,18 @@ int main(int argc, char** argv) {
     config.validate();
     if (no_fsdp) world = 1;
     TORCH_CHECK(world >= 1, "--world-size must be at least 1, got ", world);
-    TORCH_CHECK(global_batch >= 1 && global_batch % world == 0, "--global-batch ", global_batch,
-                " is not a positive multiple of the number of ranks, ", world);
+    TORCH_CHECK(grad_accum >= 1, "--grad-accum must be at least 1, got ", grad_accum);
+    TORCH_CHECK(global_batch >= 1 && global_batch % (int64_t(world) * grad_accum) == 0, "--global-batch ",
+                global_batch, " is not a positive multiple of ranks x micro-batches = ", world, " x ",
+                grad_accum);
     fsdp::MemoryEstimateOptions options;
     options.world_size(world)
         .strategy(fsdp::parse_sharding_strategy(strategy))
         .replicate(replicate)
         .master_dtype(parse_dtype("--master-dtype", master_dtype))
         .prefetch(prefetch)
+        .grad_accum(grad_accum)
+        .accumulation(fsdp::parse_accumulation_mode(accum_mode))
         .fsdp(!no_fsdp);
     TORCH_CHECK(options.strategy() == fsdp::ShardingStrategy::kHybridShard || replicate == 1,
                 "--replicate ", replicate, " needs --strategy hybrid_shard");
@@ -85,7 +94,7 @@ int main(int argc, char** argv) {
     if (!reduce_dtype.empty()) options.reduce_dtype(parse_dtype("--reduce-dtype", reduce_dtype));
     const at::ScalarType compute =
         no_fsdp ? options.master_dtype() : options.param_dtype().value_or(options.master_dtype());
-    const int64_t micro_batch = global_batch / world;
+    const int64_t micro_batch = global_batch / world / grad_accum;  // sequences per pass
     const fsdp::ModelMemorySpec spec =
         fsdp::models::gpt2_memory_spec(config, micro_batch, seq_len, compute, activation_checkpoint);
     const fsdp::MemoryEstimate e = fsdp::estimate_memory(spec, options);
@@ -108,7 +117,13 @@ int main(int argc, char** argv) {
                        {"micro_batch", micro_batch},
                        {"seq_len", seq_len},
                        {"activation_checkpoint", activation_checkpoint},
-                       {"prefetch", prefetch}};
+                       {"prefetch", prefetch},
+                       {"grad_accum", grad_accum},
+                       {"accum_mode", accum_mode}};
+    if (timeline) {
+      out["timeline"] = nlohmann::json::array();
+      for (const auto& [phase, bytes] : e.timeline) out["timeline"].push_back({{"phase", phase}, {"bytes", bytes}});
+    }
     std::cout << out.dump(pretty ? 2 : -1) << '\n';
     return 0;
   } catch (const c10::Error& e) {
