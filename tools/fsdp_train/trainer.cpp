@@ -246,6 +246,11 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
   const bool count_memory = !o.metrics_path.empty();
   if (count_memory) install_cpu_memory_counter();
   MemoryCounter& memory = process_cpu_memory();
+  // Activation bytes are counted on this (the compute) thread only: a collective's temporaries
+  // on the process group's thread are not autograd's, whenever they happen to be freed.
+  auto thread_memory = std::make_shared<MemoryCounter>();
+  std::optional<CountAllocations> count_thread;
+  if (count_memory) count_thread.emplace(thread_memory);
 
   const models::GPT2Config config = models::GPT2Config::by_name(o.model);
   std::optional<DeviceMesh> mesh;
@@ -371,7 +376,7 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     const auto [inputs, targets] = micro_batch(global, rank, world);
     optimizer.zero_grad();
     memory.reset_peak();
-    const int64_t live_before_forward = memory.live_bytes();
+    const int64_t live_before_forward = thread_memory->live_bytes();
     const MemorySnapshot held_before_forward = mesh ? mesh->stats().live() : MemorySnapshot{};
     // The rank's micro-batch runs as grad_accum slices, each loss scaled by 1/grad_accum, so
     // the summed gradient is the same mean as one pass over the micro-batch.
@@ -396,7 +401,7 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
       if (k == 0) {
         // What forward left alive is what autograd saved, apart from gathered parameters (the
         // root's; every block's under shard_grad_op) and communication buffers.
-        activation_bytes = memory.live_bytes() - live_before_forward;
+        activation_bytes = thread_memory->live_bytes() - live_before_forward;
         if (mesh) {
           const MemorySnapshot held = mesh->stats().live();
           activation_bytes -= held.unsharded_param_bytes - held_before_forward.unsharded_param_bytes;

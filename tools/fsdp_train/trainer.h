@@ -67,10 +67,11 @@ struct RankStepStats {
   int64_t peak_rss_bytes = 0;
   int64_t sent_bytes = 0;
   // With --metrics, CPU tensors are counted by fsdp's counting allocator
-  // (include/fsdp/util/memory_counter.h), process-wide: the most bytes alive at once during
+  // (include/fsdp/util/memory_counter.h): the most bytes alive at once in the process during
   // the step (parameters and optimizer state included; what fsdp-estimate's total_bytes
-  // predicts), and the bytes autograd holds for backward at the end of forward (allocated
-  // during forward and still alive, minus the parameters gathered and buffers still held).
+  // predicts), and the bytes autograd holds for backward at the end of the step's first
+  // forward (allocated by the compute thread during forward and still alive, minus the
+  // parameters gathered and communication buffers still held).
   int64_t peak_alloc_bytes = 0;
   int64_t activation_bytes = 0;
 };
