@@ -9,8 +9,8 @@
 //             numel in the compute dtype, plus the cast copy of the shards under mixed
 //             precision), wait = copy-out into the unsharded parameters (allocated while the
 //             buffers are alive), free the buffer; compute (saved activations stay, a workspace
-//             comes and goes); reshard after forward (full_shard and hybrid blocks) or not
-//             (shard_grad_op, no_shard, the root, no-reshard accumulation).
+//             comes and goes); reshard after forward (blocks) or not
+//             (shard_grad_op, the root, no-reshard accumulation).
 //   backward: the root's head first (its full gradients appear), then units in reverse: gather
 //             again if resharded, prefetch the previous unit, compute (a peak, then the saved
 //             activations are gone and the full gradients made), post-backward: count
@@ -136,8 +136,9 @@ class StepModel {
     reduce_ = o.fsdp() ? element_size(o.reduce_dtype().value_or(o.param_dtype().value_or(o.master_dtype())))
                        : master_;
     cast_ = o.fsdp() && o.param_dtype().has_value() && *o.param_dtype() != o.master_dtype();
-    reshard_after_forward_ = o.strategy() == ShardingStrategy::kFullShard ||
-                             o.strategy() == ShardingStrategy::kHybridShard;
+    // Blocks reshard after forward except under shard_grad_op (no_shard reshards too, as
+    // fsdp-train sets it up: with one rank per shard group only a cast copy is freed).
+    reshard_after_forward_ = o.strategy() != ShardingStrategy::kShardGradOp;
 
     root_ = sizes_of("root", model.root_param_shapes, shard_);
     for (const auto& u : model.units) {

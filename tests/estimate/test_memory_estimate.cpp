@@ -117,6 +117,16 @@ TEST(MemoryEstimate, ShardGradOpCategoriesEqualTheRuntimes) {
                     MemoryEstimateOptions().world_size(2).strategy(ShardingStrategy::kShardGradOp));
 }
 
+TEST(MemoryEstimate, NoShardAndHybridCategoriesEqualTheRuntimes) {
+  TrainCase ddp = gpt_case();
+  ddp.replicate = 2;
+  expect_categories(ddp, 2, MemoryEstimateOptions().world_size(2).strategy(ShardingStrategy::kNoShard));
+  TrainCase hsdp = gpt_case();
+  hsdp.replicate = 2;
+  expect_categories(hsdp, 4,
+                    MemoryEstimateOptions().world_size(4).strategy(ShardingStrategy::kHybridShard).replicate(2));
+}
+
 TEST(MemoryEstimate, MixedPrecisionCategoriesEqualTheRuntimes) {
   GptCaseOptions opt;
   opt.mp_policy.param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
@@ -193,7 +203,7 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
   const std::string metrics = ::testing::TempDir() + "estimate_" + c.name + ".jsonl";
   int exit_code = -1;
   const std::string output = run_trainer(
-      "--nproc " + std::to_string(c.world) + " --model tiny --steps 3 --global-batch " +
+      "--nproc " + std::to_string(c.world) + " --model tiny --steps 2 --global-batch " +
           std::to_string(c.global_batch) + " --seq-len " + std::to_string(kSeqLen) + " --quiet " + c.flags +
           " --metrics " + metrics,
       exit_code);
