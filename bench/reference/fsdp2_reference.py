@@ -19,9 +19,9 @@ What has to match fsdp-train (tools/fsdp_train/trainer.cpp, models/gpt2/gpt2.cpp
   from config.json (written by --export beside the weights);
 - the weights: --init is fsdp-train's --export (Hugging Face layout: Conv1D weights c_attn,
   c_proj, c_fc stored [in, out], transposed here);
-- the data: --batches is fsdp-train's --dump-batches; rank r trains on rows
-  [r*B/W, (r+1)*B/W) of each global batch, split into --grad-accum consecutive micro-batches,
-  each micro-batch loss divided by K before backward;
+- the data: --batches is fsdp-train's --dump-batches: per step, K micro-batches of B rows
+  over all ranks; rank r trains on rows [r*B/W, (r+1)*B/W) of each, each micro-batch loss
+  divided by K before backward (K > 1: gradient accumulation, see --accum-mode);
 - the optimizer: AdamW(lr, betas (0.9, 0.95), eps 1e-8 (torch::optim::AdamW's default too),
   weight_decay), single-tensor implementation (foreach=False; CPU's default anyway); gradient
   clipping with torch.nn.utils.clip_grad_norm_(max_norm), norm reported before clipping;
@@ -225,23 +225,31 @@ def build_model(config, init_path):
 # ---- batches: fsdp-train --dump-batches ----------------------------------------------------------
 
 def load_batches(path):
+    """(B, T, K, steps): steps is a list of (step, [(inputs, targets)] * K), each [B, T] int64,
+    from the format documented at TrainerOptions::dump_batches_path (tools/fsdp_train/trainer.h)."""
     with open(path, "rb") as f:
         data = f.read()
     if data[:8] != b"FSDPBAT1":
         raise RuntimeError(f"{path}: not an fsdp-train --dump-batches file (magic {data[:8]!r})")
-    b, t = struct.unpack("<qq", data[8:24])
-    record = 8 + 16 * b * t
-    body = data[24:]
-    if len(body) % record:
+    b, t, k = struct.unpack("<qqq", data[8:32])
+    record = 16 + 16 * b * t
+    body = data[32:]
+    if len(body) % (record * k):
         raise RuntimeError(f"{path}: {len(body)} bytes after the header is not a whole number "
-                           f"of {record}-byte steps (B={b}, T={t})")
+                           f"of steps of {k} x {record}-byte records (B={b}, T={t})")
     steps = []
     for i in range(len(body) // record):
         chunk = bytearray(body[i * record:(i + 1) * record])
-        (step,) = struct.unpack("<q", chunk[:8])
-        v = torch.frombuffer(chunk[8:], dtype=torch.int64)
-        steps.append((step, v[:b * t].reshape(b, t).clone(), v[b * t:].reshape(b, t).clone()))
-    return b, t, steps
+        step, micro = struct.unpack("<qq", chunk[:16])
+        v = torch.frombuffer(chunk[16:], dtype=torch.int64)
+        pair = (v[:b * t].reshape(b, t).clone(), v[b * t:].reshape(b, t).clone())
+        if micro == 0:
+            steps.append((step, []))
+        if micro != len(steps[-1][1]) or step != steps[-1][0]:
+            raise RuntimeError(f"{path}: record {i} is step {step} micro-batch {micro}, expected "
+                               f"step {steps[-1][0]} micro-batch {len(steps[-1][1])}")
+        steps[-1][1].append(pair)
+    return b, t, k, steps
 
 
 # ---- accounting ------------------------------------------------------------------------------
@@ -289,6 +297,44 @@ def local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+class LibTorchAdamW(torch.optim.Optimizer):
+    """torch::optim::AdamW's arithmetic, operation for operation (torch/csrc/api/src/optim/
+    adamw.cpp), for --adamw libtorch. It differs from torch.optim.AdamW only in updating the
+    first moment with mul_ and add_ where Python uses lerp_, which rounds differently in the
+    last bit. Alone that is invisible (1e-7), but with bf16 parameters a last-bit difference
+    in an fp32 master weight sometimes flips its bf16 rounding, and AdamW then amplifies the
+    gradient difference on elements with near-zero gradients; so to compare FSDP runtimes in
+    bf16, both sides must use the same optimizer arithmetic."""
+
+    def __init__(self, params, lr, betas, eps, weight_decay):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps, wd = (group["lr"], group["betas"], group["eps"],
+                                           group["weight_decay"])
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                param, grad = local(p), local(p.grad)
+                if wd != 0:
+                    param.mul_(1 - lr * wd)
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(param)
+                    state["exp_avg_sq"] = torch.zeros_like(param)
+                state["step"] += 1
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                bias_correction1 = 1 - math.pow(beta1, state["step"])
+                bias_correction2 = 1 - math.pow(beta2, state["step"])
+                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(eps)
+                param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+
+
 # ---- one rank ------------------------------------------------------------------------------
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -321,51 +367,49 @@ def train(rank, world, args):
         train_model = model
 
     params = list(model.parameters())  # the tied weight once, in named_parameters order
-    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
-                                  weight_decay=args.weight_decay, foreach=False)
-    b, t, batches = load_batches(args.batches)
+    if args.adamw == "torch":
+        optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+                                      weight_decay=args.weight_decay, foreach=False)
+    else:
+        optimizer = LibTorchAdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+                                  weight_decay=args.weight_decay)
+    b, t, accum, batches = load_batches(args.batches)
     if args.steps is not None:
         batches = batches[:args.steps]
     if b % world:
         raise RuntimeError(f"global batch {b} is not divisible by {world} ranks")
     rows = b // world
-    if rows % args.grad_accum:
-        raise RuntimeError(f"{rows} rows per rank do not split into --grad-accum {args.grad_accum}")
-    micro = rows // args.grad_accum
 
     metrics = open(args.metrics, "w") if rank == 0 and args.metrics else None
-    for step, inputs, targets in batches:
+    for step, micro_batches in batches:
         start = time.perf_counter()
         sent0 = written_bytes()
         if counter:
             counter.reset()
-        x_rank = inputs[rank * rows:(rank + 1) * rows]
-        y_rank = targets[rank * rows:(rank + 1) * rows]
         optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
-        for k in range(args.grad_accum):
-            last = k == args.grad_accum - 1
-            sync = last or args.accum_mode == "sync"
+        for k, (inputs, targets) in enumerate(micro_batches):
+            sync = k == accum - 1 or args.accum_mode == "sync"
             if args.mode == "fsdp2":
                 train_model.set_requires_gradient_sync(sync)
-            x = x_rank[k * micro:(k + 1) * micro]
-            y = y_rank[k * micro:(k + 1) * micro]
+            x = inputs[rank * rows:(rank + 1) * rows]
+            y = targets[rank * rows:(rank + 1) * rows]
             if args.mode == "ddp" and not sync:
                 with train_model.no_sync():
                     logits = train_model(x)
                     loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-                    (loss / args.grad_accum).backward()
+                    (loss / accum).backward()
             else:
                 logits = train_model(x)
                 loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-                (loss / args.grad_accum).backward()
+                (loss / accum).backward()
             loss_sum += loss.detach().double().item()
         norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         norm = norm.item()
         optimizer.step()
-        mean_loss = torch.tensor([loss_sum / args.grad_accum], dtype=torch.float64)
+        mean_loss = torch.tensor([loss_sum / accum], dtype=torch.float64)
         if distributed:
             dist.all_reduce(mean_loss)
         mean_loss = mean_loss.item() / world
@@ -398,12 +442,12 @@ def train(rank, world, args):
             ranks = [dict(rank=r, **{k: int(v) for k, v in zip(keys, s.tolist())})
                      for r, s in enumerate(everyone)]
             metrics.write(json.dumps({"step": step, "loss": mean_loss, "grad_norm": norm,
-                                      "tokens_per_s": b * t / step_s, "step_s": step_s,
+                                      "tokens_per_s": accum * b * t / step_s, "step_s": step_s,
                                       "ranks": ranks}) + "\n")
             metrics.flush()
         if rank == 0 and not args.quiet:
             print(f"{args.mode} W={world} step {step} | loss {mean_loss:.6f} | grad norm "
-                  f"{norm:.6f} | {b * t / step_s:.0f} tokens/s", flush=True)
+                  f"{norm:.6f} | {accum * b * t / step_s:.0f} tokens/s", flush=True)
 
     if args.export:
         final = {}
@@ -453,10 +497,13 @@ def main():
     p.add_argument("--reshard-after-forward", type=int, choices=[0, 1], default=1)
     p.add_argument("--param-dtype", choices=list(DTYPES), default=None)
     p.add_argument("--reduce-dtype", choices=list(DTYPES), default=None)
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step per rank")
     p.add_argument("--accum-mode", choices=["no-sync", "sync"], default="no-sync",
-                   help="no-sync: gradients are reduced only on the last micro-batch "
-                        "(FSDP2 set_requires_gradient_sync(False) / DDP no_sync)")
+                   help="with K > 1 micro-batches per step in --batches: no-sync reduces "
+                        "gradients only after the last (FSDP2 set_requires_gradient_sync(False) "
+                        "/ DDP no_sync before it); sync after every one")
+    p.add_argument("--adamw", choices=["torch", "libtorch"], default="torch",
+                   help="torch: torch.optim.AdamW; libtorch: torch::optim::AdamW's arithmetic "
+                        "(see LibTorchAdamW)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
     if args.mode == "single" and args.nproc != 1:

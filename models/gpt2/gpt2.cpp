@@ -117,6 +117,15 @@ void init_module(torch::nn::Module& module, const std::string& prefix, const GPT
   }
 }
 
+// y = x W^T + b through at::linear, the op PyTorch's nn.Linear calls: for a contiguous [B, T, C]
+// input it is one addmm with the bias fused, rounded once. torch::nn::Linear::forward (LibTorch's
+// functional linear) instead runs matmul and then adds the bias in place for inputs of more than
+// two dimensions, which in bf16 rounds twice: the same weights then give different bf16
+// activations than PyTorch's (in fp32 the two gave identical results in our tests).
+at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
+  return at::linear(x, layer->weight, layer->bias);
+}
+
 torch::nn::LayerNorm make_layer_norm(const GPT2Config& config) {
   return torch::nn::LayerNorm(
       torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_epsilon));
@@ -217,7 +226,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& config)
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1), embd = x.size(2);
   const int64_t head_dim = embd / n_head_;
-  std::vector<at::Tensor> qkv = c_attn->forward(x).split(embd, /*dim=*/2);
+  std::vector<at::Tensor> qkv = linear(c_attn, x).split(embd, /*dim=*/2);
   // [B, T, C] -> [B, n_head, T, head_dim]
   auto heads = [&](const at::Tensor& t) {
     return t.view({batch, seq, n_head_, head_dim}).transpose(1, 2);
@@ -226,7 +235,7 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
                                                   /*attn_mask=*/std::nullopt,
                                                   /*dropout_p=*/0.0, /*is_causal=*/true);
   y = y.transpose(1, 2).contiguous().view({batch, seq, embd});
-  return c_proj->forward(y);
+  return linear(c_proj, y);
 }
 
 MLPImpl::MLPImpl(const GPT2Config& config) {
@@ -235,7 +244,7 @@ MLPImpl::MLPImpl(const GPT2Config& config) {
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  return c_proj->forward(at::gelu(c_fc->forward(x), "tanh"));
+  return linear(c_proj, at::gelu(linear(c_fc, x), "tanh"));
 }
 
 BlockImpl::BlockImpl(const GPT2Config& config, bool activation_checkpoint)

@@ -41,8 +41,7 @@ namespace fsdp::train {
 namespace {
 
 constexpr int kSteps = 10;
-// The tiny config, 8 sequences of 32 tokens per step: every rank of W = 4 still gets 2 rows,
-// which --grad-accum 2 splits into two micro-batches.
+// The tiny config, 8 sequences of 32 tokens per (micro-)batch: every rank of W = 4 gets 2.
 constexpr char kCommon[] = "--model tiny --global-batch 8 --seq-len 32 --seed 11 --lr 3e-3 "
                            "--weight-decay 0.1 --max-grad-norm 1.0";
 
@@ -160,12 +159,14 @@ void run_case(const Case& c) {
                                 " --metrics " + our_metrics +
                                 " --dump-batches " + batches + " --export " + our_final,
                             300);
-  ASSERT_EQ(ours.exit_code, 0)
+  EXPECT_EQ(ours.exit_code, 0)
       << "fsdp-train " << c.ours << " failed"
       << (ours.output.find("not expected") != std::string::npos
               ? " (fsdp-train does not have these flags yet: the feature has not landed)"
               : "")
       << ":\n" << ours.output;
+  // A run that trained but failed at --export still has its losses and norms to compare.
+  ASSERT_EQ(read_lines(our_metrics).size(), size_t(kSteps)) << "fsdp-train did not train";
 
   const int ranks = std::max(c.world, 1);
   const Result ref = shell(python() + " " + reference_script() + " --quiet --nproc " +
@@ -201,7 +202,9 @@ void run_case(const Case& c) {
   // divides by sqrt of that noise's square, so each implementation moves those elements by up
   // to ~lr per step in directions set by its own rounding: PyTorch FSDP2 against PyTorch on one
   // process differ there by ~1e-3 of the tensor's scale too. They are held to that bound
-  // instead (at most 2 lr per step apart), and every other element to the tolerance.
+  // instead (at most 2 lr per step apart), and every other element to the tolerance; the
+  // bit-exact cases (tolerance 0) hold them to 0 too.
+  if (ours.exit_code != 0) return;  // failed above; no final weights to compare
   const auto a = checkpoint::load_safetensors(our_final);
   const auto b = checkpoint::load_safetensors(ref_final);
   ASSERT_EQ(a.size(), b.size()) << "parameter counts differ";
@@ -213,7 +216,8 @@ void run_case(const Case& c) {
     ASSERT_EQ(it->second.sizes(), want_t.sizes()) << name;
     at::Tensor x = it->second.to(at::kDouble), y = want_t.to(at::kDouble);
     const double scale = std::max(y.abs().max().item<double>(), 1e-30);
-    if (name.size() >= 16 && name.compare(name.size() - 16, 16, "attn.c_attn.bias") == 0) {
+    if (c.tolerance > 0 && name.size() >= 16 &&
+        name.compare(name.size() - 16, 16, "attn.c_attn.bias") == 0) {
       const at::Tensor key_x = x.slice(0, n_embd, 2 * n_embd), key_y = y.slice(0, n_embd, 2 * n_embd);
       const double key_diff = (key_x - key_y).abs().max().item<double>();
       EXPECT_LE(key_diff, 2 * lr * kSteps) << name << " (key part): " << key_diff;
@@ -256,16 +260,35 @@ TEST(Fsdp2Parity, NoReshardAfterForwardW2) {
 
 // Mixed precision: bf16 parameters in forward and backward (FSDP2's
 // MixedPrecisionPolicy(param_dtype=bfloat16); gradients reduced in bf16 as FSDP2 does when
-// reduce_dtype is unset), fp32 sharded parameters and optimizer.
+// reduce_dtype is unset), fp32 sharded parameters and optimizer. The reference steps with
+// torch::optim::AdamW's arithmetic (--adamw libtorch): torch.optim.AdamW's lerp_ rounds the
+// fp32 master weights differently in the last bit, which flips some of their bf16 roundings
+// and, through AdamW, grows into differences of 4e-3 in 10 steps that have nothing to do with
+// FSDP. (At W = 2 a bf16 sum of two gradients rounds the same in any order; at W = 4 gloo's
+// ring all-reduce, which FSDP2 uses on CPU, adds the four in another order than our ring
+// reduce-scatter, and bf16 rounding makes that visible: use --reduce-dtype fp32 there.)
 TEST(Fsdp2Parity, Bf16ParamDtypeW2) {
-  run_case({"bf16", 2, "--param-dtype bf16", "--mode fsdp2 --param-dtype bf16", kBf16});
+  run_case({"bf16", 2, "--param-dtype bf16", "--mode fsdp2 --param-dtype bf16 --adamw libtorch",
+            kBf16});
+}
+
+// With the same AdamW arithmetic on both sides, one rank of fsdp-train computes what one rank
+// of FSDP2 computes, bit for bit: every op, cast and reduction is the same. (This caught
+// torch::nn::Linear's separate bias add, see models/gpt2/gpt2.cpp.)
+TEST(Fsdp2Parity, BitIdenticalAtW1Fp32) {
+  run_case({"exact_fp32", 1, "", "--mode fsdp2 --adamw libtorch", 0.0});
+}
+TEST(Fsdp2Parity, BitIdenticalAtW1Bf16) {
+  run_case({"exact_bf16", 1, "--param-dtype bf16",
+            "--mode fsdp2 --param-dtype bf16 --adamw libtorch", 0.0});
 }
 
 // Gradient accumulation: 2 micro-batches per step, gradients reduce-scattered only after the
-// last (FSDP2's set_requires_gradient_sync(False) on the others).
+// last (FSDP2's set_requires_gradient_sync(False) on the others). The reference takes the
+// micro-batches from --dump-batches, which records each one.
 TEST(Fsdp2Parity, GradAccumNoSyncW2) {
-  run_case({"accum", 2, "--grad-accum 2 --accum-mode no-sync",
-            "--mode fsdp2 --grad-accum 2 --accum-mode no-sync", kFp32});
+  run_case({"accum", 2, "--grad-accum 2 --accum-mode no-sync", "--mode fsdp2 --accum-mode no-sync",
+            kFp32});
 }
 
 // NO_SHARD: replicated parameters, gradients all-reduced, against PyTorch DDP.

@@ -305,7 +305,7 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     TORCH_CHECK(batches.good(), "cannot open --dump-batches file '", o.dump_batches_path,
                 "' for writing");
     batches.write("FSDPBAT1", 8);
-    write_int64s(batches, {o.global_batch, o.seq_len});
+    write_int64s(batches, {o.global_batch / o.grad_accum, o.seq_len, o.grad_accum});
   }
 
   TrainSummary summary;
@@ -366,9 +366,15 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
 
     const auto global = data.global_batch(step, o.global_batch, o.seq_len, o.seed);
     if (batches.is_open()) {
-      write_int64s(batches, {step + 1});
-      write_int64s(batches, global.first);
-      write_int64s(batches, global.second);
+      // Micro-batch k over all ranks: each rank's k-th slice of its rows, in rank order.
+      for (int64_t k = 0; k < o.grad_accum; ++k) {
+        const auto slice_k = [&](const at::Tensor& t) {
+          return t.view({world, o.grad_accum, -1, o.seq_len}).select(1, k).reshape({-1, o.seq_len});
+        };
+        write_int64s(batches, {step + 1, k});
+        write_int64s(batches, slice_k(global.first));
+        write_int64s(batches, slice_k(global.second));
+      }
       batches.flush();
       TORCH_CHECK(batches.good(), "cannot write --dump-batches file '", o.dump_batches_path, "'");
     }

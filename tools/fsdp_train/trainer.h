@@ -44,11 +44,14 @@ struct TrainerOptions {
   std::string export_path;          // write the final model here, Hugging Face GPT-2 safetensors
   std::string export_dtype = "fp32";  // fp32 or bf16
   std::string init_from;            // initialize from a Hugging Face GPT-2 safetensors file
-  // Rank 0 writes every step's global batch here, for reference runners (bench/reference/)
-  // that must train on exactly our tokens. Empty: off. The file, all integers little-endian:
-  //   header: 8 bytes "FSDPBAT1", int64 global_batch B, int64 seq_len T;
-  //   then per step: int64 step (1-based, as in --metrics), B*T int64 inputs (row-major
-  //   [B, T]), B*T int64 targets (inputs shifted left by one token).
+  // Rank 0 writes every batch trained on here, for reference runners (bench/reference/) that
+  // must train on exactly our tokens. Empty: off. The file, all integers little-endian int64:
+  //   header: 8 bytes "FSDPBAT1", B, T, K: B sequences of T tokens per micro-batch over all
+  //     ranks, K micro-batches (backward passes) per optimizer step;
+  //   then per step, K records: step (1-based, as in --metrics), micro-batch (0..K-1), B*T
+  //     inputs (row-major [B, T]), B*T targets (inputs shifted left by one token).
+  // Rank r trains on rows [r*B/W, (r+1)*B/W) of each record, and the step's loss is the mean
+  // of its K micro-batch losses.
   std::string dump_batches_path;
 };
 
