@@ -55,7 +55,7 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
                                    const CheckpointOptions& options = {});
 
 // One tensor in, one tensor out.
-at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input,
-                      const CheckpointOptions& options = {});
+at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
+                      const at::Tensor& input, const CheckpointOptions& options = {});
 
 }  // namespace fsdp

@@ -4,9 +4,8 @@
 // fused flash kernel, which keeps q, k, v, its output and a float logsumexp; its output is laid
 // out so that transpose(1, 2).contiguous() copies nothing) and are checked against the counting
 // allocator in tests/estimate/.
-#include <models/gpt2/gpt2_memory.h>
-
 #include <c10/util/Exception.h>
+#include <models/gpt2/gpt2_memory.h>
 
 namespace fsdp::models {
 namespace {
@@ -33,10 +32,10 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
 
   ModelMemorySpec spec;
   spec.root_param_shapes = {{v, d}, {p, d}, {d}, {d}};  // wte (= lm_head), wpe, ln_f
-  spec.root_saved_before_bytes = seq_len * 8 + btd;    // position ids, wte(idx) + wpe(pos)
-  spec.root_saved_after_bytes = ln_stats + btd + btv;  // ln_f, its output, log_softmax
-  spec.root_forward_workspace_bytes = btv;             // the logits, freed after the loss
-  spec.root_backward_peak_bytes = 2 * btv;             // gradients of log_softmax's output and input
+  spec.root_saved_before_bytes = seq_len * 8 + btd;     // position ids, wte(idx) + wpe(pos)
+  spec.root_saved_after_bytes = ln_stats + btd + btv;   // ln_f, its output, log_softmax
+  spec.root_forward_workspace_bytes = btv;              // the logits, freed after the loss
+  spec.root_backward_peak_bytes = 2 * btv;  // gradients of log_softmax's output and input
 
   const int64_t full_saved = 16 * btd + 2 * ln_stats + logsumexp;
   // The first step of a block's backward is its peak: the MLP's c_proj gives the gradient of
@@ -46,12 +45,12 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   for (int64_t i = 0; i < c.n_layer; ++i) {
     UnitMemorySpec unit;
     unit.name = "h." + std::to_string(i);
-    unit.param_shapes = {{d},         {d},         // ln_1
-                         {3 * d, d},  {3 * d},     // attn.c_attn
-                         {d, d},      {d},         // attn.c_proj
-                         {d},         {d},         // ln_2
-                         {4 * d, d},  {4 * d},     // mlp.c_fc
-                         {d, 4 * d},  {d}};        // mlp.c_proj
+    unit.param_shapes = {{d},        {d},      // ln_1
+                         {3 * d, d}, {3 * d},  // attn.c_attn
+                         {d, d},     {d},      // attn.c_proj
+                         {d},        {d},      // ln_2
+                         {4 * d, d}, {4 * d},  // mlp.c_fc
+                         {d, 4 * d}, {d}};     // mlp.c_proj
     if (activation_checkpoint) {
       unit.saved_bytes = btd + kCpuGeneratorStateBytes;
       // Forward runs without autograd, so intermediates go when their last reference does; a

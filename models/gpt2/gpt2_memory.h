@@ -3,10 +3,9 @@
 // keeps for one micro-batch.
 #pragma once
 
+#include <c10/core/ScalarType.h>
 #include <fsdp/memory_estimate.h>
 #include <models/gpt2/gpt2.h>
-
-#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 

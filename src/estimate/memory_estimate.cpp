@@ -23,10 +23,9 @@
 // Collectives run on the process group's progress thread with temporaries of their own (see
 // concurrent_temporaries). Parameters and optimizer state (from the previous step) are live
 // throughout; zero_grad set the gradients to none before the first forward.
-#include <fsdp/memory_estimate.h>
-
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <fsdp/memory_estimate.h>
 
 #include <algorithm>
 #include <deque>
@@ -51,7 +50,8 @@ struct UnitSizes {
   int64_t saved = 0, forward_ws = 0, backward_peak = 0;
 };
 
-UnitSizes sizes_of(const std::string& name, const std::vector<std::vector<int64_t>>& shapes, int shard) {
+UnitSizes sizes_of(const std::string& name, const std::vector<std::vector<int64_t>>& shapes,
+                   int shard) {
   UnitSizes u;
   u.name = name;
   for (const auto& shape : shapes) {
@@ -107,9 +107,12 @@ class Replay {
 class StepModel {
  public:
   StepModel(const ModelMemorySpec& model, const MemoryEstimateOptions& o) : o_(o) {
-    TORCH_CHECK(o.world_size() >= 1, "estimate_memory: world_size must be at least 1, got ", o.world_size());
-    TORCH_CHECK(o.grad_accum() >= 1, "estimate_memory: grad_accum must be at least 1, got ", o.grad_accum());
-    TORCH_CHECK(o.prefetch() >= 0, "estimate_memory: prefetch must be non-negative, got ", o.prefetch());
+    TORCH_CHECK(o.world_size() >= 1, "estimate_memory: world_size must be at least 1, got ",
+                o.world_size());
+    TORCH_CHECK(o.grad_accum() >= 1, "estimate_memory: grad_accum must be at least 1, got ",
+                o.grad_accum());
+    TORCH_CHECK(o.prefetch() >= 0, "estimate_memory: prefetch must be non-negative, got ",
+                o.prefetch());
     int replicate = 1;
     switch (o.strategy()) {
       case ShardingStrategy::kFullShard:
@@ -125,16 +128,20 @@ class StepModel {
     TORCH_CHECK(replicate >= 1 && o.world_size() % replicate == 0, "estimate_memory: replicate ",
                 replicate, " does not divide the world size ", o.world_size());
     if (!o.fsdp()) {
-      TORCH_CHECK(o.world_size() == 1, "estimate_memory: training without FSDP runs on one rank, got world_size ",
+      TORCH_CHECK(o.world_size() == 1,
+                  "estimate_memory: training without FSDP runs on one rank, got world_size ",
                   o.world_size());
       replicate = 1;
     }
     shard_ = o.world_size() / replicate;
     replicate_ = replicate;
     master_ = element_size(o.master_dtype());
-    compute_ = element_size(o.fsdp() ? o.param_dtype().value_or(o.master_dtype()) : o.master_dtype());
-    reduce_ = o.fsdp() ? element_size(o.reduce_dtype().value_or(o.param_dtype().value_or(o.master_dtype())))
-                       : master_;
+    compute_ =
+        element_size(o.fsdp() ? o.param_dtype().value_or(o.master_dtype()) : o.master_dtype());
+    reduce_ =
+        o.fsdp()
+            ? element_size(o.reduce_dtype().value_or(o.param_dtype().value_or(o.master_dtype())))
+            : master_;
     cast_ = o.fsdp() && o.param_dtype().has_value() && *o.param_dtype() != o.master_dtype();
     // Blocks reshard after forward except under shard_grad_op (no_shard reshards too, as
     // fsdp-train sets it up: with one rank per shard group only a cast copy is freed).
@@ -199,8 +206,12 @@ class StepModel {
   };
 
   bool gathers() const { return o_.fsdp() && (shard_ > 1 || cast_); }
-  int64_t unsharded_bytes(const UnitSizes& u) const { return gathers() ? u.full_numel * compute_ : 0; }
-  int64_t gather_buffer_bytes(const UnitSizes& u) const { return u.shard_numel * shard_ * compute_; }
+  int64_t unsharded_bytes(const UnitSizes& u) const {
+    return gathers() ? u.full_numel * compute_ : 0;
+  }
+  int64_t gather_buffer_bytes(const UnitSizes& u) const {
+    return u.shard_numel * shard_ * compute_;
+  }
   int64_t cast_copy_bytes(const UnitSizes& u) const { return cast_ ? u.shard_numel * compute_ : 0; }
 
   UnitSizes& unit(int i) { return i < 0 ? root_ : units_[i]; }
@@ -409,10 +420,14 @@ ShardingStrategy parse_sharding_strategy(const std::string& name) {
 
 std::string to_string(ShardingStrategy strategy) {
   switch (strategy) {
-    case ShardingStrategy::kFullShard: return "full_shard";
-    case ShardingStrategy::kShardGradOp: return "shard_grad_op";
-    case ShardingStrategy::kNoShard: return "no_shard";
-    case ShardingStrategy::kHybridShard: return "hybrid_shard";
+    case ShardingStrategy::kFullShard:
+      return "full_shard";
+    case ShardingStrategy::kShardGradOp:
+      return "shard_grad_op";
+    case ShardingStrategy::kNoShard:
+      return "no_shard";
+    case ShardingStrategy::kHybridShard:
+      return "hybrid_shard";
   }
   TORCH_INTERNAL_ASSERT(false, "unhandled sharding strategy");
 }
@@ -431,10 +446,12 @@ int64_t padded_shard_rows(int64_t dim0, int shard_size) {
 
 std::string MemoryEstimate::to_json() const {
   return fmt::format(
-      "{{\"param_bytes\": {}, \"grad_bytes\": {}, \"optim_bytes\": {}, \"peak_unsharded_bytes\": {}, "
-      "\"activation_bytes\": {}, \"comm_buffer_bytes\": {}, \"total_bytes\": {}, \"peak_phase\": \"{}\"}}",
-      param_bytes, grad_bytes, optim_bytes, peak_unsharded_bytes, activation_bytes, comm_buffer_bytes,
-      total_bytes, peak_phase);
+      "{{\"param_bytes\": {}, \"grad_bytes\": {}, \"optim_bytes\": {}, \"peak_unsharded_bytes\": "
+      "{}, "
+      "\"activation_bytes\": {}, \"comm_buffer_bytes\": {}, \"total_bytes\": {}, \"peak_phase\": "
+      "\"{}\"}}",
+      param_bytes, grad_bytes, optim_bytes, peak_unsharded_bytes, activation_bytes,
+      comm_buffer_bytes, total_bytes, peak_phase);
 }
 
 MemoryEstimate estimate_memory(const ModelMemorySpec& model, const MemoryEstimateOptions& options) {

@@ -13,11 +13,10 @@
 //   leaves of that nested graph, so their gradients accumulate through AccumulateGrad exactly
 //   as without checkpointing; the inputs' gradients are read off the detached copies and
 //   returned. The recomputed graph is freed when the nested backward returns.
-#include <fsdp/activation_checkpoint.h>
-
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
 #include <c10/util/Exception.h>
+#include <fsdp/activation_checkpoint.h>
 #include <torch/autograd.h>
 
 #include <mutex>
@@ -49,7 +48,8 @@ std::optional<at::Generator> default_generator_for(const std::vector<at::Tensor>
 }
 
 // The function's inputs: the tensors autograd saw, with undefined ones put back in place.
-std::vector<at::Tensor> with_undefined(const CheckpointState& state, const std::vector<at::Tensor>& tensors) {
+std::vector<at::Tensor> with_undefined(const CheckpointState& state,
+                                       const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> inputs;
   inputs.reserve(state.defined.size());
   size_t next = 0;
@@ -150,16 +150,17 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
     }
   }
   // A 0-element leaf that requires grad: autograd builds the node even if no input needs grad.
-  const at::Tensor anchor = at::empty({0}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
+  const at::Tensor anchor =
+      at::empty({0}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
   return CheckpointFunction::apply(state, anchor, at::TensorList(defined));
 }
 
-at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input,
-                      const CheckpointOptions& options) {
+at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
+                      const at::Tensor& input, const CheckpointOptions& options) {
   TORCH_CHECK(fn, "fsdp::checkpoint: the function is empty");
   std::vector<at::Tensor> outputs = checkpoint(
-      [fn](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in[0])}; }, {input},
-      options);
+      [fn](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in[0])}; },
+      {input}, options);
   return outputs[0];
 }
 

@@ -7,11 +7,10 @@
 //   so the raw allocate/deallocate interface keeps working for code that uses it.
 // - The table and the wrapper are leaked on purpose: tensors may be freed during static
 //   destruction, after any static object would have been destroyed.
-#include <fsdp/util/memory_counter.h>
-
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
+#include <fsdp/util/memory_counter.h>
 
 #include <array>
 #include <mutex>
@@ -72,7 +71,8 @@ c10::Allocator* wrapped = nullptr;
 void counted_free(void* ptr) {
   if (ptr == nullptr) return;
   Entry entry;
-  TORCH_INTERNAL_ASSERT(table().take(ptr, entry), "fsdp memory counter: freeing an unknown pointer");
+  TORCH_INTERNAL_ASSERT(table().take(ptr, entry),
+                        "fsdp memory counter: freeing an unknown pointer");
   process_counter().add(-entry.bytes);
   if (entry.counter) entry.counter->add(-entry.bytes);
   wrapped->raw_deallocate(ptr);

@@ -1,24 +1,23 @@
 // The memory estimator (include/fsdp/memory_estimate.h) against what runs measure: the
 // runtime's accounting with ranks as threads, and fsdp-train as processes with --metrics
 // (the library's category counts, the counting allocator's peak and activation bytes).
-#include "runtime/gpt_case.h"
-#include "runtime/harness.h"
-
+#include <ATen/ATen.h>
 #include <fsdp/memory_estimate.h>
 #include <fsdp/util/memory_counter.h>
-#include <models/gpt2/gpt2.h>
-#include <models/gpt2/gpt2_memory.h>
-
-#include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
+#include <models/gpt2/gpt2.h>
+#include <models/gpt2/gpt2_memory.h>
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
-#include <sys/wait.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/gpt_case.h"
+#include "runtime/harness.h"
 
 namespace fsdp::testing {
 namespace {
@@ -63,8 +62,10 @@ TEST(MemoryEstimate, ShardsArePaddedToCeilRowsOfTheShardGroup) {
     EXPECT_EQ(e.grad_bytes, rows * 4) << to_string(strategy);
     EXPECT_EQ(e.optim_bytes, 2 * rows * 4) << to_string(strategy);
   }
-  EXPECT_THROW(estimate_memory(spec, MemoryEstimateOptions().world_size(4).strategy(
-                                         ShardingStrategy::kHybridShard).replicate(3)),
+  EXPECT_THROW(estimate_memory(spec, MemoryEstimateOptions()
+                                         .world_size(4)
+                                         .strategy(ShardingStrategy::kHybridShard)
+                                         .replicate(3)),
                c10::Error);
   EXPECT_EQ(parse_sharding_strategy("shard_grad_op"), ShardingStrategy::kShardGradOp);
   EXPECT_THROW(parse_sharding_strategy("zero3"), c10::Error);
@@ -81,21 +82,23 @@ std::vector<Measured> measure_threads(const TrainCase& c, int world) {
   std::vector<Measured> out(world);
   TrainCase run = c;
   run.steps = 3;
-  train_sharded(run, world, [&](int rank, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
-    Measured& r = out[rank];
-    r.param_bytes = r.grad_bytes = 0;
-    for (const auto& p : unique_parameters(*m)) {
-      r.param_bytes += p.nbytes();
-      if (p.grad().defined()) r.grad_bytes += p.grad().nbytes();
-    }
-    r.peak_unsharded_bytes = mesh.stats().peak_unsharded_bytes();
-    mesh.stats().reset_peaks();  // the next step's peak
-  });
+  train_sharded(run, world,
+                [&](int rank, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+                  Measured& r = out[rank];
+                  r.param_bytes = r.grad_bytes = 0;
+                  for (const auto& p : unique_parameters(*m)) {
+                    r.param_bytes += p.nbytes();
+                    if (p.grad().defined()) r.grad_bytes += p.grad().nbytes();
+                  }
+                  r.peak_unsharded_bytes = mesh.stats().peak_unsharded_bytes();
+                  mesh.stats().reset_peaks();  // the next step's peak
+                });
   return out;
 }
 
 void expect_categories(const TrainCase& c, int world, const MemoryEstimateOptions& options) {
-  const MemoryEstimate e = estimate_memory(models::gpt2_memory_spec(GPT2Config::tiny(), 12 / world, 16), options);
+  const MemoryEstimate e =
+      estimate_memory(models::gpt2_memory_spec(GPT2Config::tiny(), 12 / world, 16), options);
   const auto measured = measure_threads(c, world);
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(measured[r].param_bytes, e.param_bytes) << "rank " << r;
@@ -120,18 +123,21 @@ TEST(MemoryEstimate, ShardGradOpCategoriesEqualTheRuntimes) {
 TEST(MemoryEstimate, NoShardAndHybridCategoriesEqualTheRuntimes) {
   TrainCase ddp = gpt_case();
   ddp.replicate = 2;
-  expect_categories(ddp, 2, MemoryEstimateOptions().world_size(2).strategy(ShardingStrategy::kNoShard));
+  expect_categories(ddp, 2,
+                    MemoryEstimateOptions().world_size(2).strategy(ShardingStrategy::kNoShard));
   TrainCase hsdp = gpt_case();
   hsdp.replicate = 2;
-  expect_categories(hsdp, 4,
-                    MemoryEstimateOptions().world_size(4).strategy(ShardingStrategy::kHybridShard).replicate(2));
+  expect_categories(
+      hsdp, 4,
+      MemoryEstimateOptions().world_size(4).strategy(ShardingStrategy::kHybridShard).replicate(2));
 }
 
 TEST(MemoryEstimate, MixedPrecisionCategoriesEqualTheRuntimes) {
   GptCaseOptions opt;
   opt.mp_policy.param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
-  expect_categories(gpt_case(opt), 2,
-                    MemoryEstimateOptions().world_size(2).param_dtype(at::kBFloat16).reduce_dtype(at::kFloat));
+  expect_categories(
+      gpt_case(opt), 2,
+      MemoryEstimateOptions().world_size(2).param_dtype(at::kBFloat16).reduce_dtype(at::kFloat));
 }
 
 // --- activations, one process: what forward leaves alive for backward ---
@@ -191,7 +197,9 @@ std::string run_trainer(const std::string& args, int& exit_code) {
   return output;
 }
 
-void PrintTo(const TrainerCase& c, std::ostream* os) { *os << c.name << " (W=" << c.world << " " << c.flags << ")"; }
+void PrintTo(const TrainerCase& c, std::ostream* os) {
+  *os << c.name << " (W=" << c.world << " " << c.flags << ")";
+}
 
 class TrainerMemory : public ::testing::TestWithParam<TrainerCase> {};
 
@@ -202,11 +210,11 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
   constexpr int64_t kSeqLen = 64;
   const std::string metrics = ::testing::TempDir() + "estimate_" + c.name + ".jsonl";
   int exit_code = -1;
-  const std::string output = run_trainer(
-      "--nproc " + std::to_string(c.world) + " --model tiny --steps 2 --global-batch " +
-          std::to_string(c.global_batch) + " --seq-len " + std::to_string(kSeqLen) + " --quiet " + c.flags +
-          " --metrics " + metrics,
-      exit_code);
+  const std::string output =
+      run_trainer("--nproc " + std::to_string(c.world) + " --model tiny --steps 2 --global-batch " +
+                      std::to_string(c.global_batch) + " --seq-len " + std::to_string(kSeqLen) +
+                      " --quiet " + c.flags + " --metrics " + metrics,
+                  exit_code);
   ASSERT_EQ(exit_code, 0) << output;
   std::ifstream in(metrics);
   std::string line, last;
@@ -217,8 +225,9 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
   MemoryEstimateOptions options = c.options;
   options.world_size(c.world).grad_accum(c.grad_accum);
   const at::ScalarType compute = options.param_dtype().value_or(at::kFloat);
-  const ModelMemorySpec spec = models::gpt2_memory_spec(
-      GPT2Config::tiny(), c.global_batch / c.world / c.grad_accum, kSeqLen, compute, c.activation_checkpoint);
+  const ModelMemorySpec spec =
+      models::gpt2_memory_spec(GPT2Config::tiny(), c.global_batch / c.world / c.grad_accum, kSeqLen,
+                               compute, c.activation_checkpoint);
   const MemoryEstimate e = estimate_memory(spec, options);
   // A communication buffer the runtime has released can stay allocated a moment longer, until
   // the process group's thread drops the finished collective, and so be counted as left alive

@@ -1,18 +1,17 @@
 // Activation checkpointing (include/fsdp/activation_checkpoint.h): the same numbers as without
 // it, in one process bit for bit and under FSDP within float tolerance; gradients for
 // parameters whose inputs need none; replayed randomness; and the bytes autograd keeps.
-#include "runtime/gpt_case.h"
-#include "runtime/harness.h"
-
+#include <ATen/ATen.h>
 #include <fsdp/activation_checkpoint.h>
 #include <fsdp/util/memory_counter.h>
-#include <models/gpt2/gpt2.h>
-
-#include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <models/gpt2/gpt2.h>
 #include <torch/nn/modules/linear.h>
 
 #include <thread>
+
+#include "runtime/gpt_case.h"
+#include "runtime/harness.h"
 
 namespace fsdp::testing {
 namespace {
@@ -90,7 +89,8 @@ TEST(ActivationCheckpoint, ParametersGetGradientsWhenNoInputNeedsOne) {
   }
   const at::Tensor x = seeded_uniform({5, 4}, 1);
   at::tanh(plain->forward(x)).sum().backward();
-  const at::Tensor out = checkpoint([&](const at::Tensor& in) { return at::tanh(ckpt->forward(in)); }, x);
+  const at::Tensor out =
+      checkpoint([&](const at::Tensor& in) { return at::tanh(ckpt->forward(in)); }, x);
   ASSERT_TRUE(out.requires_grad());
   out.sum().backward();
   ASSERT_TRUE(ckpt->weight.grad().defined());
@@ -126,8 +126,8 @@ TEST(ActivationCheckpoint, ReplaysTheRandomStream) {
     auto fn = [&](const at::Tensor& x) { return at::dropout(x * w, 0.5, /*train=*/true); };
     at::manual_seed(123);
     const at::Tensor x = at::ones({8, 64});
-    at::Tensor out = mode == 0 ? fn(x)
-                               : checkpoint(fn, x, CheckpointOptions().preserve_rng_state(mode == 1));
+    at::Tensor out =
+        mode == 0 ? fn(x) : checkpoint(fn, x, CheckpointOptions().preserve_rng_state(mode == 1));
     at::manual_seed(999);  // the stream moves on before backward
     out.pow(2).sum().backward();
     return w.grad();

@@ -6,16 +6,15 @@
 // --metrics uses (param_bytes, grad_bytes, optim_bytes, peak_unsharded_bytes), plus
 // activation_bytes, comm_buffer_bytes, total_bytes and the phase of the step where the total
 // peaks. See include/fsdp/memory_estimate.h for the definitions.
+#include <c10/util/Exception.h>
 #include <fsdp/memory_estimate.h>
 #include <models/gpt2/gpt2.h>
 #include <models/gpt2/gpt2_memory.h>
 
 #include <CLI/CLI.hpp>
-#include <c10/util/Exception.h>
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -38,7 +37,8 @@ int main(int argc, char** argv) {
   std::string strategy = "full_shard", param_dtype, reduce_dtype, master_dtype = "fp32";
   int64_t global_batch = 16, seq_len = 64;
   bool activation_checkpoint = false, no_fsdp = false, pretty = false, timeline = false;
-  app.add_option("--model", model, "GPT-2 config to start from: tiny, small or gpt2")->capture_default_str();
+  app.add_option("--model", model, "GPT-2 config to start from: tiny, small or gpt2")
+      ->capture_default_str();
   app.add_option("--vocab-size", vocab_size, "Override the config's vocab_size");
   app.add_option("--n-positions", n_positions, "Override the config's n_positions");
   app.add_option("--n-embd", n_embd, "Override the config's n_embd");
@@ -49,17 +49,24 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--replicate", replicate, "Replicas for hybrid_shard (divides the world size)")
       ->capture_default_str();
-  app.add_option("--param-dtype", param_dtype, "Mixed precision: dtype of unsharded parameters and compute (fp32, bf16, fp16)");
-  app.add_option("--reduce-dtype", reduce_dtype, "Mixed precision: dtype of gradient reduction (default: --param-dtype)");
-  app.add_option("--master-dtype", master_dtype, "dtype of sharded parameters, gradients and optimizer state")
+  app.add_option("--param-dtype", param_dtype,
+                 "Mixed precision: dtype of unsharded parameters and compute (fp32, bf16, fp16)");
+  app.add_option("--reduce-dtype", reduce_dtype,
+                 "Mixed precision: dtype of gradient reduction (default: --param-dtype)");
+  app.add_option("--master-dtype", master_dtype,
+                 "dtype of sharded parameters, gradients and optimizer state")
       ->capture_default_str();
-  app.add_option("--global-batch", global_batch, "Sequences per step over all ranks")->capture_default_str();
+  app.add_option("--global-batch", global_batch, "Sequences per step over all ranks")
+      ->capture_default_str();
   app.add_option("--seq-len", seq_len, "Tokens per sequence")->capture_default_str();
-  app.add_flag("--activation-checkpoint", activation_checkpoint, "Every block checkpoints its forward");
+  app.add_flag("--activation-checkpoint", activation_checkpoint,
+               "Every block checkpoints its forward");
   app.add_option("--prefetch", prefetch, "Implicit prefetch depth (0: off)")->capture_default_str();
-  app.add_option("--grad-accum", grad_accum, "Forward/backward passes per step, each on 1/K of the rank's batch")
+  app.add_option("--grad-accum", grad_accum,
+                 "Forward/backward passes per step, each on 1/K of the rank's batch")
       ->capture_default_str();
-  app.add_option("--accum-mode", accum_mode, "sync, no-sync or no-reshard (see fsdp-train)")->capture_default_str();
+  app.add_option("--accum-mode", accum_mode, "sync, no-sync or no-reshard (see fsdp-train)")
+      ->capture_default_str();
   app.add_flag("--no-fsdp", no_fsdp, "Plain single-process training (fsdp-train --no-fsdp)");
   app.add_flag("--pretty", pretty, "Indent the JSON");
   app.add_flag("--timeline", timeline, "Add the most bytes live in each phase of the step");
@@ -76,8 +83,9 @@ int main(int argc, char** argv) {
     if (no_fsdp) world = 1;
     TORCH_CHECK(world >= 1, "--world-size must be at least 1, got ", world);
     TORCH_CHECK(grad_accum >= 1, "--grad-accum must be at least 1, got ", grad_accum);
-    TORCH_CHECK(global_batch >= 1 && global_batch % (int64_t(world) * grad_accum) == 0, "--global-batch ",
-                global_batch, " is not a positive multiple of ranks x micro-batches = ", world, " x ",
+    TORCH_CHECK(global_batch >= 1 && global_batch % (int64_t(world) * grad_accum) == 0,
+                "--global-batch ", global_batch,
+                " is not a positive multiple of ranks x micro-batches = ", world, " x ",
                 grad_accum);
     fsdp::MemoryEstimateOptions options;
     options.world_size(world)
@@ -95,34 +103,36 @@ int main(int argc, char** argv) {
     const at::ScalarType compute =
         no_fsdp ? options.master_dtype() : options.param_dtype().value_or(options.master_dtype());
     const int64_t micro_batch = global_batch / world / grad_accum;  // sequences per pass
-    const fsdp::ModelMemorySpec spec =
-        fsdp::models::gpt2_memory_spec(config, micro_batch, seq_len, compute, activation_checkpoint);
+    const fsdp::ModelMemorySpec spec = fsdp::models::gpt2_memory_spec(
+        config, micro_batch, seq_len, compute, activation_checkpoint);
     const fsdp::MemoryEstimate e = fsdp::estimate_memory(spec, options);
 
     nlohmann::json out = nlohmann::json::parse(e.to_json());
-    out["settings"] = {{"model", model},
-                       {"vocab_size", config.vocab_size},
-                       {"n_positions", config.n_positions},
-                       {"n_embd", config.n_embd},
-                       {"n_layer", config.n_layer},
-                       {"n_head", config.n_head},
-                       {"parameters", fsdp::models::num_parameters(config)},
-                       {"world_size", world},
-                       {"strategy", no_fsdp ? std::string("none") : strategy},
-                       {"replicate", replicate},
-                       {"param_dtype", param_dtype.empty() ? master_dtype : param_dtype},
-                       {"reduce_dtype", reduce_dtype.empty() ? (param_dtype.empty() ? master_dtype : param_dtype)
-                                                             : reduce_dtype},
-                       {"global_batch", global_batch},
-                       {"micro_batch", micro_batch},
-                       {"seq_len", seq_len},
-                       {"activation_checkpoint", activation_checkpoint},
-                       {"prefetch", prefetch},
-                       {"grad_accum", grad_accum},
-                       {"accum_mode", accum_mode}};
+    out["settings"] = {
+        {"model", model},
+        {"vocab_size", config.vocab_size},
+        {"n_positions", config.n_positions},
+        {"n_embd", config.n_embd},
+        {"n_layer", config.n_layer},
+        {"n_head", config.n_head},
+        {"parameters", fsdp::models::num_parameters(config)},
+        {"world_size", world},
+        {"strategy", no_fsdp ? std::string("none") : strategy},
+        {"replicate", replicate},
+        {"param_dtype", param_dtype.empty() ? master_dtype : param_dtype},
+        {"reduce_dtype",
+         reduce_dtype.empty() ? (param_dtype.empty() ? master_dtype : param_dtype) : reduce_dtype},
+        {"global_batch", global_batch},
+        {"micro_batch", micro_batch},
+        {"seq_len", seq_len},
+        {"activation_checkpoint", activation_checkpoint},
+        {"prefetch", prefetch},
+        {"grad_accum", grad_accum},
+        {"accum_mode", accum_mode}};
     if (timeline) {
       out["timeline"] = nlohmann::json::array();
-      for (const auto& [phase, bytes] : e.timeline) out["timeline"].push_back({{"phase", phase}, {"bytes", bytes}});
+      for (const auto& [phase, bytes] : e.timeline)
+        out["timeline"].push_back({{"phase", phase}, {"bytes", bytes}});
     }
     std::cout << out.dump(pretty ? 2 : -1) << '\n';
     return 0;
