@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cstring>
 #include <unordered_map>
 
 namespace fsdp::checkpoint::detail {
@@ -33,10 +35,11 @@ std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGrou
     auto it = sharded.find(param.unsafeGetTensorImpl());
     if (it != sharded.end()) {
       const ShardMetadata& m = it->second;
-      TORCH_CHECK(m.mesh_size == world && m.mesh_rank == rank, "parameter '", name,
-                  "' is sharded as rank ", m.mesh_rank, " of ", m.mesh_size,
-                  " but the checkpoint's group is rank ", rank, " of ", world,
-                  (group ? "" : " (no group was given)"));
+      TORCH_CHECK(m.mesh_size >= 1 && world % m.mesh_size == 0 && m.mesh_rank < m.mesh_size,
+                  "parameter '", name, "' is sharded as rank ", m.mesh_rank, " of ", m.mesh_size,
+                  ", which does not fit a checkpoint group of ", world, " ranks (rank ", rank, ")",
+                  (group ? "; pass the group of every rank of the job"
+                         : "; pass the process group the model is sharded over"));
       lp.global_shape = m.global_shape;
       lp.sharded = true;
       lp.offset = m.local_offset;
@@ -59,6 +62,53 @@ std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGrou
     result.push_back(std::move(lp));
   }
   return result;
+}
+
+std::vector<int64_t> gather_row_layouts(ProcessGroup* group, const std::vector<LocalParam>& locals) {
+  std::vector<int64_t> mine;
+  mine.reserve(3 * locals.size());
+  for (const auto& lp : locals) {
+    mine.insert(mine.end(), {lp.offset, lp.rows, lp.padded_rows});
+  }
+  if (group == nullptr || group->size() == 1 || mine.empty()) return mine;
+  at::Tensor all = at::empty({group->size() * static_cast<int64_t>(mine.size())}, at::kLong);
+  group->all_gather_into_tensor(
+      all, at::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, at::kLong))->wait();
+  return std::vector<int64_t>(all.const_data_ptr<int64_t>(), all.const_data_ptr<int64_t>() + all.numel());
+}
+
+std::vector<std::vector<RowRange>> choose_writers(const std::vector<int64_t>& layouts,
+                                                  const std::vector<LocalParam>& locals, int world) {
+  const size_t n = locals.size();
+  TORCH_INTERNAL_ASSERT(layouts.size() == static_cast<size_t>(world) * n * 3);
+  std::vector<std::vector<RowRange>> writers(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto& chosen = writers[i];
+    for (int r = 0; r < world; ++r) {
+      const int64_t* l = layouts.data() + (static_cast<size_t>(r) * n + i) * 3;
+      const RowRange range{r, l[0], l[1]};
+      if (range.rows == 0) continue;
+      bool replica = false;
+      for (const auto& c : chosen) {
+        if (c.offset == range.offset && c.rows == range.rows) {
+          replica = true;
+          break;
+        }
+        TORCH_CHECK(range.offset + range.rows <= c.offset || c.offset + c.rows <= range.offset,
+                    "parameter '", locals[i].name, "': rank ", r, " holds rows [", range.offset,
+                    ", ", range.offset + range.rows, ") and rank ", c.rank, " rows [", c.offset,
+                    ", ", c.offset + c.rows, "), which overlap; the ranks disagree on its layout");
+      }
+      if (!replica) chosen.push_back(range);
+    }
+    std::sort(chosen.begin(), chosen.end(),
+              [](const RowRange& a, const RowRange& b) { return a.offset < b.offset; });
+    int64_t covered = 0;
+    for (const auto& c : chosen) covered += c.rows;
+    TORCH_CHECK(covered == locals[i].dim0, "parameter '", locals[i].name, "': the ranks hold ",
+                covered, " of its ", locals[i].dim0, " rows");
+  }
+  return writers;
 }
 
 void agree(ProcessGroup* group, const std::exception_ptr& error, const std::string& what) {

@@ -1,5 +1,10 @@
 // What sharded and full checkpoints share: this rank's view of each parameter (its rows of
-// the global tensor), and agreeing on failure across ranks.
+// the global tensor), who stores which rows, and agreeing on failure across ranks.
+//
+// The group of a checkpoint call is the whole job (the world). A parameter's rows may be held
+// by several ranks at once: with HSDP every replica holds the same shard, with no_shard every
+// rank holds the whole tensor, and parameters outside FSDP units are whole on every rank. Each
+// distinct row range is stored once, by the first rank (in world order) that holds it.
 #pragma once
 
 #include <fsdp/comm/process_group.h>
@@ -23,7 +28,7 @@ struct LocalParam {
   int64_t offset = 0;     // first global row this rank holds
   int64_t rows = 0;       // real rows this rank holds
   int64_t padded_rows = 0;  // rows of the local tensor, padding included
-  bool sharded = false;   // false: every rank holds the full tensor
+  bool sharded = false;   // managed by an FSDP unit (else the full tensor, on every rank)
 
   // The local tensor (param, or a state tensor of the same shape) as [padded_rows, row_numel].
   at::Tensor rows_view(const at::Tensor& local) const;
@@ -31,9 +36,25 @@ struct LocalParam {
 
 // Every distinct parameter of model, in named_parameters() order. Parameters of FSDP units get
 // their shard layout; others are full on every rank. Throws when a sharded parameter is
-// currently unsharded, when its mesh does not match group (size and rank), or when the model
-// is sharded over several ranks but group is null.
+// currently unsharded, when its mesh does not fit in group, or when the model is sharded over
+// several ranks but group is null.
 std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGroup* group);
+
+// Every rank's (offset, rows, padded_rows) of every parameter, flat as [world][params][3].
+// Collective (one small all-gather).
+std::vector<int64_t> gather_row_layouts(ProcessGroup* group, const std::vector<LocalParam>& locals);
+
+struct RowRange {
+  int rank = 0;
+  int64_t offset = 0;
+  int64_t rows = 0;
+};
+// For each parameter, who stores it: the first rank, in rank order, holding each distinct
+// non-empty row range (the same range on a later rank is a replica and skipped), sorted by
+// offset. Throws if two ranks hold ranges that overlap without being equal, or if the ranges do
+// not cover the parameter. Deterministic: every rank computes the same answer.
+std::vector<std::vector<RowRange>> choose_writers(const std::vector<int64_t>& layouts,
+                                                  const std::vector<LocalParam>& locals, int world);
 
 // Collective: every rank passes its own error (or null). Returns when no rank failed;
 // otherwise throws on every rank a message naming each failed rank and its message, prefixed

@@ -46,17 +46,35 @@ std::vector<int64_t> file_shape(const LocalParam& lp, bool transposed) {
   return {lp.global_shape[1], lp.global_shape[0]};
 }
 
-// The full value of lp, gathered from every rank's shard (collective when lp is sharded over
-// several ranks).
-at::Tensor gather_full(const LocalParam& lp, ProcessGroup* group) {
+// The full value of lp on rank 0 (other ranks get an undefined tensor). When rank 0 holds it
+// whole nothing moves; otherwise every rank contributes its padded rows to one all-gather (every
+// rank pads to the same row count), and rank 0 assembles the distinct row ranges. Collective
+// in that case; every rank takes the same branch, as every rank knows every layout.
+at::Tensor gather_full(const LocalParam& lp, const std::vector<detail::RowRange>& writers,
+                       const std::vector<int64_t>& layouts, size_t index, size_t count,
+                       ProcessGroup* group) {
   const at::Tensor local = lp.param.detach();
-  if (!lp.sharded || group == nullptr || group->size() == 1) {
-    return local.reshape(lp.global_shape);
+  const int rank = group ? group->rank() : 0;
+  if (writers.size() == 1 && writers[0].rank == 0) {
+    return rank == 0 ? local.reshape(lp.global_shape) : at::Tensor();
   }
   const int world = group->size();
-  at::Tensor gathered = at::empty({world * lp.padded_rows, lp.row_numel}, local.options());
+  for (int r = 0; r < world; ++r) {
+    TORCH_CHECK(layouts[(static_cast<size_t>(r) * count + index) * 3 + 2] == lp.padded_rows,
+                "parameter '", lp.name, "' has ", lp.padded_rows, " local rows on rank ", rank,
+                " but ", layouts[(static_cast<size_t>(r) * count + index) * 3 + 2], " on rank ", r);
+  }
+  at::Tensor gathered = at::empty({world, lp.padded_rows, lp.row_numel}, local.options());
   group->all_gather_into_tensor(gathered, local.contiguous())->wait();
-  return gathered.narrow(0, 0, lp.dim0).reshape(lp.global_shape);
+  if (rank != 0) return at::Tensor();
+  if (writers.size() == static_cast<size_t>(world)) {  // plain sharding: the chunks in order
+    bool in_order = true;
+    for (int r = 0; r < world; ++r) in_order = in_order && writers[r].rank == r;
+    if (in_order) return gathered.view({world * lp.padded_rows, lp.row_numel}).narrow(0, 0, lp.dim0).reshape(lp.global_shape);
+  }
+  at::Tensor full = at::empty({lp.dim0, lp.row_numel}, local.options());
+  for (const auto& w : writers) full.narrow(0, w.offset, w.rows).copy_(gathered[w.rank].narrow(0, 0, w.rows));
+  return full.reshape(lp.global_shape);
 }
 
 void append_list(std::string& out, const char* title, const std::vector<std::string>& items) {
@@ -72,12 +90,22 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model,
                        ProcessGroup* group, const ExportOptions& options) {
   const auto start = Clock::now();
   const int rank = group ? group->rank() : 0;
+  const int world = group ? group->size() : 1;
   std::vector<LocalParam> locals;
   std::vector<bool> transposed;
   std::exception_ptr error;
   try {
     locals = detail::local_params(model, group);
     for (const auto& lp : locals) transposed.push_back(is_transposed(options.layout(), lp));
+  } catch (...) {
+    error = std::current_exception();
+  }
+  detail::agree(group, error, "exporting '" + path + "'");
+  std::vector<int64_t> layouts;
+  std::vector<std::vector<detail::RowRange>> writers;
+  try {
+    layouts = detail::gather_row_layouts(group, locals);
+    writers = detail::choose_writers(layouts, locals, world);
   } catch (...) {
     error = std::current_exception();
   }
@@ -106,7 +134,7 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model,
     }
   }
   for (size_t i = 0; i < locals.size(); ++i) {
-    const at::Tensor full = gather_full(locals[i], group);
+    const at::Tensor full = gather_full(locals[i], writers[i], layouts, i, locals.size(), group);
     if (rank != 0 || error) continue;
     try {
       at::Tensor t = transposed[i] ? full.t() : full;

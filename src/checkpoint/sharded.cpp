@@ -144,18 +144,17 @@ std::vector<int64_t> stored_shape(const std::vector<int64_t>& global_shape, int6
 // One tensor this rank stores: a parameter or one of its optimizer states.
 struct Slot {
   std::string key;
+  size_t param = 0;  // index into the local parameters
   const LocalParam* lp = nullptr;
   at::Tensor local;  // padded local shape (the parameter's or the state's)
-  int64_t rows_to_write = 0;
+  int64_t rows_to_write = 0;  // this rank's rows, or 0 when another rank stores them
 };
 
-std::vector<Slot> plan_slots(const std::vector<LocalParam>& locals, torch::optim::AdamW* adamw,
-                             int rank) {
+std::vector<Slot> plan_slots(const std::vector<LocalParam>& locals, torch::optim::AdamW* adamw) {
   std::vector<Slot> slots;
-  for (const auto& lp : locals) {
-    // A parameter every rank holds in full is written by rank 0 alone.
-    const int64_t rows = lp.sharded ? lp.rows : (rank == 0 ? lp.dim0 : 0);
-    slots.push_back({kModelPrefix + lp.name, &lp, lp.param.detach(), rows});
+  for (size_t i = 0; i < locals.size(); ++i) {
+    const LocalParam& lp = locals[i];
+    slots.push_back({kModelPrefix + lp.name, i, &lp, lp.param.detach(), 0});
     if (adamw == nullptr) continue;
     torch::optim::AdamWParamState* s = state_of(*adamw, lp.param);
     if (s == nullptr) continue;
@@ -165,7 +164,7 @@ std::vector<Slot> plan_slots(const std::vector<LocalParam>& locals, torch::optim
       TORCH_CHECK(t.numel() == lp.padded_rows * lp.row_numel && t.is_contiguous(),
                   "optimizer state ", kind, " of '", lp.name, "' has shape ", t.sizes(),
                   ", not its parameter's local shape");
-      slots.push_back({std::string("optim/") + kind + "/" + lp.name, &lp, t, rows});
+      slots.push_back({std::string("optim/") + kind + "/" + lp.name, i, &lp, t, 0});
     }
   }
   return slots;
@@ -381,7 +380,7 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
                 options.user_json().substr(0, 80), "'");
     adamw = as_adamw(optimizer);
     locals = detail::local_params(model, group);
-    slots = plan_slots(locals, adamw, rank);
+    slots = plan_slots(locals, adamw);
     if (rank == 0) {
       detail::make_directories(root);
       for (const auto& name : list_directory(root)) {
@@ -406,9 +405,24 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
     }
   }
 
+  // Who stores which rows: one copy of each distinct row range (HSDP replicas, and ranks
+  // holding whole tensors after the first, write nothing for them).
+  std::vector<std::vector<detail::RowRange>> writers;
+  try {
+    writers = detail::choose_writers(detail::gather_row_layouts(group, locals), locals, world);
+    for (auto& s : slots) {
+      for (const auto& w : writers[s.param]) {
+        if (w.rank == rank) s.rows_to_write = w.rows;
+      }
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  detail::agree(group, error, what);
+
   // Phase 2: every rank writes its file.
-  constexpr size_t kHead = 3;  // file bytes, file checksum, RNG state bytes
-  std::vector<int64_t> mine(kHead + 3 * slots.size(), 0);
+  constexpr size_t kHead = 3;  // file bytes, file checksum, RNG state bytes; then per slot its checksum
+  std::vector<int64_t> mine(kHead + slots.size(), 0);
   const at::Tensor rng = cpu_rng_state();
   try {
     std::vector<TensorEntry> entries;
@@ -431,13 +445,10 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
                              writer_options);
     for (size_t i = 0; i < slots.size(); ++i) {
       const Slot& s = slots[i];
-      // For a parameter held in full, the offset is 0; otherwise this rank's first row.
-      mine[kHead + 3 * i] = s.lp->sharded ? s.lp->offset : 0;
-      mine[kHead + 3 * i + 1] = s.rows_to_write;
       if (s.rows_to_write == 0) continue;
       at::Tensor rows = s.lp->rows_view(s.local).narrow(0, 0, s.rows_to_write);
       if (!rows.device().is_cpu()) rows = rows.cpu();
-      mine[kHead + 3 * i + 2] = as_i64(writer.write(rows));
+      mine[kHead + i] = as_i64(writer.write(rows));
     }
     writer.finish();
     mine[0] = static_cast<int64_t>(writer.file_bytes());
@@ -482,9 +493,8 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
         TensorRecord record;
         record.dtype = to_dtype(s.local.scalar_type());
         record.shape = s.lp->global_shape;
-        for (int r = 0; r < world; ++r) {
-          const int64_t* slot = v + r * stride + kHead + 3 * i;
-          if (slot[1] > 0) record.shards.push_back({r, slot[0], slot[1], as_u64(slot[2])});
+        for (const auto& w : writers[s.param]) {
+          record.shards.push_back({w.rank, w.offset, w.rows, as_u64(v[w.rank * stride + kHead + i])});
         }
         index.tensors.emplace(s.key, std::move(record));
       }

@@ -4,6 +4,7 @@
 // library directly: loading fills every rank's rows and zeroes padding, and every broken
 // checkpoint ends in an error that names the problem, on every rank, without a hang.
 #include <fsdp/checkpoint/checkpoint.h>
+#include <fsdp/checkpoint/format.h>
 #include <fsdp/checkpoint/safetensors.h>
 #include <fsdp/comm/rendezvous.h>
 #include <fsdp/device_mesh.h>
@@ -73,15 +74,34 @@ RunResult run(train::TrainerOptions o, int world, const std::string& export_path
   return r;
 }
 
+// A world size with a sharding strategy (fsdp-train's --strategy and --replicate).
+struct Layout {
+  int world = 2;
+  std::string strategy = "full_shard";
+  int replicate = 1;
+  std::string name() const {
+    return world_name(world) + (strategy == "full_shard" ? "" : " " + strategy) +
+           (replicate == 1 ? "" : " x" + std::to_string(replicate));
+  }
+  train::TrainerOptions apply(train::TrainerOptions o) const {
+    o.strategy = strategy;
+    o.replicate = replicate;
+    return o;
+  }
+};
+
 // Trains the first half, saves, then resumes in a new model and optimizer for the second half.
-RunResult save_then_resume(int save_world, int resume_world, const std::string& dir) {
-  train::TrainerOptions first = base_options();
+RunResult save_then_resume(const Layout& from, const Layout& to, const std::string& dir) {
+  train::TrainerOptions first = from.apply(base_options());
   first.steps = 3;
   first.save_dir = dir + "/ckpt";
-  run(first, save_world, dir + "/first.safetensors");
-  train::TrainerOptions second = base_options();
+  run(first, from.world, dir + "/first.safetensors");
+  train::TrainerOptions second = to.apply(base_options());
   second.resume_dir = dir + "/ckpt";
-  return run(second, resume_world, dir + "/resumed.safetensors");
+  return run(second, to.world, dir + "/resumed.safetensors");
+}
+RunResult save_then_resume(int save_world, int resume_world, const std::string& dir) {
+  return save_then_resume(Layout{save_world}, Layout{resume_world}, dir);
 }
 
 class ExactResume : public ::testing::TestWithParam<int> {};
@@ -123,6 +143,42 @@ TEST(ShardedCheckpoint, ReshardsAcrossWorldSizesAndStrategies) {
       const double diff = (resumed.params.at(param) - value).abs().max().item<double>();
       EXPECT_LE(diff, 1e-5) << name << " " << param;
     }
+  }
+}
+
+// HSDP keeps one shard per replica and no_shard the whole model on every rank: a checkpoint
+// stores each row once, and loads into any other layout.
+TEST(ShardedCheckpoint, MovesBetweenShardingStrategies) {
+  const std::string dir = temp_dir("strategies");
+  const RunResult reference = run(base_options(), kNoFsdp, dir + "/reference.safetensors");
+  const std::vector<std::pair<Layout, Layout>> cases = {
+      {{4, "hybrid_shard", 2}, {4, "hybrid_shard", 2}},
+      {{4, "hybrid_shard", 2}, {3, "full_shard", 1}},
+      {{2, "full_shard", 1}, {4, "hybrid_shard", 2}},
+      {{2, "no_shard", 1}, {4, "shard_grad_op", 1}},
+      {{4, "full_shard", 1}, {2, "no_shard", 1}},
+  };
+  for (const auto& [from, to] : cases) {
+    const std::string name = from.name() + " -> " + to.name();
+    const std::string case_dir = temp_dir("strategies_case");
+    const RunResult resumed = save_then_resume(from, to, case_dir);
+    ASSERT_EQ(resumed.losses.size(), 3u) << name;
+    for (const auto& [step, loss] : resumed.losses) {
+      const double want = reference.losses.at(step);
+      EXPECT_NEAR(loss, want, 1e-5 * want) << name << " step " << step;
+    }
+    for (const auto& [param, value] : reference.params) {
+      EXPECT_LE((resumed.params.at(param) - value).abs().max().item<double>(), 1e-5) << name << " " << param;
+    }
+    // Each row once: with replicas, the rank files together hold one model's worth of data.
+    const std::string ckpt = case_dir + "/ckpt/step_00000003";
+    const CheckpointIndex index = parse_checkpoint_index(read_bytes(ckpt + "/metadata.json"));
+    uint64_t model_bytes = 0, stored_bytes = 0;
+    for (const auto& [key, record] : index.tensors) {
+      model_bytes += static_cast<uint64_t>(record.dim0() * record.row_numel() * dtype_size(record.dtype));
+    }
+    for (const auto& f : index.files) stored_bytes += SafetensorsReader(ckpt + "/" + f.name).header().data_bytes;
+    EXPECT_EQ(stored_bytes, model_bytes) << name;
   }
 }
 
