@@ -28,6 +28,8 @@ constexpr char kTensorChecksumPrefix[] = "fsdp.xxh3_64:";
 const std::string kPlaceholder(16, '0');
 // Writes go out in pieces of this size, each handed to the kernel's writeback at once.
 constexpr size_t kWriteChunk = 16 << 20;
+// Data is hashed and copied in pieces of this size (fits in the last-level cache).
+constexpr uint64_t kHashChunk = 1 << 20;
 
 void check_cpu_contiguous(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.defined() && t.device().is_cpu() && t.is_contiguous(), what,
@@ -122,8 +124,23 @@ uint64_t SafetensorsReader::read_into(const TensorEntry& e, const at::Tensor& ds
   check_cpu_contiguous(dst, "read_into's destination");
   TORCH_CHECK(static_cast<uint64_t>(dst.nbytes()) == e.nbytes(), "reading '", e.name, "' of '",
               path(), "': the destination has ", dst.nbytes(), " bytes, the tensor ", e.nbytes());
-  file_->pread_all(dst.data_ptr(), e.nbytes(), header_.data_offset + e.begin);
-  const uint64_t sum = detail::xxh3(dst.const_data_ptr(), e.nbytes());
+  // Read and hash piece by piece, so the hash reads bytes still in the CPU's cache.
+  auto* out = static_cast<char*>(dst.data_ptr());
+  const uint64_t n = e.nbytes();
+  uint64_t sum = 0;
+  if (n <= kHashChunk) {
+    file_->pread_all(out, n, header_.data_offset + e.begin);
+    sum = detail::xxh3(out, n);
+  } else {
+    detail::Hasher hasher;
+    for (uint64_t done = 0; done < n;) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kHashChunk, n - done));
+      file_->pread_all(out + done, len, header_.data_offset + e.begin + done);
+      hasher.update(out + done, len);
+      done += len;
+    }
+    sum = hasher.digest();
+  }
   if (auto stored = stored_checksum(e.name)) {
     TORCH_CHECK(*stored == sum, "'", path(), "' is corrupted: tensor '", e.name,
                 "' has checksum ", checksum_hex(sum), " but the file stores ",
@@ -271,9 +288,25 @@ uint64_t SafetensorsWriter::write(const at::Tensor& tensor) {
               "writing '", e.name, "': expected ", e.numel(), " elements of ", dtype_name(e.dtype),
               ", got ", tensor.numel(), " of ", tensor.scalar_type());
   const at::Tensor c = tensor.contiguous();
-  const uint64_t sum = detail::xxh3(c.const_data_ptr(), e.nbytes());
-  hashers_->data.update(c.const_data_ptr(), e.nbytes());
-  put(c.const_data_ptr(), e.nbytes());
+  // Hash and copy piece by piece, while each piece is in the CPU's cache.
+  const auto* p = static_cast<const char*>(c.const_data_ptr());
+  const uint64_t n = e.nbytes();
+  uint64_t sum = 0;
+  if (n <= kHashChunk) {
+    sum = detail::xxh3(p, n);
+    hashers_->data.update(p, n);
+    put(p, n);
+  } else {
+    detail::Hasher hasher;
+    for (uint64_t done = 0; done < n;) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kHashChunk, n - done));
+      hasher.update(p + done, len);
+      hashers_->data.update(p + done, len);
+      put(p + done, len);
+      done += len;
+    }
+    sum = hasher.digest();
+  }
   checksums_.push_back(sum);
   ++next_;
   return sum;

@@ -536,12 +536,14 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
   const int rank = group ? group->rank() : 0;
   LoadResult result;
   std::exception_ptr error;
+  torch::optim::AdamW* adamw = nullptr;
+  std::vector<void*> created;  // optimizer states this load created, removed again on failure
   try {
     result.path = resolve_checkpoint(path);
     const std::string& dir = result.path;
     const CheckpointIndex index = read_index(dir);
     const std::vector<LocalParam> locals = detail::local_params(model, group);
-    torch::optim::AdamW* adamw = as_adamw(optimizer);
+    adamw = as_adamw(optimizer);
     const bool with_optimizer = adamw != nullptr && !index.optimizer.empty();
     TORCH_CHECK(!with_optimizer || index.optimizer == "AdamW", "checkpoint '", dir,
                 "' holds the state of a ", index.optimizer, " optimizer, not AdamW");
@@ -582,13 +584,15 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
       auto& states = adamw->state();
       auto it = states.find(lp.param.unsafeGetTensorImpl());
       if (it == states.end()) {
+        // Uninitialized: fill_rows writes every row, padding included.
         at::NoGradGuard no_grad;
         const at::Tensor p = lp.param.detach();
         auto state = std::make_unique<torch::optim::AdamWParamState>();
-        state->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        state->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        if (kinds[i].size() == 3) state->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        state->exp_avg(at::empty_like(p, at::MemoryFormat::Contiguous));
+        state->exp_avg_sq(at::empty_like(p, at::MemoryFormat::Contiguous));
+        if (kinds[i].size() == 3) state->max_exp_avg_sq(at::empty_like(p, at::MemoryFormat::Contiguous));
         it = states.emplace(lp.param.unsafeGetTensorImpl(), std::move(state)).first;
+        created.push_back(lp.param.unsafeGetTensorImpl());
       }
       auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
       s.step(index.optimizer_steps.at(lp.name));
@@ -615,6 +619,7 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
     for (const auto& f : index.files) result.checkpoint_bytes += static_cast<int64_t>(f.bytes);
   } catch (...) {
     error = std::current_exception();
+    for (void* key : created) adamw->state().erase(key);
   }
   detail::agree(group, error, "loading checkpoint '" + path + "'");
   result.seconds = seconds_since(start);

@@ -97,7 +97,8 @@ std::string resolve_checkpoint(const std::string& path);
 // every rank's file exists with the recorded size and a valid header, and that the model
 // matches (the error lists missing, unexpected and mis-shaped tensors with their shapes). Every
 // slice read is checked against its checksum; a mismatch throws naming the file and tensor,
-// after which the model's values are unspecified.
+// after which the model's values and existing optimizer states are unspecified (states the
+// load had to create are removed again).
 LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
                         torch::optim::Optimizer* optimizer, ProcessGroup* group);
 
