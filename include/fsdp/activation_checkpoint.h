@@ -15,11 +15,12 @@
 //   FSDP pre-backward hook on the unit's output (all-gathers the parameters)
 //   -> the recompute, which reads the module's parameters at that moment (the full ones)
 //   -> the unit's post-backward (reduce-scatters the gradients).
-// The function must therefore read parameters through the module when it runs (capture the
-// module, `this`, never a tensor taken from it earlier): FSDP switches each parameter's data
-// between its shard and its full value with set_data, so a tensor captured by value in forward
-// is not the full parameter at recompute time. Do not checkpoint a region that calls other
-// sharded units: their forward would run again during backward.
+// The function must therefore read the parameters when it runs: through the module (capture
+// `this`), or the parameter tensors themselves, whose data FSDP switches in place with
+// set_data between the shard and the full value. A view, detach() or copy of a parameter made
+// before the call still points at the data of that moment (after forward: the shard). Do not
+// checkpoint a region that calls other sharded units: their forward would run again during
+// backward.
 //
 // Randomness: the recompute must draw the same random numbers as forward (dropout). With
 // preserve_rng_state (the default, as in torch.utils.checkpoint) the default generator of the

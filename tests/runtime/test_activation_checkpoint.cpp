@@ -3,6 +3,8 @@
 // parameters whose inputs need none; replayed randomness; and the bytes autograd keeps.
 #include <ATen/ATen.h>
 #include <fsdp/activation_checkpoint.h>
+#include <fsdp/comm/rendezvous.h>
+#include <fsdp/fully_shard.h>
 #include <fsdp/util/memory_counter.h>
 #include <gtest/gtest.h>
 #include <models/gpt2/gpt2.h>
@@ -77,6 +79,56 @@ TEST(ActivationCheckpoint, ShardGradOpMatchesSingleProcess) {
   TrainCase plain = gpt_case(opt);
   plain.steps = 4;
   expect_equivalent(train_reference(plain), train_sharded(checkpointed(plain), 2), 1e-5, 1e-5);
+}
+
+// A unit whose forward body is checkpointed records the weight it sees each time the body runs.
+class ProbeImpl : public torch::nn::Module {
+ public:
+  ProbeImpl() { linear = register_module("linear", torch::nn::Linear(4, 6)); }
+  at::Tensor forward(const at::Tensor& x) {
+    return checkpoint(
+        [this](const at::Tensor& in) {
+          rows_seen.push_back(linear->weight.size(0));
+          grad_mode_seen.push_back(at::GradMode::is_enabled());
+          return at::tanh(linear->forward(in));
+        },
+        x);
+  }
+  torch::nn::Linear linear{nullptr};
+  std::vector<int64_t> rows_seen;
+  std::vector<bool> grad_mode_seen;
+};
+TORCH_MODULE(Probe);
+
+class ParentImpl : public torch::nn::Module {
+ public:
+  ParentImpl() {
+    head = register_module("head", torch::nn::Linear(6, 2));
+    probe = register_module("probe", Probe());
+  }
+  at::Tensor forward(const at::Tensor& x) { return head->forward(fsdp::forward(probe, x)); }
+  torch::nn::Linear head{nullptr};
+  Probe probe{nullptr};
+};
+TORCH_MODULE(Parent);
+
+// The probe unit reshards after forward; its recompute must run after FSDP's pre-backward hook
+// gathered it again, with grad mode on, and see the full weight (6 rows, not a 3-row shard).
+TEST(ActivationCheckpoint, RecomputeSeesTheParametersFsdpGatheredForBackward) {
+  run_ranks_in_threads(2, [](std::shared_ptr<ProcessGroup> group) {
+    DeviceMesh mesh(group);
+    Parent parent;
+    fully_shard(parent->probe, mesh);
+    fully_shard(parent, mesh);
+    const at::Tensor x = seeded_uniform({3, 4}, 11 + group->rank());
+    at::Tensor loss = fsdp::forward(parent, x).sum();
+    EXPECT_EQ(parent->probe->linear->weight.size(0), 3) << "resharded after forward";
+    loss.backward();
+    EXPECT_EQ(parent->probe->rows_seen, (std::vector<int64_t>{6, 6}));
+    EXPECT_EQ(parent->probe->grad_mode_seen, (std::vector<bool>{false, true}));
+    ASSERT_TRUE(parent->probe->linear->weight.grad().defined());
+    EXPECT_EQ(parent->probe->linear->weight.grad().size(0), 3) << "reduce-scattered to the shard";
+  });
 }
 
 // No input requires grad, yet the parameters used inside get their gradients.
