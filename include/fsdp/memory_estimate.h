@@ -10,17 +10,26 @@
 //   peak_unsharded_bytes RankStats' peak of unsharded parameters + unsharded gradients alive at
 //                        once (gathered parameters in the compute dtype; the full gradients of
 //                        a unit at the end of its backward)
-//   activation_bytes     what autograd keeps for backward at the end of forward
+//   activation_bytes     what autograd keeps for backward at the end of forward (one pass's
+//                        micro-batch when a step accumulates several)
 //   comm_buffer_bytes    peak of all-gather / reduce-scatter staging buffers
 //   total_bytes          peak of all live tensor bytes over a steady-state step (optimizer
 //                        state present): the categories above are not all at their peaks at
 //                        the same moment, so the estimator replays the runtime's schedule
 //                        (gathers, prefetch, reshards, reduce-scatters two in flight, the
-//                        release of activations unit by unit in backward, the optimizer step)
-//                        and takes the largest sum.
-// Strategies (FSDP1's names): full_shard (S = W, blocks reshard after forward), shard_grad_op
-// (S = W, nothing reshards after forward), no_shard (S = 1, replicated as in DDP), hybrid_shard
-// (S = W / R within each of R replicas).
+//                        release of activations unit by unit in backward, the temporaries of
+//                        the collective running beside each unit's compute, the optimizer
+//                        step) and takes the largest sum. fsdp-train measures it as
+//                        peak_alloc_bytes; RSS adds the process's own ~0.4 GB and malloc's
+//                        retained pages.
+// Measured against fsdp-train (bench/memory_estimate.sh, tests/estimate/): every category but
+// the total is exact; the total is within a few percent, the spread of which collective
+// happens to overlap the peak.
+// Strategies (FSDP1's names, as fsdp-train --strategy sets them up): full_shard (S = W, blocks
+// reshard after forward), shard_grad_op (S = W, nothing reshards after forward), no_shard
+// (S = 1, replicated as in DDP), hybrid_shard (S = W / R within each of R replicas). The root
+// unit never reshards after forward. Implicit prefetch and AdamW are assumed; buffers gloo
+// allocates inside its algorithms (not tensors) are not counted.
 #pragma once
 
 #include <c10/core/ScalarType.h>
