@@ -18,6 +18,7 @@
 
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -76,10 +77,17 @@ std::string python() {
 
 std::string reference_script() { return FSDP_SOURCE_DIR "/bench/reference/fsdp2_reference.py"; }
 
+// A directory of this process's own (several builds may run the suite at once).
 std::string make_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "fsdp2_parity_" + name;
+  const std::string dir =
+      ::testing::TempDir() + "fsdp2_parity_" + std::to_string(::getpid()) + "_" + name;
   ::mkdir(dir.c_str(), 0755);
   return dir;
+}
+
+void remove_dir(const std::string& dir) {
+  const int rc = std::system(("rm -rf '" + dir + "'").c_str());
+  (void)rc;
 }
 
 std::vector<nlohmann::json> read_lines(const std::string& path) {
@@ -109,6 +117,8 @@ std::string initial_weights() {
       error = "fsdp-train --steps 0 --export (the initial weights) failed:\n" + r.output;
     } else {
       path = file;
+      static const std::string to_remove = dir;
+      std::atexit([] { remove_dir(to_remove); });
     }
   });
   if (path.empty()) ADD_FAILURE() << error;
@@ -240,6 +250,7 @@ void run_case(const Case& c) {
   ::testing::Test::RecordProperty("max_rel_loss", std::to_string(d.loss));
   ::testing::Test::RecordProperty("max_rel_grad_norm", std::to_string(d.grad_norm));
   ::testing::Test::RecordProperty("max_rel_param", std::to_string(d.params));
+  if (!::testing::Test::HasFailure()) remove_dir(dir);  // kept on failure, to look at
 }
 
 constexpr double kFp32 = 1e-5;
