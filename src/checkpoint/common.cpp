@@ -64,7 +64,8 @@ std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGrou
   return result;
 }
 
-std::vector<int64_t> gather_row_layouts(ProcessGroup* group, const std::vector<LocalParam>& locals) {
+std::vector<int64_t> gather_row_layouts(ProcessGroup* group,
+                                        const std::vector<LocalParam>& locals) {
   std::vector<int64_t> mine;
   mine.reserve(3 * locals.size());
   for (const auto& lp : locals) {
@@ -72,13 +73,17 @@ std::vector<int64_t> gather_row_layouts(ProcessGroup* group, const std::vector<L
   }
   if (group == nullptr || group->size() == 1 || mine.empty()) return mine;
   at::Tensor all = at::empty({group->size() * static_cast<int64_t>(mine.size())}, at::kLong);
-  group->all_gather_into_tensor(
-      all, at::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, at::kLong))->wait();
-  return std::vector<int64_t>(all.const_data_ptr<int64_t>(), all.const_data_ptr<int64_t>() + all.numel());
+  group
+      ->all_gather_into_tensor(
+          all, at::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, at::kLong))
+      ->wait();
+  return std::vector<int64_t>(all.const_data_ptr<int64_t>(),
+                              all.const_data_ptr<int64_t>() + all.numel());
 }
 
 std::vector<std::vector<RowRange>> choose_writers(const std::vector<int64_t>& layouts,
-                                                  const std::vector<LocalParam>& locals, int world) {
+                                                  const std::vector<LocalParam>& locals,
+                                                  int world) {
   const size_t n = locals.size();
   TORCH_INTERNAL_ASSERT(layouts.size() == static_cast<size_t>(world) * n * 3);
   std::vector<std::vector<RowRange>> writers(n);

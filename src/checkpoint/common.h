@@ -20,15 +20,15 @@ namespace fsdp::checkpoint::detail {
 
 // One distinct parameter of the model, as this rank holds it.
 struct LocalParam {
-  std::string name;   // full name under the model (a tied parameter once, at its first name)
-  at::Tensor param;   // the parameter itself (its data is the padded shard when sharded)
+  std::string name;  // full name under the model (a tied parameter once, at its first name)
+  at::Tensor param;  // the parameter itself (its data is the padded shard when sharded)
   std::vector<int64_t> global_shape;
-  int64_t dim0 = 1;       // rows of the global tensor (1 for 0-D)
-  int64_t row_numel = 1;  // elements per row
-  int64_t offset = 0;     // first global row this rank holds
-  int64_t rows = 0;       // real rows this rank holds
+  int64_t dim0 = 1;         // rows of the global tensor (1 for 0-D)
+  int64_t row_numel = 1;    // elements per row
+  int64_t offset = 0;       // first global row this rank holds
+  int64_t rows = 0;         // real rows this rank holds
   int64_t padded_rows = 0;  // rows of the local tensor, padding included
-  bool sharded = false;   // managed by an FSDP unit (else the full tensor, on every rank)
+  bool sharded = false;     // managed by an FSDP unit (else the full tensor, on every rank)
 
   // The local tensor (param, or a state tensor of the same shape) as [padded_rows, row_numel].
   at::Tensor rows_view(const at::Tensor& local) const;

@@ -4,14 +4,14 @@
 
 #include <c10/util/Exception.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <vector>
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
 
 namespace fsdp::checkpoint::detail {
 
@@ -99,14 +99,16 @@ void File::pwrite_all(const void* src, size_t n, uint64_t offset) {
 void File::start_writeback(uint64_t offset, size_t n) {
 #ifdef __linux__
   // Only a hint: errors surface in sync().
-  (void)::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), SYNC_FILE_RANGE_WRITE);
+  (void)::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(n),
+                          SYNC_FILE_RANGE_WRITE);
 #endif
 }
 
 void File::sync() { TORCH_CHECK(::fsync(fd_) == 0, system_error("cannot fsync", path_)); }
 
 void File::truncate(uint64_t size) {
-  TORCH_CHECK(::ftruncate(fd_, static_cast<off_t>(size)) == 0, system_error("cannot truncate", path_));
+  TORCH_CHECK(::ftruncate(fd_, static_cast<off_t>(size)) == 0,
+              system_error("cannot truncate", path_));
 }
 
 void File::close() {

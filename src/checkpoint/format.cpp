@@ -31,11 +31,21 @@ struct DtypeInfo {
   int64_t size;
 };
 constexpr std::array<DtypeInfo, 15> kDtypes = {{
-    {Dtype::kBool, "BOOL", 1},  {Dtype::kU8, "U8", 1},     {Dtype::kI8, "I8", 1},
-    {Dtype::kU16, "U16", 2},    {Dtype::kI16, "I16", 2},   {Dtype::kF16, "F16", 2},
-    {Dtype::kBF16, "BF16", 2},  {Dtype::kU32, "U32", 4},   {Dtype::kI32, "I32", 4},
-    {Dtype::kF32, "F32", 4},    {Dtype::kU64, "U64", 8},   {Dtype::kI64, "I64", 8},
-    {Dtype::kF64, "F64", 8},    {Dtype::kF8E4M3, "F8_E4M3", 1}, {Dtype::kF8E5M2, "F8_E5M2", 1},
+    {Dtype::kBool, "BOOL", 1},
+    {Dtype::kU8, "U8", 1},
+    {Dtype::kI8, "I8", 1},
+    {Dtype::kU16, "U16", 2},
+    {Dtype::kI16, "I16", 2},
+    {Dtype::kF16, "F16", 2},
+    {Dtype::kBF16, "BF16", 2},
+    {Dtype::kU32, "U32", 4},
+    {Dtype::kI32, "I32", 4},
+    {Dtype::kF32, "F32", 4},
+    {Dtype::kU64, "U64", 8},
+    {Dtype::kI64, "I64", 8},
+    {Dtype::kF64, "F64", 8},
+    {Dtype::kF8E4M3, "F8_E4M3", 1},
+    {Dtype::kF8E5M2, "F8_E5M2", 1},
 }};
 
 [[noreturn]] void fail(const std::string& message) { throw FormatError(message); }
@@ -67,8 +77,12 @@ json parse_json(std::string_view text, const char* what) {
       fail(std::string(what) + " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
     }
     switch (event) {
-      case json::parse_event_t::object_start: keys.emplace_back(); break;
-      case json::parse_event_t::object_end: if (!keys.empty()) keys.pop_back(); break;
+      case json::parse_event_t::object_start:
+        keys.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
       case json::parse_event_t::key: {
         const std::string& key = parsed.get_ref<const std::string&>();
         if (!keys.empty() && !keys.back().insert(key).second) {
@@ -76,7 +90,8 @@ json parse_json(std::string_view text, const char* what) {
         }
         break;
       }
-      default: break;
+      default:
+        break;
     }
     return true;
   };
@@ -253,7 +268,8 @@ SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_
     if (name == "__metadata__") {
       if (!value.is_object()) fail("__metadata__ must be an object of strings");
       for (const auto& m : value.items()) {
-        header.metadata[m.key()] = as_string(m.value(), "__metadata__ value " + quote_name(m.key()));
+        header.metadata[m.key()] =
+            as_string(m.value(), "__metadata__ value " + quote_name(m.key()));
       }
       continue;
     }
@@ -336,7 +352,8 @@ std::string encode_safetensors_header(const std::vector<TensorEntry>& entries,
     if (e.name.empty() || e.name == "__metadata__" || j.contains(e.name)) {
       fail("cannot write a tensor named " + quote_name(e.name) + " (empty, reserved or repeated)");
     }
-    j[e.name] = {{"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+    j[e.name] = {
+        {"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
   }
   std::string text = j.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -356,9 +373,12 @@ std::optional<uint64_t> parse_checksum_hex(std::string_view hex) {
   uint64_t v = 0;
   for (char c : hex) {
     int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return std::nullopt;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else
+      return std::nullopt;
     v = (v << 4) | static_cast<uint64_t>(d);
   }
   return v;
@@ -391,7 +411,9 @@ std::string serialize_checkpoint_index(const CheckpointIndex& index) {
   for (const auto& [key, t] : index.tensors) {
     json shards = json::array();
     for (const auto& s : t.shards) {
-      shards.push_back({{"rank", s.rank}, {"offset", s.offset}, {"rows", s.rows},
+      shards.push_back({{"rank", s.rank},
+                        {"offset", s.offset},
+                        {"rows", s.rows},
                         {"xxh3_64", checksum_hex(s.checksum)}});
     }
     tensors[key] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"shards", shards}};
@@ -413,8 +435,9 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, bool verify_checks
   json j = parse_json(text, "the index");
   if (!j.is_object()) fail("the index must be a JSON object");
   const std::string where = "the index";
-  expect_only(j, {"format", "version", "world_size", "step", "files", "tensors", "optimizer",
-                  "rng_cpu", "user", "xxh3_64"},
+  expect_only(j,
+              {"format", "version", "world_size", "step", "files", "tensors", "optimizer",
+               "rng_cpu", "user", "xxh3_64"},
               where);
   if (as_string(member(j, "format", where), "format") != kIndexFormat) {
     fail("the index's format is not \"" + std::string(kIndexFormat) + "\"");
@@ -491,7 +514,8 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, bool verify_checks
              std::to_string(world));
       }
       shard.rank = static_cast<int>(rank);
-      if (!ranks.insert(shard.rank).second) fail(tw + " has two shards on rank " + std::to_string(rank));
+      if (!ranks.insert(shard.rank).second)
+        fail(tw + " has two shards on rank " + std::to_string(rank));
       shard.offset = as_i64(member(s, "offset", tw), tw + " shard offset");
       shard.rows = as_i64(member(s, "rows", tw), tw + " shard rows");
       shard.checksum = parse_checksum(member(s, "xxh3_64", tw), tw + " shard checksum");
@@ -519,7 +543,8 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, bool verify_checks
     const json& steps = member(*it, "steps", "optimizer");
     if (!steps.is_object()) fail("optimizer steps must be an object");
     for (const auto& s : steps.items()) {
-      index.optimizer_steps[s.key()] = as_i64(s.value(), "optimizer step of " + quote_name(s.key()));
+      index.optimizer_steps[s.key()] =
+          as_i64(s.value(), "optimizer step of " + quote_name(s.key()));
     }
   }
   if (auto it = j.find("rng_cpu"); it != j.end()) {
@@ -529,7 +554,8 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, bool verify_checks
     for (const auto& s : *it) {
       const std::string& hex = as_string(s, "rng_cpu state");
       auto bytes = from_hex(hex);
-      if (!bytes || bytes->size() > kMaxRngBytes) fail("an rng_cpu state is not short lowercase hex");
+      if (!bytes || bytes->size() > kMaxRngBytes)
+        fail("an rng_cpu state is not short lowercase hex");
       index.rng_states.push_back(std::move(*bytes));
     }
   }

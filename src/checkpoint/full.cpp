@@ -18,8 +18,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <chrono>
 #include <unistd.h>
+#include <chrono>
 #include <unordered_map>
 
 namespace fsdp::checkpoint {
@@ -70,10 +70,14 @@ at::Tensor gather_full(const LocalParam& lp, const std::vector<detail::RowRange>
   if (writers.size() == static_cast<size_t>(world)) {  // plain sharding: the chunks in order
     bool in_order = true;
     for (int r = 0; r < world; ++r) in_order = in_order && writers[r].rank == r;
-    if (in_order) return gathered.view({world * lp.padded_rows, lp.row_numel}).narrow(0, 0, lp.dim0).reshape(lp.global_shape);
+    if (in_order)
+      return gathered.view({world * lp.padded_rows, lp.row_numel})
+          .narrow(0, 0, lp.dim0)
+          .reshape(lp.global_shape);
   }
   at::Tensor full = at::empty({lp.dim0, lp.row_numel}, local.options());
-  for (const auto& w : writers) full.narrow(0, w.offset, w.rows).copy_(gathered[w.rank].narrow(0, 0, w.rows));
+  for (const auto& w : writers)
+    full.narrow(0, w.offset, w.rows).copy_(gathered[w.rank].narrow(0, 0, w.rows));
   return full.reshape(lp.global_shape);
 }
 
@@ -81,13 +85,14 @@ void append_list(std::string& out, const char* title, const std::vector<std::str
   if (items.empty()) return;
   out += std::string("\n  ") + title + " (" + std::to_string(items.size()) + "):";
   for (size_t i = 0; i < items.size() && i < kMaxListed; ++i) out += "\n    " + items[i];
-  if (items.size() > kMaxListed) out += "\n    ... and " + std::to_string(items.size() - kMaxListed) + " more";
+  if (items.size() > kMaxListed)
+    out += "\n    ... and " + std::to_string(items.size() - kMaxListed) + " more";
 }
 
 }  // namespace
 
-ExportResult save_full(const std::string& path, const torch::nn::Module& model,
-                       ProcessGroup* group, const ExportOptions& options) {
+ExportResult save_full(const std::string& path, const torch::nn::Module& model, ProcessGroup* group,
+                       const ExportOptions& options) {
   const auto start = Clock::now();
   const int rank = group ? group->rank() : 0;
   const int world = group ? group->size() : 1;
@@ -148,7 +153,8 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model,
     try {
       writer->finish();
       writer.reset();
-      TORCH_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, detail::system_error("cannot rename", tmp));
+      TORCH_CHECK(::rename(tmp.c_str(), path.c_str()) == 0,
+                  detail::system_error("cannot rename", tmp));
       detail::fsync_directory(detail::parent_directory(path));
     } catch (...) {
       error = std::current_exception();
@@ -177,7 +183,8 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
     std::unordered_map<std::string, const LocalParam*> params;
     for (const auto& lp : locals) params[lp.name] = &lp;
     for (const auto& e : reader.header().entries) {
-      const std::optional<std::string> name = layout.from_file() ? layout.from_file()(e.name) : e.name;
+      const std::optional<std::string> name =
+          layout.from_file() ? layout.from_file()(e.name) : e.name;
       if (!name) continue;
       if (params.count(*name) == 0) {
         unexpected.push_back(e.name + " " + detail::shape_string(e.shape));
@@ -213,7 +220,8 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
       const TensorEntry& e = *by_param.at(lp.name);
       const at::ScalarType file_type = to_scalar_type(e.dtype);
       const at::Tensor dst = lp.rows_view(lp.param.detach());
-      const bool verify = reader.stored_checksum(e.name).has_value() && static_cast<int>(i % world) == rank;
+      const bool verify =
+          reader.stored_checksum(e.name).has_value() && static_cast<int>(i % world) == rank;
       if (lp.rows > 0) {
         at::Tensor rows;
         if (verify || lp.rows == lp.dim0) {

@@ -12,10 +12,10 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <unistd.h>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <unistd.h>
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors stores little-endian data; a big-endian host would need byte swaps");
@@ -40,21 +40,36 @@ void check_cpu_contiguous(const at::Tensor& t, const char* what) {
 
 at::ScalarType to_scalar_type(Dtype dtype) {
   switch (dtype) {
-    case Dtype::kBool: return at::kBool;
-    case Dtype::kU8: return at::kByte;
-    case Dtype::kI8: return at::kChar;
-    case Dtype::kU16: return at::kUInt16;
-    case Dtype::kI16: return at::kShort;
-    case Dtype::kF16: return at::kHalf;
-    case Dtype::kBF16: return at::kBFloat16;
-    case Dtype::kU32: return at::kUInt32;
-    case Dtype::kI32: return at::kInt;
-    case Dtype::kF32: return at::kFloat;
-    case Dtype::kU64: return at::kUInt64;
-    case Dtype::kI64: return at::kLong;
-    case Dtype::kF64: return at::kDouble;
-    case Dtype::kF8E4M3: return at::kFloat8_e4m3fn;
-    case Dtype::kF8E5M2: return at::kFloat8_e5m2;
+    case Dtype::kBool:
+      return at::kBool;
+    case Dtype::kU8:
+      return at::kByte;
+    case Dtype::kI8:
+      return at::kChar;
+    case Dtype::kU16:
+      return at::kUInt16;
+    case Dtype::kI16:
+      return at::kShort;
+    case Dtype::kF16:
+      return at::kHalf;
+    case Dtype::kBF16:
+      return at::kBFloat16;
+    case Dtype::kU32:
+      return at::kUInt32;
+    case Dtype::kI32:
+      return at::kInt;
+    case Dtype::kF32:
+      return at::kFloat;
+    case Dtype::kU64:
+      return at::kUInt64;
+    case Dtype::kI64:
+      return at::kLong;
+    case Dtype::kF64:
+      return at::kDouble;
+    case Dtype::kF8E4M3:
+      return at::kFloat8_e4m3fn;
+    case Dtype::kF8E5M2:
+      return at::kFloat8_e5m2;
   }
   TORCH_CHECK(false, "unknown safetensors dtype ", static_cast<int>(dtype));
 }
@@ -142,9 +157,8 @@ uint64_t SafetensorsReader::read_into(const TensorEntry& e, const at::Tensor& ds
     sum = hasher.digest();
   }
   if (auto stored = stored_checksum(e.name)) {
-    TORCH_CHECK(*stored == sum, "'", path(), "' is corrupted: tensor '", e.name,
-                "' has checksum ", checksum_hex(sum), " but the file stores ",
-                checksum_hex(*stored));
+    TORCH_CHECK(*stored == sum, "'", path(), "' is corrupted: tensor '", e.name, "' has checksum ",
+                checksum_hex(sum), " but the file stores ", checksum_hex(*stored));
   }
   return sum;
 }
@@ -153,9 +167,8 @@ void SafetensorsReader::read_rows(const TensorEntry& e, int64_t row, int64_t row
                                   const at::Tensor& dst) const {
   check_cpu_contiguous(dst, "read_rows's destination");
   const int64_t dim0 = e.shape.empty() ? 1 : e.shape[0];
-  TORCH_CHECK(row >= 0 && rows >= 0 && row <= dim0 && rows <= dim0 - row, "rows [", row, ", ",
-              row, " + ", rows, ") are outside the ", dim0, " rows of '", e.name, "' in '", path(),
-              "'");
+  TORCH_CHECK(row >= 0 && rows >= 0 && row <= dim0 && rows <= dim0 - row, "rows [", row, ", ", row,
+              " + ", rows, ") are outside the ", dim0, " rows of '", e.name, "' in '", path(), "'");
   const uint64_t row_bytes = dim0 == 0 ? 0 : e.nbytes() / static_cast<uint64_t>(dim0);
   const uint64_t n = row_bytes * static_cast<uint64_t>(rows);
   TORCH_CHECK(static_cast<uint64_t>(dst.nbytes()) == n, "reading rows of '", e.name,
@@ -173,9 +186,8 @@ void SafetensorsReader::read_columns_transposed(const TensorEntry& e, int64_t co
   TORCH_CHECK(col >= 0 && cols >= 0 && col <= C && cols <= C - col, "columns [", col, ", ", col,
               " + ", cols, ") are outside the ", C, " columns of '", e.name, "'");
   const int64_t es = dtype_size(e.dtype);
-  TORCH_CHECK(dst.nbytes() == static_cast<size_t>(R * cols * es),
-              "reading columns of '", e.name, "': the destination has ", dst.nbytes(),
-              " bytes, the columns ", R * cols * es);
+  TORCH_CHECK(dst.nbytes() == static_cast<size_t>(R * cols * es), "reading columns of '", e.name,
+              "': the destination has ", dst.nbytes(), " bytes, the columns ", R * cols * es);
   if (R == 0 || cols == 0) return;
   at::Tensor rows = at::empty({R, cols}, dst.options());
   auto* out = static_cast<char*>(rows.data_ptr());
@@ -194,7 +206,8 @@ bool SafetensorsReader::verify_data_checksum() const {
   detail::Hasher hasher;
   std::vector<char> buffer(8 << 20);
   for (uint64_t done = 0; done < header_.data_bytes;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(buffer.size(), header_.data_bytes - done));
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(buffer.size(), header_.data_bytes - done));
     file_->pread_all(buffer.data(), n, header_.data_offset + done);
     hasher.update(buffer.data(), n);
     done += n;
@@ -375,7 +388,8 @@ void save_safetensors(const std::string& path,
     SafetensorsWriter writer(tmp, std::move(entries), metadata);
     for (const auto& item : tensors) writer.write(item.second.detach().cpu());
     writer.finish();
-    TORCH_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, detail::system_error("cannot rename", tmp));
+    TORCH_CHECK(::rename(tmp.c_str(), path.c_str()) == 0,
+                detail::system_error("cannot rename", tmp));
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;

@@ -27,17 +27,17 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
-#include <nlohmann/json.hpp>
 #include <torch/optim/adamw.h>
+#include <nlohmann/json.hpp>
 
+#include <dirent.h>
+#include <sys/stat.h>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cerrno>
 #include <cstring>
-#include <dirent.h>
-#include <sys/stat.h>
 #include <unordered_map>
 
 namespace fsdp::checkpoint {
@@ -66,7 +66,8 @@ std::string step_dir_name(int64_t step) {
 
 // Parses "step_<digits>" (what `latest` may name and what pruning deletes); nullopt otherwise.
 std::optional<int64_t> parse_step_dir_name(const std::string& name) {
-  if (name.size() <= 5 || name.size() > 5 + 18 || name.compare(0, 5, "step_") != 0) return std::nullopt;
+  if (name.size() <= 5 || name.size() > 5 + 18 || name.compare(0, 5, "step_") != 0)
+    return std::nullopt;
   int64_t step = 0;
   for (size_t i = 5; i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9') return std::nullopt;
@@ -146,7 +147,7 @@ struct Slot {
   std::string key;
   size_t param = 0;  // index into the local parameters
   const LocalParam* lp = nullptr;
-  at::Tensor local;  // padded local shape (the parameter's or the state's)
+  at::Tensor local;           // padded local shape (the parameter's or the state's)
   int64_t rows_to_write = 0;  // this rank's rows, or 0 when another rank stores them
 };
 
@@ -236,7 +237,8 @@ void append_list(std::string& out, const char* title, const std::vector<Item>& i
   if (items.empty()) return;
   out += std::string("\n  ") + title + " (" + std::to_string(items.size()) + "):";
   for (size_t i = 0; i < items.size() && i < kMaxListed; ++i) out += "\n    " + items[i];
-  if (items.size() > kMaxListed) out += "\n    ... and " + std::to_string(items.size() - kMaxListed) + " more";
+  if (items.size() > kMaxListed)
+    out += "\n    ... and " + std::to_string(items.size() - kMaxListed) + " more";
 }
 
 // Throws listing every parameter the checkpoint lacks, every model tensor it has that the model
@@ -258,7 +260,8 @@ void check_model_matches(const std::string& dir, const CheckpointIndex& index,
   for (const auto& [key, record] : index.tensors) {
     if (key.rfind(kModelPrefix, 0) != 0) continue;
     const std::string name = key.substr(std::strlen(kModelPrefix));
-    if (by_name.count(name) == 0) unexpected.push_back(name + " " + detail::shape_string(record.shape));
+    if (by_name.count(name) == 0)
+      unexpected.push_back(name + " " + detail::shape_string(record.shape));
   }
   if (missing.empty() && unexpected.empty() && misshaped.empty()) return;
   std::string message = "checkpoint '" + dir + "' does not match the model:";
@@ -271,7 +274,8 @@ void check_model_matches(const std::string& dir, const CheckpointIndex& index,
 // Opens every rank file of the checkpoint and checks it against the index: present, of the
 // recorded size, a valid safetensors file holding each shard the index places there with the
 // right dtype and shape.
-std::vector<SafetensorsReader> open_rank_files(const std::string& dir, const CheckpointIndex& index) {
+std::vector<SafetensorsReader> open_rank_files(const std::string& dir,
+                                               const CheckpointIndex& index) {
   std::vector<std::string> problems;
   for (int r = 0; r < index.world_size; ++r) {
     const FileRecord& f = index.files[r];
@@ -303,7 +307,8 @@ std::vector<SafetensorsReader> open_rank_files(const std::string& dir, const Che
       const auto want = stored_shape(record.shape, shard.rows);
       TORCH_CHECK(e->dtype == record.dtype && e->shape == want, "'", reader.path(), "' stores '",
                   key, "' as ", dtype_name(e->dtype), " ", detail::shape_string(e->shape),
-                  " but the index says ", dtype_name(record.dtype), " ", detail::shape_string(want));
+                  " but the index says ", dtype_name(record.dtype), " ",
+                  detail::shape_string(want));
     }
   }
   return readers;
@@ -329,10 +334,9 @@ int64_t fill_rows(const std::string& key, const TensorRecord& record, const Loca
     at::Tensor buffer = direct ? dst : at::empty({shard.rows, lp.row_numel}, file_type);
     const uint64_t sum = reader.read_into(e, buffer);
     bytes += static_cast<int64_t>(e.nbytes());
-    TORCH_CHECK(sum == shard.checksum, "checkpoint file '", reader.path(), "' is corrupted: '",
-                key, "' rows [", shard.offset, ", ", shard.offset + shard.rows,
-                ") have checksum ", checksum_hex(sum), " but the index records ",
-                checksum_hex(shard.checksum));
+    TORCH_CHECK(sum == shard.checksum, "checkpoint file '", reader.path(), "' is corrupted: '", key,
+                "' rows [", shard.offset, ", ", shard.offset + shard.rows, ") have checksum ",
+                checksum_hex(sum), " but the index records ", checksum_hex(shard.checksum));
     if (!direct) dst.copy_(buffer.narrow(0, lo - shard.offset, hi - lo));
   }
   if (lp.rows < lp.padded_rows) dst2d.narrow(0, lp.rows, lp.padded_rows - lp.rows).zero_();
@@ -374,8 +378,10 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
   std::exception_ptr error;
   try {
     TORCH_CHECK(options.step() >= 0, "the step must be non-negative, got ", options.step());
-    TORCH_CHECK(options.keep_last() >= 0, "keep_last must be non-negative, got ", options.keep_last());
-    const auto user = nlohmann::json::parse(options.user_json(), nullptr, /*allow_exceptions=*/false);
+    TORCH_CHECK(options.keep_last() >= 0, "keep_last must be non-negative, got ",
+                options.keep_last());
+    const auto user =
+        nlohmann::json::parse(options.user_json(), nullptr, /*allow_exceptions=*/false);
     TORCH_CHECK(user.is_object(), "user_json must be a JSON object, got '",
                 options.user_json().substr(0, 80), "'");
     adamw = as_adamw(optimizer);
@@ -394,13 +400,19 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
   detail::agree(group, error, what);
   // Every rank must store the same tensors; the all-gathers below rely on it.
   if (group != nullptr && world > 1) {
-    const int64_t signature[2] = {static_cast<int64_t>(slots.size()), as_i64(slots_signature(slots))};
+    const int64_t signature[2] = {static_cast<int64_t>(slots.size()),
+                                  as_i64(slots_signature(slots))};
     at::Tensor all = at::empty({2 * world}, at::kLong);
-    group->all_gather_into_tensor(all, at::from_blob(const_cast<int64_t*>(signature), {2}, at::kLong))->wait();
+    group
+        ->all_gather_into_tensor(all,
+                                 at::from_blob(const_cast<int64_t*>(signature), {2}, at::kLong))
+        ->wait();
     for (int r = 0; r < world; ++r) {
-      TORCH_CHECK(all[2 * r].item<int64_t>() == signature[0] && all[2 * r + 1].item<int64_t>() == signature[1],
-                  what, " failed: rank ", r, " stores other parameters or optimizer states than rank ",
-                  rank, " (", all[2 * r].item<int64_t>(), " tensors against ", signature[0],
+      TORCH_CHECK(all[2 * r].item<int64_t>() == signature[0] &&
+                      all[2 * r + 1].item<int64_t>() == signature[1],
+                  what, " failed: rank ", r,
+                  " stores other parameters or optimizer states than rank ", rank, " (",
+                  all[2 * r].item<int64_t>(), " tensors against ", signature[0],
                   "); every rank must save the same model and optimizer");
     }
   }
@@ -421,7 +433,8 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
   detail::agree(group, error, what);
 
   // Phase 2: every rank writes its file.
-  constexpr size_t kHead = 3;  // file bytes, file checksum, RNG state bytes; then per slot its checksum
+  constexpr size_t kHead =
+      3;  // file bytes, file checksum, RNG state bytes; then per slot its checksum
   std::vector<int64_t> mine(kHead + slots.size(), 0);
   const at::Tensor rng = cpu_rng_state();
   try {
@@ -459,7 +472,8 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
   }
   detail::agree(group, error, what);
 
-  at::Tensor all = at::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, at::kLong).clone();
+  at::Tensor all =
+      at::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, at::kLong).clone();
   at::Tensor all_rng = rng;
   if (group != nullptr && world > 1) {
     at::Tensor gathered = at::empty({world * all.numel()}, at::kLong);
@@ -494,7 +508,8 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
         record.dtype = to_dtype(s.local.scalar_type());
         record.shape = s.lp->global_shape;
         for (const auto& w : writers[s.param]) {
-          record.shards.push_back({w.rank, w.offset, w.rows, as_u64(v[w.rank * stride + kHead + i])});
+          record.shards.push_back(
+              {w.rank, w.offset, w.rows, as_u64(v[w.rank * stride + kHead + i])});
         }
         index.tensors.emplace(s.key, std::move(record));
       }
@@ -562,9 +577,11 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
         for (const auto& kind : kinds[i]) {
           const std::string key = "optim/" + kind + "/" + lp.name;
           auto it = index.tensors.find(key);
-          if (it == index.tensors.end() || it->second.shape != lp.global_shape) missing.push_back(key);
+          if (it == index.tensors.end() || it->second.shape != lp.global_shape)
+            missing.push_back(key);
         }
-        if (index.optimizer_steps.count(lp.name) == 0) missing.push_back("optimizer step of " + lp.name);
+        if (index.optimizer_steps.count(lp.name) == 0)
+          missing.push_back("optimizer step of " + lp.name);
       }
       if (!missing.empty()) {
         std::string message = "checkpoint '" + dir + "' lacks optimizer state the optimizer needs:";
@@ -590,7 +607,8 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
         auto state = std::make_unique<torch::optim::AdamWParamState>();
         state->exp_avg(at::empty_like(p, at::MemoryFormat::Contiguous));
         state->exp_avg_sq(at::empty_like(p, at::MemoryFormat::Contiguous));
-        if (kinds[i].size() == 3) state->max_exp_avg_sq(at::empty_like(p, at::MemoryFormat::Contiguous));
+        if (kinds[i].size() == 3)
+          state->max_exp_avg_sq(at::empty_like(p, at::MemoryFormat::Contiguous));
         it = states.emplace(lp.param.unsafeGetTensorImpl(), std::move(state)).first;
         created.push_back(lp.param.unsafeGetTensorImpl());
       }
@@ -609,8 +627,8 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
       try {
         set_cpu_rng_state(index.rng_states[r]);
       } catch (const c10::Error& e) {
-        TORCH_CHECK(false, "checkpoint '", dir, "' has an RNG state this build cannot restore: ",
-                    e.what_without_backtrace());
+        TORCH_CHECK(false, "checkpoint '", dir,
+                    "' has an RNG state this build cannot restore: ", e.what_without_backtrace());
       }
     }
     result.step = index.step;

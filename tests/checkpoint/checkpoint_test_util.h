@@ -5,13 +5,13 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <vector>
 
 namespace fsdp::checkpoint::testing_util {
@@ -72,7 +72,8 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 // Copies the regular files of a flat directory into a new directory to.
 inline void copy_flat_dir(const std::string& from, const std::string& to) {
   ::mkdir(to.c_str(), 0755);
-  for (const auto& name : list_dir(from)) write_bytes(to + "/" + name, read_bytes(from + "/" + name));
+  for (const auto& name : list_dir(from))
+    write_bytes(to + "/" + name, read_bytes(from + "/" + name));
 }
 
 }  // namespace fsdp::checkpoint::testing_util

@@ -42,7 +42,8 @@ TEST(SafetensorsFormat, ParsesAWellFormedHeader) {
       R"({"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2],"data_offsets":[24,28]},)"
       R"("a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"z":{"dtype":"I64","shape":[0],"data_offsets":[28,28]}})",
       28);
-  const SafetensorsHeader h = parse_safetensors(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  const SafetensorsHeader h =
+      parse_safetensors(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   ASSERT_EQ(h.entries.size(), 3u);
   EXPECT_EQ(h.entries[0].name, "a");  // in data order
   EXPECT_EQ(h.entries[0].shape, (std::vector<int64_t>{2, 3}));
@@ -62,40 +63,56 @@ TEST(SafetensorsFormat, RejectsHostileHeaders) {
   };
   const std::vector<Case> cases = {
       {"too short", std::string(5, '\0'), "too short"},
-      {"length past the end", std::string("\xff\x00\x00\x00\x00\x00\x00\x00{}", 10), "does not fit"},
-      {"length over the limit", std::string("\x00\x00\x00\x10\x00\x00\x00\x00{}", 10), "does not fit"},
+      {"length past the end", std::string("\xff\x00\x00\x00\x00\x00\x00\x00{}", 10),
+       "does not fit"},
+      {"length over the limit", std::string("\x00\x00\x00\x10\x00\x00\x00\x00{}", 10),
+       "does not fit"},
       {"not JSON", file_with_header("{\"a\":", 0), "not valid JSON"},
       {"not an object", file_with_header("[1,2]", 0), "must be a JSON object"},
       {"invalid UTF-8", file_with_header("{\"\xff\":1}", 0), "not valid JSON"},
       {"duplicate name", file_with_header("{" + ok_entry + "," + ok_entry + "}", 8), "twice"},
       {"unknown dtype",
-       file_with_header(R"({"a":{"dtype":"F31","shape":[2],"data_offsets":[0,8]}})", 8), "not a safetensors dtype"},
+       file_with_header(R"({"a":{"dtype":"F31","shape":[2],"data_offsets":[0,8]}})", 8),
+       "not a safetensors dtype"},
       {"negative dim",
-       file_with_header(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "non-negative integer"},
+       file_with_header(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
+       "non-negative integer"},
       {"fractional dim",
-       file_with_header(R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8), "non-negative integer"},
+       file_with_header(R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8),
+       "non-negative integer"},
       {"shape overflow",
-       file_with_header(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
+       file_with_header(
+           R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
        "too many elements"},
       {"bytes disagree with shape",
-       file_with_header(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "which is 12 bytes"},
+       file_with_header(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
+       "which is 12 bytes"},
       {"end before begin",
-       file_with_header(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8), "ends before it begins"},
+       file_with_header(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8),
+       "ends before it begins"},
       {"offsets past the file",
-       file_with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4), "truncated"},
+       file_with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4),
+       "truncated"},
       {"trailing bytes", file_with_header("{" + ok_entry + "}", 12), "trailing bytes"},
-      {"hole",
-       file_with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8), "a hole"},
+      {"hole", file_with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+       "a hole"},
       {"overlap",
-       file_with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+       file_with_header(
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+           8),
        "an overlap"},
-      {"missing field", file_with_header(R"({"a":{"dtype":"F32","shape":[0]}})", 0), "no \"data_offsets\""},
+      {"missing field", file_with_header(R"({"a":{"dtype":"F32","shape":[0]}})", 0),
+       "no \"data_offsets\""},
       {"extra field",
-       file_with_header(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0],"x":1}})", 0), "unexpected field"},
+       file_with_header(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0],"x":1}})", 0),
+       "unexpected field"},
       {"three offsets",
-       file_with_header(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0,0]}})", 0), "[begin, end]"},
-      {"metadata not strings", file_with_header(R"({"__metadata__":{"a":1}})", 0), "must be a string"},
-      {"deep nesting", file_with_header(std::string(200, '[') + std::string(200, ']'), 0), "nests deeper"},
+       file_with_header(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0,0]}})", 0),
+       "[begin, end]"},
+      {"metadata not strings", file_with_header(R"({"__metadata__":{"a":1}})", 0),
+       "must be a string"},
+      {"deep nesting", file_with_header(std::string(200, '[') + std::string(200, ']'), 0),
+       "nests deeper"},
   };
   for (const auto& c : cases) {
     EXPECT_THAT(parse_error(c.bytes), HasSubstr(c.error)) << c.name;
@@ -103,7 +120,8 @@ TEST(SafetensorsFormat, RejectsHostileHeaders) {
 }
 
 TEST(SafetensorsFormat, EncodedHeadersParseBackAndArePadded) {
-  std::vector<TensorEntry> entries = {{"w", Dtype::kF32, {3, 2}}, {"b", Dtype::kBF16, {5}}, {"s", Dtype::kI64, {}}};
+  std::vector<TensorEntry> entries = {
+      {"w", Dtype::kF32, {3, 2}}, {"b", Dtype::kBF16, {5}}, {"s", Dtype::kI64, {}}};
   const uint64_t data = assign_offsets(entries);
   EXPECT_EQ(data, 24u + 10u + 8u);
   const std::string header = encode_safetensors_header(entries, {{"format", "pt"}});
@@ -164,21 +182,30 @@ TEST(CheckpointIndexFormat, RejectsCorruptOrInconsistentIndexes) {
     return s.replace(pos, from.size(), to);
   };
   // One changed digit: the JSON stays valid, only the checksum notices.
-  EXPECT_THAT(index_error(replaced("\"step\": 7", "\"step\": 8"), true), HasSubstr("checksum does not match"));
+  EXPECT_THAT(index_error(replaced("\"step\": 7", "\"step\": 8"), true),
+              HasSubstr("checksum does not match"));
   EXPECT_EQ(index_error(replaced("\"step\": 7", "\"step\": 8"), false), "");
   EXPECT_THAT(index_error(good.substr(0, good.size() / 2)), HasSubstr("not valid JSON"));
-  EXPECT_THAT(index_error(replaced("\"world_size\": 2", "\"world_size\": 0")), HasSubstr("outside [1,"));
-  EXPECT_THAT(index_error(replaced("\"world_size\": 2", "\"world_size\": 3")), HasSubstr("must list 3 files"));
-  EXPECT_THAT(index_error(replaced("rank_00001-of-00002", "../../etc/passwd")), HasSubstr("expected 'rank_00001"));
+  EXPECT_THAT(index_error(replaced("\"world_size\": 2", "\"world_size\": 0")),
+              HasSubstr("outside [1,"));
+  EXPECT_THAT(index_error(replaced("\"world_size\": 2", "\"world_size\": 3")),
+              HasSubstr("must list 3 files"));
+  EXPECT_THAT(index_error(replaced("rank_00001-of-00002", "../../etc/passwd")),
+              HasSubstr("expected 'rank_00001"));
   EXPECT_THAT(index_error(replaced("\"rows\": 2", "\"rows\": 3")), HasSubstr("tile"));
-  EXPECT_THAT(index_error(replaced("\"rows\": 2", "\"rows\": 1")), HasSubstr("cover 4 of its 5 rows"));
-  EXPECT_THAT(index_error(replaced("\"rank\": 1", "\"rank\": 5")), HasSubstr("on rank 5 of a world of 2"));
-  EXPECT_THAT(index_error(replaced("\"rank\": 1", "\"rank\": 0")), HasSubstr("two shards on rank 0"));
+  EXPECT_THAT(index_error(replaced("\"rows\": 2", "\"rows\": 1")),
+              HasSubstr("cover 4 of its 5 rows"));
+  EXPECT_THAT(index_error(replaced("\"rank\": 1", "\"rank\": 5")),
+              HasSubstr("on rank 5 of a world of 2"));
+  EXPECT_THAT(index_error(replaced("\"rank\": 1", "\"rank\": 0")),
+              HasSubstr("two shards on rank 0"));
   EXPECT_THAT(index_error(replaced("\"F32\"", "\"F33\"")), HasSubstr("not a safetensors dtype"));
-  EXPECT_THAT(index_error(replaced("\"version\": 1", "\"version\": 9")), HasSubstr("not supported"));
+  EXPECT_THAT(index_error(replaced("\"version\": 1", "\"version\": 9")),
+              HasSubstr("not supported"));
   EXPECT_THAT(index_error(replaced("\"xxh3_64\": \"0000000000000001\"", "\"xxh3_64\": \"zz\"")),
               HasSubstr("16 lowercase hex"));
-  EXPECT_THAT(index_error(replaced("\"user\": {", "\"user\": 3, \"x\": {")), HasSubstr("unexpected field"));
+  EXPECT_THAT(index_error(replaced("\"user\": {", "\"user\": 3, \"x\": {")),
+              HasSubstr("unexpected field"));
 }
 
 // --- files ---
@@ -242,8 +269,10 @@ TEST(SafetensorsFile, CorruptedHeaderAndDataAreRejected) {
   bad_data[bytes.size() - 3] ^= 0x10;
   write_bytes(path, bad_data);
   SafetensorsReader reader(path);
-  EXPECT_THAT(test::error_message([&] { reader.read("w"); }), HasSubstr("is corrupted: tensor 'w'"));
-  EXPECT_THAT(test::error_message([&] { reader.verify_data_checksum(); }), HasSubstr("is corrupted"));
+  EXPECT_THAT(test::error_message([&] { reader.read("w"); }),
+              HasSubstr("is corrupted: tensor 'w'"));
+  EXPECT_THAT(test::error_message([&] { reader.verify_data_checksum(); }),
+              HasSubstr("is corrupted"));
   EXPECT_THAT(test::error_message([&] { SafetensorsReader r(path + ".missing"); }),
               HasSubstr("No such file"));
 }

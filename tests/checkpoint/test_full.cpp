@@ -24,13 +24,15 @@ using testing_util::read_bytes;
 using testing_util::temp_dir;
 using testing_util::write_bytes;
 
-models::GPT2LMHead make_model(const models::GPT2Config& config, uint64_t seed, const DeviceMesh* mesh) {
+models::GPT2LMHead make_model(const models::GPT2Config& config, uint64_t seed,
+                              const DeviceMesh* mesh) {
   models::GPT2Options options(config);
   options.seed(seed);
   if (mesh != nullptr) {
-    options.on_block_built([mesh](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
-      fully_shard(block, *mesh);
-    });
+    options.on_block_built(
+        [mesh](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
+          fully_shard(block, *mesh);
+        });
   }
   models::GPT2LMHead model(options);
   if (mesh != nullptr) fully_shard(model, *mesh);
@@ -93,7 +95,8 @@ TEST(FullCheckpoint, LoadsIntoShardedModelsRowByRow) {
   export_at(0, path);
   auto want_model = make_model(models::GPT2Config::tiny(), 5, nullptr);
   std::map<std::string, at::Tensor> want;
-  for (const auto& [name, p] : unique_named_parameters(*want_model)) want[name] = p.detach().reshape({p.size(0), -1});
+  for (const auto& [name, p] : unique_named_parameters(*want_model))
+    want[name] = p.detach().reshape({p.size(0), -1});
   for (int world : {1, 3, 4}) {
     run_ranks_in_threads(
         world,
@@ -110,7 +113,11 @@ TEST(FullCheckpoint, LoadsIntoShardedModelsRowByRow) {
               EXPECT_TRUE(at::equal(rows.narrow(0, 0, m.local_rows),
                                     want.at(name).narrow(0, m.local_offset, m.local_rows)))
                   << name << " W=" << world << " rank " << group->rank();
-              EXPECT_EQ(rows.narrow(0, m.local_rows, m.padded_rows - m.local_rows).abs().sum().item<double>(), 0.0);
+              EXPECT_EQ(rows.narrow(0, m.local_rows, m.padded_rows - m.local_rows)
+                            .abs()
+                            .sum()
+                            .item<double>(),
+                        0.0);
             }
           }
         },
@@ -128,7 +135,8 @@ TEST(FullCheckpoint, Bf16ExportHoldsRoundedValuesAndLoadsIntoFloat32) {
   EXPECT_TRUE(at::equal(file.at("transformer.wte.weight"), wte.to(at::kBFloat16)));
   auto model = make_model(models::GPT2Config::tiny(), 9, nullptr);
   load_full(path, *model, nullptr, models::gpt2_hf_layout());
-  EXPECT_TRUE(at::equal(model->transformer->wte->weight.detach(), wte.to(at::kBFloat16).to(at::kFloat)));
+  EXPECT_TRUE(
+      at::equal(model->transformer->wte->weight.detach(), wte.to(at::kBFloat16).to(at::kFloat)));
 }
 
 TEST(FullCheckpoint, ReadsFilesInTheHubsOriginalNaming) {
@@ -166,7 +174,9 @@ TEST(FullCheckpoint, MismatchedOrBrokenFilesGiveClearErrors) {
   EXPECT_THAT(error, HasSubstr("does not match the model"));
   EXPECT_THAT(error, HasSubstr("unexpected in the file (12)"));
   EXPECT_THAT(error, HasSubstr("transformer.h.2.attn.c_attn.weight [48, 144]"));
-  EXPECT_THAT(error, HasSubstr("transformer.h.0.attn.c_attn.weight: file [48, 144], model expects [32, 96]"));
+  EXPECT_THAT(
+      error,
+      HasSubstr("transformer.h.0.attn.c_attn.weight: file [48, 144], model expects [32, 96]"));
 
   export_at(0, dir + "/model.safetensors");
   const std::string bytes = read_bytes(dir + "/model.safetensors");
@@ -186,7 +196,8 @@ TEST(FullCheckpoint, MismatchedOrBrokenFilesGiveClearErrors) {
           },
           test::test_options());
     });
-    EXPECT_THAT(got, HasSubstr(std::string(name) == "corrupted" ? "is corrupted" : "truncated")) << name;
+    EXPECT_THAT(got, HasSubstr(std::string(name) == "corrupted" ? "is corrupted" : "truncated"))
+        << name;
   }
 }
 

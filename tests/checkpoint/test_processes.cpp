@@ -14,10 +14,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sys/wait.h>
 
 #ifndef FSDP_SOURCE_DIR
 #error "FSDP_SOURCE_DIR must name the source tree (tests/CMakeLists.txt defines it)"
@@ -27,10 +27,10 @@ namespace fsdp::checkpoint {
 namespace {
 
 using ::testing::HasSubstr;
-using testing_util::read_bytes;
-using testing_util::temp_dir;
 using testing_util::exists;
 using testing_util::file_size;
+using testing_util::read_bytes;
+using testing_util::temp_dir;
 
 struct Result {
   int exit_code = -1;
@@ -69,7 +69,8 @@ std::map<int64_t, double> losses(const std::string& metrics_path) {
 
 TEST(CheckpointProcesses, SigkillMidSaveLeavesThePreviousCheckpointLoadable) {
   const std::string dir = temp_dir("sigkill");
-  const std::string common = trainer() + " --nproc 2 --steps 4 --global-batch 4 --seq-len 16 --seed 3 --quiet";
+  const std::string common =
+      trainer() + " --nproc 2 --steps 4 --global-batch 4 --seq-len 16 --seed 3 --quiet";
   const Result straight = shell(common + " --metrics " + dir + "/straight.jsonl");
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
   const auto want = losses(dir + "/straight.jsonl");
@@ -81,7 +82,8 @@ TEST(CheckpointProcesses, SigkillMidSaveLeavesThePreviousCheckpointLoadable) {
     const Result crashed = shell("env FSDP_CHECKPOINT_KILL_AT=4:" + std::to_string(victim) +
                                  ":50000 " + common + " --save " + root + " --save-every 2");
     EXPECT_NE(crashed.exit_code, 0) << crashed.output;
-    EXPECT_THAT(crashed.output, HasSubstr("rank " + std::to_string(victim) + " of 2 was killed by signal"));
+    EXPECT_THAT(crashed.output,
+                HasSubstr("rank " + std::to_string(victim) + " of 2 was killed by signal"));
     EXPECT_EQ(read_bytes(root + "/latest"), "step_00000002\n");
     EXPECT_FALSE(exists(root + "/step_00000004"));
     const std::string partial =
@@ -90,11 +92,13 @@ TEST(CheckpointProcesses, SigkillMidSaveLeavesThePreviousCheckpointLoadable) {
     EXPECT_EQ(file_size(partial), 50000);
 
     const std::string metrics = root + "-resumed.jsonl";
-    const Result resumed = shell(common + " --resume " + root + " --metrics " + metrics + " --save " + root);
+    const Result resumed =
+        shell(common + " --resume " + root + " --metrics " + metrics + " --save " + root);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
     const auto got = losses(metrics);
     ASSERT_EQ(got.size(), 2u);
-    for (const auto& [step, loss] : got) EXPECT_EQ(loss, want.at(step)) << "victim " << victim << " step " << step;
+    for (const auto& [step, loss] : got)
+      EXPECT_EQ(loss, want.at(step)) << "victim " << victim << " step " << step;
     EXPECT_FALSE(exists(root + "/.tmp-step_00000004")) << "the next save removes the leftovers";
     EXPECT_EQ(read_bytes(root + "/latest"), "step_00000004\n");
   }
@@ -121,15 +125,18 @@ TEST(CheckpointProcesses, TransformersLoadsOurExportAndWeLoadTheirs) {
 
   const std::string dir = temp_dir("hf");
   const std::string ours = dir + "/ours", theirs = dir + "/theirs";
-  const Result trained = shell(trainer() + " --nproc 2 --steps 3 --global-batch 4 --seq-len 16 --quiet --export " +
-                               ours + "/model.safetensors");
+  const Result trained =
+      shell(trainer() + " --nproc 2 --steps 3 --global-batch 4 --seq-len 16 --quiet --export " +
+            ours + "/model.safetensors");
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   ASSERT_TRUE(exists(ours + "/config.json"));
   const at::Tensor input_ids = (at::arange(2 * 24).reshape({2, 24}) * 37 + 11).remainder(256);
-  save_safetensors(ours + "/expected.safetensors",
-                   {{"input_ids", input_ids}, {"logits", logits_of(ours + "/model.safetensors", input_ids)}});
+  save_safetensors(
+      ours + "/expected.safetensors",
+      {{"input_ids", input_ids}, {"logits", logits_of(ours + "/model.safetensors", input_ids)}});
 
-  const Result checked = shell(python() + " " FSDP_SOURCE_DIR "/tests/checkpoint/hf_interop.py " + ours + " " + theirs, 300);
+  const Result checked = shell(
+      python() + " " FSDP_SOURCE_DIR "/tests/checkpoint/hf_interop.py " + ours + " " + theirs, 300);
   ASSERT_EQ(checked.exit_code, 0) << checked.output;
   EXPECT_THAT(checked.output, HasSubstr("no missing or unexpected keys"));
 

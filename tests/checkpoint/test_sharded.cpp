@@ -26,10 +26,10 @@ namespace fsdp::checkpoint {
 namespace {
 
 using ::testing::HasSubstr;
+using testing_util::exists;
 using testing_util::read_bytes;
 using testing_util::temp_dir;
 using testing_util::write_bytes;
-using testing_util::exists;
 
 constexpr int kNoFsdp = 0;  // "world size" of the single-process reference
 
@@ -50,7 +50,9 @@ struct RunResult {
   std::map<std::string, at::Tensor> params;  // the final model, as exported
 };
 
-std::string world_name(int world) { return world == kNoFsdp ? "no-fsdp" : "W=" + std::to_string(world); }
+std::string world_name(int world) {
+  return world == kNoFsdp ? "no-fsdp" : "W=" + std::to_string(world);
+}
 
 // Trains with o at world (kNoFsdp: the reference) and exports the final model.
 RunResult run(train::TrainerOptions o, int world, const std::string& export_path) {
@@ -130,7 +132,8 @@ INSTANTIATE_TEST_SUITE_P(Worlds, ExactResume, ::testing::Values(kNoFsdp, 1, 2, 4
 TEST(ShardedCheckpoint, ReshardsAcrossWorldSizesAndStrategies) {
   const std::string dir = temp_dir("reshard");
   const RunResult reference = run(base_options(), kNoFsdp, dir + "/reference.safetensors");
-  const std::vector<std::pair<int, int>> cases = {{4, 2}, {2, 3}, {2, kNoFsdp}, {kNoFsdp, 2}, {1, 4}};
+  const std::vector<std::pair<int, int>> cases = {
+      {4, 2}, {2, 3}, {2, kNoFsdp}, {kNoFsdp, 2}, {1, 4}};
   for (const auto& [from, to] : cases) {
     const std::string name = world_name(from) + " -> " + world_name(to);
     const RunResult resumed = save_then_resume(from, to, temp_dir("reshard_case"));
@@ -168,16 +171,19 @@ TEST(ShardedCheckpoint, MovesBetweenShardingStrategies) {
       EXPECT_NEAR(loss, want, 1e-5 * want) << name << " step " << step;
     }
     for (const auto& [param, value] : reference.params) {
-      EXPECT_LE((resumed.params.at(param) - value).abs().max().item<double>(), 1e-5) << name << " " << param;
+      EXPECT_LE((resumed.params.at(param) - value).abs().max().item<double>(), 1e-5)
+          << name << " " << param;
     }
     // Each row once: with replicas, the rank files together hold one model's worth of data.
     const std::string ckpt = case_dir + "/ckpt/step_00000003";
     const CheckpointIndex index = parse_checkpoint_index(read_bytes(ckpt + "/metadata.json"));
     uint64_t model_bytes = 0, stored_bytes = 0;
     for (const auto& [key, record] : index.tensors) {
-      model_bytes += static_cast<uint64_t>(record.dim0() * record.row_numel() * dtype_size(record.dtype));
+      model_bytes +=
+          static_cast<uint64_t>(record.dim0() * record.row_numel() * dtype_size(record.dtype));
     }
-    for (const auto& f : index.files) stored_bytes += SafetensorsReader(ckpt + "/" + f.name).header().data_bytes;
+    for (const auto& f : index.files)
+      stored_bytes += SafetensorsReader(ckpt + "/" + f.name).header().data_bytes;
     EXPECT_EQ(stored_bytes, model_bytes) << name;
   }
 }
@@ -188,9 +194,10 @@ models::GPT2LMHead make_model(const models::GPT2Config& config, const DeviceMesh
   models::GPT2Options options(config);
   options.seed(5);
   if (mesh != nullptr) {
-    options.on_block_built([mesh](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
-      fully_shard(block, *mesh);
-    });
+    options.on_block_built(
+        [mesh](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
+          fully_shard(block, *mesh);
+        });
   }
   models::GPT2LMHead model(options);
   if (mesh != nullptr) fully_shard(model, *mesh);
@@ -258,7 +265,8 @@ TEST(ShardedCheckpoint, LoadFillsEveryRanksRowsAndZeroesPadding) {
               ++padded;
               const int64_t pad = m.padded_rows - m.local_rows;
               EXPECT_EQ(rows.narrow(0, m.local_rows, pad).abs().sum().item<double>(), 0.0) << name;
-              EXPECT_EQ(state_rows.narrow(0, m.local_rows, pad).abs().sum().item<double>(), 0.0) << name;
+              EXPECT_EQ(state_rows.narrow(0, m.local_rows, pad).abs().sum().item<double>(), 0.0)
+                  << name;
             }
           }
         }
@@ -328,7 +336,8 @@ TEST(ShardedCheckpoint, BrokenFilesGiveClearErrorsOnEveryRank) {
     const std::string dir = copy_checkpoint(ckpt, "broken_truncated");
     const std::string bytes = read_bytes(dir + rank1);
     write_bytes(dir + rank1, bytes.substr(0, bytes.size() / 2));
-    EXPECT_THAT(load_error(dir, tiny), HasSubstr("the index records " + std::to_string(bytes.size())));
+    EXPECT_THAT(load_error(dir, tiny),
+                HasSubstr("the index records " + std::to_string(bytes.size())));
   }
   {
     const std::string dir = copy_checkpoint(ckpt, "broken_header");

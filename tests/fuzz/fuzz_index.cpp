@@ -12,16 +12,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace fsdp::checkpoint;
   CheckpointIndex index;
   try {
-    index = parse_checkpoint_index(std::string_view(reinterpret_cast<const char*>(data), size), false);
+    index =
+        parse_checkpoint_index(std::string_view(reinterpret_cast<const char*>(data), size), false);
   } catch (const FormatError&) {
     return 0;
   }
   try {
-    if (index.world_size < 1 || index.files.size() != static_cast<size_t>(index.world_size)) __builtin_trap();
+    if (index.world_size < 1 || index.files.size() != static_cast<size_t>(index.world_size))
+      __builtin_trap();
     for (const auto& [key, t] : index.tensors) {
       int64_t next = 0;
       for (const auto& s : t.shards) {
-        if (s.rank < 0 || s.rank >= index.world_size || s.offset != next || s.rows < 1) __builtin_trap();
+        if (s.rank < 0 || s.rank >= index.world_size || s.offset != next || s.rows < 1)
+          __builtin_trap();
         next += s.rows;
       }
       if (next != t.dim0()) __builtin_trap();

@@ -13,7 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint64_t expected = 0;
     for (const auto& e : h.entries) {
       if (e.begin != expected || e.end < e.begin) __builtin_trap();
-      if (static_cast<uint64_t>(e.numel()) * static_cast<uint64_t>(dtype_size(e.dtype)) != e.nbytes()) {
+      if (static_cast<uint64_t>(e.numel()) * static_cast<uint64_t>(dtype_size(e.dtype)) !=
+          e.nbytes()) {
         __builtin_trap();
       }
       expected = e.end;

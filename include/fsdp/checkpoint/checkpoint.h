@@ -77,11 +77,11 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
                         const SaveOptions& options = {});
 
 struct LoadResult {
-  std::string path;          // the checkpoint directory read
+  std::string path;  // the checkpoint directory read
   int64_t step = 0;
-  std::string user_json;     // SaveOptions::user_json of the save
+  std::string user_json;  // SaveOptions::user_json of the save
   int saved_world_size = 1;
-  int64_t bytes_read = 0;    // by this rank
+  int64_t bytes_read = 0;        // by this rank
   int64_t checkpoint_bytes = 0;  // of all the checkpoint's rank files
   double seconds = 0;
 };
@@ -134,8 +134,8 @@ struct ExportResult {
 
 // Writes every distinct parameter of model, unsharded, to the safetensors file path (via a
 // temporary file, fsync and rename), on rank 0, with per-tensor checksums in its metadata.
-ExportResult save_full(const std::string& path, const torch::nn::Module& model,
-                       ProcessGroup* group, const ExportOptions& options = {});
+ExportResult save_full(const std::string& path, const torch::nn::Module& model, ProcessGroup* group,
+                       const ExportOptions& options = {});
 
 // Sets every parameter of model (sharded or not) from the safetensors file path, converting
 // dtypes and undoing the layout's transposes; each rank reads only its own rows, plus, when the

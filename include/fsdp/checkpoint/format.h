@@ -34,7 +34,21 @@ class FormatError : public std::runtime_error {
 
 // safetensors' element types. dtype_name gives the format's spelling ("F32", "BF16", ...).
 enum class Dtype : uint8_t {
-  kBool, kU8, kI8, kU16, kI16, kF16, kBF16, kU32, kI32, kF32, kU64, kI64, kF64, kF8E4M3, kF8E5M2,
+  kBool,
+  kU8,
+  kI8,
+  kU16,
+  kI16,
+  kF16,
+  kBF16,
+  kU32,
+  kI32,
+  kF32,
+  kU64,
+  kI64,
+  kF64,
+  kF8E4M3,
+  kF8E5M2,
 };
 const char* dtype_name(Dtype dtype);
 std::optional<Dtype> dtype_from_name(std::string_view name);
@@ -124,12 +138,12 @@ struct FileRecord {
 struct CheckpointIndex {
   int world_size = 1;
   int64_t step = 0;
-  std::vector<FileRecord> files;                // one per rank, in rank order
-  std::map<std::string, TensorRecord> tensors;  // by key
-  std::string optimizer;                        // "AdamW", or "" when no optimizer state
+  std::vector<FileRecord> files;                   // one per rank, in rank order
+  std::map<std::string, TensorRecord> tensors;     // by key
+  std::string optimizer;                           // "AdamW", or "" when no optimizer state
   std::map<std::string, int64_t> optimizer_steps;  // parameter name -> its optimizer step
-  std::vector<std::string> rng_states;          // per rank (raw bytes); may be empty
-  std::string user_json = "{}";                 // the caller's JSON object (re-serialized)
+  std::vector<std::string> rng_states;             // per rank (raw bytes); may be empty
+  std::string user_json = "{}";                    // the caller's JSON object (re-serialized)
 };
 
 // "rank_00001-of-00004.safetensors".
