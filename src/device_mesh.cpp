@@ -19,6 +19,8 @@ void add(CollectiveCounters& into, const CollectiveCounters& c) {
 
 DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> group)
     : shard_group_(std::move(group)),
+      post_forward_groups_(
+          std::make_shared<std::map<int, std::shared_ptr<ProcessGroup>>>()),
       stats_(std::make_shared<RankStats>()),
       tracer_(std::make_shared<Tracer>()) {
   TORCH_CHECK(shard_group_ != nullptr, "DeviceMesh needs a process group, got null");
@@ -48,21 +50,44 @@ DeviceMesh DeviceMesh::hybrid(const std::shared_ptr<ProcessGroup>& world, int re
   return mesh;
 }
 
+std::shared_ptr<ProcessGroup> DeviceMesh::post_forward_group(int size) const {
+  const int w = shard_size();
+  TORCH_CHECK(size >= 1 && w % size == 0, "DeviceMesh: a post-forward group of ", size,
+              " ranks does not divide the shard group of ", w, " ranks");
+  if (size == w) return shard_group_;
+  auto& group = (*post_forward_groups_)[size];
+  if (!group) {
+    const int me = shard_rank();
+    std::vector<int> ranks;
+    for (int i = 0; i < size; ++i) ranks.push_back(me / size * size + i);
+    group = shard_group_->split(ranks, "post_forward" + std::to_string(size) + "/" +
+                                          std::to_string(me / size));
+    TORCH_INTERNAL_ASSERT(group);
+  }
+  return group;
+}
+
+std::vector<ProcessGroup*> DeviceMesh::groups() const {
+  std::vector<ProcessGroup*> all{shard_group_.get()};
+  if (replicate_group_) all.push_back(replicate_group_.get());
+  for (const auto& item : *post_forward_groups_) all.push_back(item.second.get());
+  return all;
+}
+
 CommCounters DeviceMesh::counters() const {
-  CommCounters total = shard_group_->counters();
-  if (replicate_group_) {
-    const CommCounters r = replicate_group_->counters();
-    add(total.all_gather, r.all_gather);
-    add(total.reduce_scatter, r.reduce_scatter);
-    add(total.all_reduce, r.all_reduce);
-    add(total.broadcast, r.broadcast);
+  CommCounters total;
+  for (ProcessGroup* group : groups()) {
+    const CommCounters c = group->counters();
+    add(total.all_gather, c.all_gather);
+    add(total.reduce_scatter, c.reduce_scatter);
+    add(total.all_reduce, c.all_reduce);
+    add(total.broadcast, c.broadcast);
   }
   return total;
 }
 
 void DeviceMesh::reset_counters() const {
-  shard_group_->reset_counters();
-  if (replicate_group_) replicate_group_->reset_counters();
+  for (ProcessGroup* group : groups()) group->reset_counters();
 }
 
 }  // namespace fsdp

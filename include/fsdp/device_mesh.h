@@ -15,7 +15,9 @@
 #include <fsdp/runtime/stats.h>
 #include <fsdp/runtime/trace.h>
 
+#include <map>
 #include <memory>
+#include <vector>
 
 namespace fsdp {
 
@@ -42,6 +44,13 @@ class DeviceMesh {
   // The replicate dimension's group, or nullptr for a 1-D mesh.
   ProcessGroup* replicate_group() const { return replicate_group_.get(); }
 
+  // The group of `size` consecutive ranks of the shard group that holds this rank: where a unit
+  // with reshard_after_forward = size gathers for backward (ZeRO++ hpZ). Created on first use
+  // for each size, which is collective over the shard group (every rank asks for the same
+  // size at the same point, as fully_shard does); copies of the mesh share the groups. size
+  // must divide shard_size().
+  std::shared_ptr<ProcessGroup> post_forward_group(int size) const;
+
   // Communication counters summed over the mesh's groups, and their reset.
   CommCounters counters() const;
   void reset_counters() const;
@@ -52,8 +61,12 @@ class DeviceMesh {
   Tracer& tracer() const { return *tracer_; }
 
  private:
+  // Every group of the mesh: shard, replicate (if any), post-forward groups made so far.
+  std::vector<ProcessGroup*> groups() const;
+
   std::shared_ptr<ProcessGroup> shard_group_;
   std::shared_ptr<ProcessGroup> replicate_group_;
+  std::shared_ptr<std::map<int, std::shared_ptr<ProcessGroup>>> post_forward_groups_;
   std::shared_ptr<RankStats> stats_;
   std::shared_ptr<Tracer> tracer_;
 };

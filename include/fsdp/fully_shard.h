@@ -47,11 +47,36 @@ struct MixedPrecisionPolicy {
   TORCH_ARG(bool, cast_forward_inputs) = true;
 };
 
+// FSDP2's reshard_after_forward, which is a bool or an int:
+//   true   free the unsharded parameters after the unit's forward; its backward all-gathers
+//          them again over the whole shard group (ZeRO-3).
+//   false  keep them from forward to backward: no second all-gather, more memory (ZeRO-2).
+//   int N  ZeRO++'s hpZ: after forward keep a 1/N piece of the unsharded parameters, so the
+//          backward all-gather runs within a group of N consecutive ranks of the shard group
+//          (say, one node) instead of across all W. N must divide W; N = W is true, N = 1 is
+//          false.
+class ReshardAfterForward {
+ public:
+  ReshardAfterForward(bool reshard)  // NOLINT(google-explicit-constructor): like FSDP2's bool
+      : whole_group_(reshard) {}
+  ReshardAfterForward(int group_size)  // NOLINT(google-explicit-constructor): and its int
+      : group_size_(group_size), given_as_int_(true) {}
+  // The size of the group the parameters are resharded to after forward, for a shard group of
+  // shard_size ranks: shard_size for true, 1 for false, N for N.
+  int group_size(int shard_size) const { return whole_group_ ? shard_size : group_size_; }
+  bool given_as_int() const { return given_as_int_; }
+
+ private:
+  bool whole_group_ = false;
+  int group_size_ = 1;
+  bool given_as_int_ = false;
+};
+
 struct FullyShardOptions {
-  // Free the unsharded parameters after this unit's forward and gather them again for its
-  // backward. (optional) defaults to true for every unit but the root, false for the root,
-  // whose backward starts right after its forward.
-  TORCH_ARG(std::optional<bool>, reshard_after_forward) = std::nullopt;
+  // What happens to the unsharded parameters after this unit's forward (see
+  // ReshardAfterForward). (optional) defaults to true for every unit but the root, false for
+  // the root, whose backward starts right after its forward.
+  TORCH_ARG(std::optional<ReshardAfterForward>, reshard_after_forward) = std::nullopt;
   TORCH_ARG(MixedPrecisionPolicy, mp_policy) = MixedPrecisionPolicy();
 };
 

@@ -22,13 +22,14 @@
 //                        step) and takes the largest sum. fsdp-train measures it as
 //                        peak_alloc_bytes; RSS adds the process's own ~0.4 GB and malloc's
 //                        retained pages.
-// Measured against fsdp-train (bench/memory_estimate.sh, tests/estimate/): every category but
+// Measured against fsdp-train (bench/training_modes.sh, tests/estimate/): every category but
 // the total is exact; the total is within a few percent, the spread of which collective
 // happens to overlap the peak.
 // Strategies (FSDP1's names, as fsdp-train --strategy sets them up): full_shard (S = W, blocks
 // reshard after forward), shard_grad_op (S = W, nothing reshards after forward), no_shard
 // (S = 1, replicated as in DDP), hybrid_shard (S = W / R within each of R replicas). The root
-// unit never reshards after forward. Implicit prefetch and AdamW are assumed; buffers gloo
+// unit never reshards after forward. With reshard_after_forward_size N (hpZ) a block keeps
+// S / N of its shards from its forward to its backward. Implicit prefetch and AdamW are assumed; buffers gloo
 // allocates inside its algorithms (not tensors) are not counted.
 #pragma once
 
@@ -100,6 +101,10 @@ struct MemoryEstimateOptions {
   // Mixed precision, as in MixedPrecisionPolicy. (optional) default to the master dtype.
   TORCH_ARG(std::optional<at::ScalarType>, param_dtype) = std::nullopt;
   TORCH_ARG(std::optional<at::ScalarType>, reduce_dtype) = std::nullopt;
+  // The blocks' reshard_after_forward as an int N (hpZ, full_shard and hybrid_shard): after
+  // forward each keeps W/N of its S padded shards until its backward gathers within groups of
+  // N. 0 (or S) is the strategy's own choice; must divide S. (optional) defaults to 0.
+  TORCH_ARG(int, reshard_after_forward_size) = 0;
   // Implicit prefetch depth (units). (optional) defaults to 1.
   TORCH_ARG(int, prefetch) = 1;
   // Forward/backward passes per optimizer step; the model spec describes one pass's
@@ -119,6 +124,13 @@ struct MemoryEstimate {
   int64_t activation_bytes = 0;
   int64_t comm_buffer_bytes = 0;
   int64_t total_bytes = 0;
+  // Communication of one step, as the runtime counts it (CollectiveCounters' payload: an
+  // all-gather's output, a reduce-scatter's input, an all-reduce's tensor): the gathers of
+  // parameters, the gradient reductions and the all-reduces across replicas. Scalars outside
+  // the FSDP runtime (the gradient norm, the trainer's loss) are not counted.
+  int64_t all_gather_bytes = 0;
+  int64_t reduce_scatter_bytes = 0;
+  int64_t all_reduce_bytes = 0;
   // Where the step's peak is ("backward of h.7", "optimizer step", ...).
   std::string peak_phase;
   // The most bytes live in each phase of the replayed step, in order.

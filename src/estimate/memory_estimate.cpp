@@ -146,6 +146,16 @@ class StepModel {
     // Blocks reshard after forward except under shard_grad_op (no_shard reshards too, as
     // fsdp-train sets it up: with one rank per shard group only a cast copy is freed).
     reshard_after_forward_ = o.strategy() != ShardingStrategy::kShardGradOp;
+    const int size = o.reshard_after_forward_size();
+    TORCH_CHECK(size >= 0 && (size == 0 || shard_ % size == 0),
+                "estimate_memory: reshard_after_forward_size ", size,
+                " does not divide the shard group of ", shard_, " ranks");
+    TORCH_CHECK(size == 0 || size == shard_ || o.strategy() == ShardingStrategy::kFullShard ||
+                    o.strategy() == ShardingStrategy::kHybridShard,
+                "estimate_memory: reshard_after_forward_size applies to full_shard and "
+                "hybrid_shard, not ", to_string(o.strategy()));
+    if (size == 1) reshard_after_forward_ = false;
+    if (size > 1 && size < shard_) post_forward_size_ = size;
 
     root_ = sizes_of("root", model.root_param_shapes, shard_);
     for (const auto& u : model.units) {
@@ -192,6 +202,9 @@ class StepModel {
     e.comm_buffer_bytes = r_.peak_comm();
     e.total_bytes = r_.peak();
     e.peak_phase = r_.peak_phase();
+    e.all_gather_bytes = all_gather_bytes_;
+    e.reduce_scatter_bytes = reduce_scatter_bytes_;
+    e.all_reduce_bytes = all_reduce_bytes_;
     e.timeline = r_.timeline();
     return e;
   }
@@ -203,6 +216,7 @@ class StepModel {
     bool gathering = false;
     bool sharded_grad = false;  // holds a (sharded) gradient from an earlier pass of the step
     bool unsynced = false;      // holds full gradients of passes that did not sync
+    bool piece = false;         // holds its hpZ piece (from forward to backward's gather)
   };
 
   bool gathers() const { return o_.fsdp() && (shard_ > 1 || cast_); }
@@ -213,6 +227,10 @@ class StepModel {
     return u.shard_numel * shard_ * compute_;
   }
   int64_t cast_copy_bytes(const UnitSizes& u) const { return cast_ ? u.shard_numel * compute_ : 0; }
+  // hpZ: the shard_ / post_forward_size_ padded shards a block keeps after forward.
+  int64_t piece_bytes(const UnitSizes& u) const {
+    return post_forward_size_ > 0 ? u.shard_numel * (shard_ / post_forward_size_) * compute_ : 0;
+  }
 
   UnitSizes& unit(int i) { return i < 0 ? root_ : units_[i]; }
   State& state(int i) { return i < 0 ? root_state_ : states_[i]; }
@@ -222,8 +240,11 @@ class StepModel {
     State& s = state(i);
     if (s.unsharded || s.gathering || !gathers()) return;
     const UnitSizes& u = unit(i);
-    r_.alloc(cast_copy_bytes(u) + gather_buffer_bytes(u), "all-gather of " + label(i));
+    // From a piece: the piece is the all-gather's input (already in the compute dtype).
+    const int64_t input = s.piece ? 0 : cast_copy_bytes(u);
+    r_.alloc(input + gather_buffer_bytes(u), "all-gather of " + label(i));
     r_.count_comm(gather_buffer_bytes(u));
+    all_gather_bytes_ += gather_buffer_bytes(u);
     // c10d's gloo all-gather gathers into a flat tensor of the output's size and copies out.
     issued_since_compute_.push_back(gather_buffer_bytes(u));
     s.gathering = true;
@@ -238,8 +259,11 @@ class StepModel {
       // Copy-out into the unsharded storages while the buffers are alive, then free them.
       r_.alloc(unsharded_bytes(u), phase);
       r_.count_unsharded(unsharded_bytes(u));
-      r_.free(cast_copy_bytes(u) + gather_buffer_bytes(u));
+      const int64_t input = s.piece ? piece_bytes(u) : cast_copy_bytes(u);
+      r_.free(input + gather_buffer_bytes(u));
       r_.count_comm(-gather_buffer_bytes(u));
+      if (s.piece) r_.count_unsharded(-piece_bytes(u));
+      s.piece = false;
     }
     s.gathering = false;
     s.unsharded = true;
@@ -268,7 +292,15 @@ class StepModel {
       wait(i, phase);
       r_.alloc(units_[i].saved, phase);
       r_.transient(units_[i].forward_ws + concurrent_temporaries(), phase);
-      if (reshard_after_forward) reshard(i);
+      if (reshard_after_forward && post_forward_size_ > 0) {
+        // hpZ: the piece is copied out of the full parameters, which are then freed.
+        r_.alloc(piece_bytes(units_[i]), phase);
+        r_.count_unsharded(piece_bytes(units_[i]));
+        reshard(i);
+        state(i).piece = true;
+      } else if (reshard_after_forward) {
+        reshard(i);
+      }
     }
     r_.alloc(root_after_, "end of forward");
     r_.transient(root_forward_ws_, "end of forward");
@@ -353,6 +385,10 @@ class StepModel {
     const int64_t output = shard_ == 1 ? 0 : u.shard_numel * reduce_;  // no_shard: in place
     r_.alloc(output, phase);
     pending_.push_back({input, output, u.shard_numel, i});
+    // The reduce-scatter's input, then (HSDP) the reduced shard across replicas; with one rank
+    // per shard group (DDP), the all-reduce of the packed gradients in place.
+    if (shard_ > 1) reduce_scatter_bytes_ += input;
+    if (replicate_ > 1) all_reduce_bytes_ += shard_ == 1 ? input : output;
     // The ring reduce-scatter's two chunk buffers (an all-reduce's live inside gloo).
     if (shard_ > 1) issued_since_compute_.push_back(2 * u.shard_numel * reduce_);
     while (pending_.size() > 2) finish_oldest();
@@ -398,6 +434,8 @@ class StepModel {
   int64_t master_ = 4, compute_ = 4, reduce_ = 4;
   bool cast_ = false;
   bool reshard_after_forward_ = true;
+  int post_forward_size_ = 0;  // hpZ group size, when 1 < N < shard_
+  int64_t all_gather_bytes_ = 0, reduce_scatter_bytes_ = 0, all_reduce_bytes_ = 0;
   UnitSizes root_;
   std::vector<UnitSizes> units_;
   int64_t root_before_ = 0, root_after_ = 0, root_forward_ws_ = 0, root_backward_peak_ = 0;
@@ -449,9 +487,10 @@ std::string MemoryEstimate::to_json() const {
       "{{\"param_bytes\": {}, \"grad_bytes\": {}, \"optim_bytes\": {}, \"peak_unsharded_bytes\": "
       "{}, "
       "\"activation_bytes\": {}, \"comm_buffer_bytes\": {}, \"total_bytes\": {}, \"peak_phase\": "
-      "\"{}\"}}",
+      "\"{}\", \"all_gather_bytes\": {}, \"reduce_scatter_bytes\": {}, \"all_reduce_bytes\": {}}}",
       param_bytes, grad_bytes, optim_bytes, peak_unsharded_bytes, activation_bytes,
-      comm_buffer_bytes, total_bytes, peak_phase);
+      comm_buffer_bytes, total_bytes, peak_phase, all_gather_bytes, reduce_scatter_bytes,
+      all_reduce_bytes);
 }
 
 MemoryEstimate estimate_memory(const ModelMemorySpec& model, const MemoryEstimateOptions& options) {

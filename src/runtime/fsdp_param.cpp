@@ -8,6 +8,8 @@
 #include <ATen/native/Resize.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 namespace fsdp::detail {
 namespace {
 
@@ -117,25 +119,30 @@ void FSDPParam::reshard() {
   aliases_shard_ = false;
 }
 
-void FSDPParam::copy_grad_into(const at::Tensor& full_grad, const at::Tensor& slot_2d) const {
+void FSDPParam::copy_chunks_into(const at::Tensor& full, const at::Tensor& slot_2d,
+                                 int64_t first_chunk) const {
   const DimShardLayout& l = layout_;
   if (l.chunk_rows == 0) return;
-  const int64_t world = slot_2d.size(0);
-  // The slot is a column range of the reduce-scatter buffer, so it is strided by rank: address
-  // it as [W, chunk_rows, row_numel], the mirror image of unshard_from.
-  const at::Tensor chunks = slot_2d.view({world, l.chunk_rows, l.row_numel});
-  const at::Tensor src = full_grad.reshape({l.dim0, l.row_numel});
-  const int64_t full_chunks = l.dim0 / l.chunk_rows;
-  const int64_t rest = l.dim0 - full_chunks * l.chunk_rows;
+  const int64_t count = slot_2d.size(0);
+  // The slot is a column range of a [count, S] buffer, so it is strided by chunk: address it
+  // as [count, chunk_rows, row_numel], the mirror image of unshard_from.
+  const at::Tensor chunks = slot_2d.view({count, l.chunk_rows, l.row_numel});
+  // Real rows from the first chunk on; chunks past them are padding.
+  const int64_t first_row = std::min(first_chunk * l.chunk_rows, l.dim0);
+  const int64_t rows = l.dim0 - first_row;
+  const at::Tensor src = full.reshape({l.dim0, l.row_numel}).narrow(0, first_row, rows);
+  const int64_t full_chunks = std::min(rows / l.chunk_rows, count);
   if (full_chunks > 0) {
     chunks.narrow(0, 0, full_chunks)
-        .copy_(src.narrow(0, 0, full_chunks * l.chunk_rows).view({full_chunks, l.chunk_rows, l.row_numel}));
+        .copy_(src.narrow(0, 0, full_chunks * l.chunk_rows)
+                   .view({full_chunks, l.chunk_rows, l.row_numel}));
   }
-  if (full_chunks < world) {
+  if (full_chunks < count) {
+    const int64_t rest = rows - full_chunks * l.chunk_rows;  // < chunk_rows
     const at::Tensor partial = chunks.select(0, full_chunks);
     if (rest > 0) partial.narrow(0, 0, rest).copy_(src.narrow(0, full_chunks * l.chunk_rows, rest));
     partial.narrow(0, rest, l.chunk_rows - rest).zero_();
-    if (full_chunks + 1 < world) chunks.narrow(0, full_chunks + 1, world - full_chunks - 1).zero_();
+    if (full_chunks + 1 < count) chunks.narrow(0, full_chunks + 1, count - full_chunks - 1).zero_();
   }
 }
 

@@ -56,9 +56,12 @@ class FSDPParam {
   void reshard();
   bool is_unsharded() const { return unsharded_now_; }
 
-  // Copies a full gradient into its [W, padded_numel()] slot of a reduce-scatter input,
-  // zero-padded.
-  void copy_grad_into(const at::Tensor& full_grad, const at::Tensor& slot_2d) const;
+  // Copies chunks [first_chunk, first_chunk + count) of a full tensor of this parameter's
+  // shape (chunk r: the padded rows of rank r) into slot_2d, a [count, padded_numel()] column
+  // range of a flat buffer, zero-padded: a gradient into its reduce-scatter input (all W
+  // chunks), or parameter values into a post-forward piece (hpZ).
+  void copy_chunks_into(const at::Tensor& full, const at::Tensor& slot_2d,
+                        int64_t first_chunk = 0) const;
 
   // Full gradient summed over backward passes that ran without gradient sync, in the reduce
   // dtype; reduce-scattered (and cleared) by the next backward that syncs.

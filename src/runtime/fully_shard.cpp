@@ -64,6 +64,15 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const D
               "' is already sharded; fully_shard must be applied once per module");
 
   check_policy(options.mp_policy(), mesh);
+  if (const auto& reshard = options.reshard_after_forward();
+      reshard.has_value() && reshard->given_as_int()) {
+    const int size = reshard->group_size(mesh.shard_size());
+    const int w = mesh.shard_size();
+    TORCH_CHECK(size >= 1 && w % size == 0, "fully_shard: reshard_after_forward=", size,
+                " (an int: how many ranks to reshard to after forward) does not divide the shard "
+                "group of ", w, " ranks of module '", module->name(), "'; give a divisor of ", w,
+                " (", w, " acts as true, 1 as false)");
+  }
 
   std::unordered_set<const c10::TensorImpl*> claimed;
   for (const auto& item : module->named_modules()) {

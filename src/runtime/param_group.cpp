@@ -103,6 +103,13 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
     p.init_sharded(flat_shards_.narrow(0, offset, p.padded_numel()));
     offset += p.padded_numel();
   }
+  if (options_.reshard_after_forward().has_value()) {
+    // fully_shard checked that the size divides the shard group.
+    const int size = options_.reshard_after_forward()->group_size(mesh_.shard_size());
+    if (size > 1 && size < mesh_.shard_size() && !params_.empty()) {
+      post_forward_group_ = mesh_.post_forward_group(size);
+    }
+  }
 }
 
 void ParamGroup::set_path(std::string path, bool is_top) {
@@ -111,7 +118,12 @@ void ParamGroup::set_path(std::string path, bool is_top) {
 }
 
 bool ParamGroup::reshard_after_forward() const {
-  return options_.reshard_after_forward().value_or(!is_root());
+  const auto& option = options_.reshard_after_forward();
+  if (!option.has_value()) return !is_root();
+  // A group of one rank (false, or the int 1) keeps the parameters; with W = 1, true still
+  // drops the unit's mixed-precision copy.
+  return !option->given_as_int() ? option->group_size(2) == 2
+                                 : option->group_size(mesh_.shard_size()) > 1;
 }
 
 void ParamGroup::set_implicit_prefetch(int count) {
@@ -150,6 +162,7 @@ void ParamGroup::set_reshard_after_backward(bool reshard) {
 void ParamGroup::set_reshard_after_forward(bool reshard) {
   check_not_in_backward(reshard ? "set_reshard_after_forward(true)" : "set_reshard_after_forward(false)");
   options_.reshard_after_forward(reshard);
+  post_forward_group_ = nullptr;  // a bool replaces an int given to fully_shard
 }
 
 void ParamGroup::set_is_last_backward(bool last) {
@@ -268,8 +281,42 @@ void ParamGroup::post_forward(std::vector<at::Tensor>& outputs) {
       }
     }
   }
-  if (reshard_after_forward() || !training) reshard();
+  if (!training) {
+    reshard();
+  } else if (reshard_after_forward()) {
+    if (post_forward_group_) {
+      reshard_to_post_forward_group();
+    } else {
+      reshard();
+    }
+  }
   state_ = training ? UnitState::kForwardDone : UnitState::kIdle;
+}
+
+void ParamGroup::reshard_to_post_forward_group() {
+  const int64_t shards = mesh_.shard_size() / post_forward_group_->size();
+  const int64_t first = post_forward_group_->rank() * shards;
+  const int64_t numel = flat_shards_.numel();
+  at::Tensor piece = at::empty({shards * numel}, flat_shards_.options().dtype(compute_dtype_));
+  {
+    TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
+    at::NoGradGuard no_grad;
+    const at::Tensor piece_2d = piece.view({shards, numel});
+    int64_t column = 0;
+    for (auto& p : params_) {
+      p.copy_chunks_into(p.param(), piece_2d.narrow(1, column, p.padded_numel()), first);
+      column += p.padded_numel();
+    }
+  }
+  reshard();
+  post_forward_piece_ = std::move(piece);
+  mesh_.stats().add_unsharded_params(post_forward_piece_.nbytes());
+}
+
+void ParamGroup::drop_post_forward_piece() {
+  if (!post_forward_piece_.defined()) return;
+  mesh_.stats().add_unsharded_params(-post_forward_piece_.nbytes());
+  post_forward_piece_ = at::Tensor();
 }
 
 void ParamGroup::cast_forward_inputs(std::vector<at::Tensor>& inputs) const {
@@ -409,7 +456,7 @@ void ParamGroup::post_backward() {
       FSDPParam& p = *reduce.params[i];
       const at::Tensor slot = input_2d.narrow(1, column, p.padded_numel());
       if (full_grads[i].defined()) {
-        p.copy_grad_into(full_grads[i], slot);
+        p.copy_chunks_into(full_grads[i], slot);
       } else {
         slot.zero_();  // an unused parameter contributes a zero gradient
       }
@@ -508,7 +555,15 @@ void ParamGroup::issue_unshard() {
     return;
   }
   auto pending = std::make_unique<PendingGather>();
-  if (cast) {
+  ProcessGroup* group = &mesh_.shard_group();
+  if (post_forward_piece_.defined()) {
+    // hpZ: gather the pieces of this rank's post-forward group, whose [N, W/N * S] output is
+    // the same [W, S] buffer a gather over the shard group would give.
+    group = post_forward_group_.get();
+    pending->piece_bytes = post_forward_piece_.nbytes();
+    pending->input = std::move(post_forward_piece_);
+    post_forward_piece_ = at::Tensor();
+  } else if (cast) {
     TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
     pending->input = flat_shards_.to(compute_dtype_);
   }
@@ -518,10 +573,11 @@ void ParamGroup::issue_unshard() {
   mesh_.stats().add_unsharded_units(1);
   pending->issued = Tracer::Clock::now();
   try {
-    pending->work = mesh_.shard_group().all_gather_into_tensor(
-        pending->buffer, cast ? pending->input : flat_shards_);
+    pending->work = group->all_gather_into_tensor(
+        pending->buffer, pending->input.defined() ? pending->input : flat_shards_);
   } catch (const std::exception& e) {
     mesh_.stats().add_comm_buffers(-pending->buffer.nbytes());
+    mesh_.stats().add_unsharded_params(-pending->piece_bytes);
     mesh_.stats().add_unsharded_units(-1);
     rethrow_with_context("all-gather of parameters", e);
   }
@@ -539,6 +595,7 @@ void ParamGroup::wait_unshard() {
     wait_for(pending->work, "all-gather of parameters");
   } catch (...) {
     stats.add_comm_buffers(-buffer_bytes);
+    stats.add_unsharded_params(-pending->piece_bytes);
     stats.add_unsharded_units(-1);
     throw;
   }
@@ -555,6 +612,7 @@ void ParamGroup::wait_unshard() {
     }
   }
   stats.add_comm_buffers(-buffer_bytes);
+  stats.add_unsharded_params(-pending->piece_bytes);
   unsharded_ = true;
 }
 
@@ -564,12 +622,14 @@ void ParamGroup::drop_pending_gather() {
   // drop the result.
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
   mesh_.stats().add_comm_buffers(-pending->buffer.nbytes());
+  mesh_.stats().add_unsharded_params(-pending->piece_bytes);
   mesh_.stats().add_unsharded_units(-1);
   wait_for(pending->work, "all-gather of parameters");
 }
 
 void ParamGroup::reshard() {
   drop_pending_gather();
+  drop_post_forward_piece();
   if (!unsharded_) return;
   const bool counted = mesh_.shard_size() > 1;
   for (auto& p : params_) {

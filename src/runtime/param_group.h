@@ -7,7 +7,9 @@
 //        --post_backward (autograd node on the inputs, or the root's end-of-backward
 //          callback for units whose node never ran)--> kIdle
 // Parameters are unsharded from pre_forward to post_forward (and to the end of backward when
-// reshard_after_forward is false) and from pre_backward to post_backward.
+// reshard_after_forward is false) and from pre_backward to post_backward. With
+// reshard_after_forward = N (hpZ), post_forward keeps this rank's 1/N piece of the unsharded
+// parameters (post_forward_piece_) until pre_backward gathers from it within a group of N.
 //
 // Communication is asynchronous: an unshard is an all-gather issued on the process group's
 // progress thread (issue_unshard) and completed, with the copy-out, only when the parameters
@@ -98,7 +100,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
  private:
   struct PendingGather {
     WorkHandle work;
-    at::Tensor input;   // the shards cast to the compute dtype, if they needed a cast
+    at::Tensor input;   // the shards cast to the compute dtype, or the hpZ piece; else undefined
+    int64_t piece_bytes = 0;  // the hpZ piece's, counted as unsharded until the gather completes
     at::Tensor buffer;  // [W * shard numel]
     Tracer::Clock::time_point issued;
   };
@@ -116,6 +119,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   };
 
   void lazy_init_as_root();
+  // After forward, with reshard_after_forward = N (1 < N < W): keeps the piece of the unsharded
+  // parameters that this rank serves within its post-forward group, then reshards.
+  void reshard_to_post_forward_group();
+  void drop_post_forward_piece();
   void begin_step();
   void queue_end_of_backward();
   void end_of_backward();
@@ -142,6 +149,12 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   bool requires_gradient_sync_ = true;
   bool reshard_after_backward_ = true;
   at::Tensor flat_shards_;  // every parameter's padded shard, concatenated
+  // hpZ: the group of N ranks that gathers for backward (null unless reshard_after_forward
+  // is an N with 1 < N < W), and between forward and backward this rank's piece of the
+  // unsharded parameters: the W / N consecutive shards (in the all-gather's [W, S] layout)
+  // starting at shard (rank in that group) * W / N, in the compute dtype.
+  std::shared_ptr<ProcessGroup> post_forward_group_;
+  at::Tensor post_forward_piece_;
   UnitState state_ = UnitState::kIdle;
   bool unsharded_ = false;
   std::unique_ptr<PendingGather> pending_gather_;

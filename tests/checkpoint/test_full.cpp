@@ -6,6 +6,7 @@
 #include <fsdp/comm/rendezvous.h>
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
+#include <fsdp/util/memory_counter.h>
 #include <models/gpt2/gpt2.h>
 #include <models/gpt2/hf.h>
 
@@ -137,6 +138,41 @@ TEST(FullCheckpoint, Bf16ExportHoldsRoundedValuesAndLoadsIntoFloat32) {
   load_full(path, *model, nullptr, models::gpt2_hf_layout());
   EXPECT_TRUE(
       at::equal(model->transformer->wte->weight.detach(), wte.to(at::kBFloat16).to(at::kFloat)));
+}
+
+// The export gathers one parameter at a time: beyond its shards, rank 0 never allocates more
+// than a few copies of the largest parameter (the gathered rows, the layout's transpose), far
+// less than the model it writes.
+TEST(FullCheckpoint, RankZeroHoldsOneGatheredTensorAtATime) {
+  const models::GPT2Config config{256, 64, 32, 12, 2};  // tiny with 12 blocks
+  const std::string path = temp_dir("full_memory") + "/model.safetensors";
+  int64_t model_bytes = 0, largest = 0, peak_extra = -1;
+  {
+    auto plain = make_model(config, 5, nullptr);
+    for (const auto& [name, p] : unique_named_parameters(*plain)) {
+      model_bytes += p.nbytes();
+      largest = std::max<int64_t>(largest, p.nbytes());
+    }
+  }
+  run_ranks_in_threads(
+      2,
+      [&](std::shared_ptr<ProcessGroup> group) {
+        DeviceMesh mesh(group);
+        auto model = make_model(config, 5, &mesh);
+        auto counter = std::make_shared<MemoryCounter>();
+        CountAllocations count(counter);
+        save_full(path, *model, group.get(), hf_export());
+        if (group->rank() == 0) peak_extra = counter->peak_bytes();
+      },
+      test::test_options());
+  ASSERT_GT(peak_extra, 0);
+  EXPECT_LE(peak_extra, 3 * largest) << "largest parameter " << largest << " bytes";
+  EXPECT_LT(6 * peak_extra, model_bytes) << "model " << model_bytes << " bytes";
+  // And the file holds the whole model.
+  const auto file = load_safetensors(path);
+  int64_t stored = 0;
+  for (const auto& [name, t] : file) stored += t.nbytes();
+  EXPECT_EQ(stored, model_bytes);
 }
 
 TEST(FullCheckpoint, ReadsFilesInTheHubsOriginalNaming) {

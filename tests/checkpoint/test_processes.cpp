@@ -104,6 +104,23 @@ TEST(CheckpointProcesses, SigkillMidSaveLeavesThePreviousCheckpointLoadable) {
   }
 }
 
+// --init-from loads an export into a model sharded over other ranks (each rank reads its rows)
+// and --export writes it back: the same bytes, for fp32 and for a bf16 file read into fp32.
+TEST(CheckpointProcesses, InitFromAnExportAndExportAgainGivesTheSameFile) {
+  const std::string dir = temp_dir("init_from");
+  const std::string common = trainer() + " --global-batch 6 --seq-len 16 --seed 4 --quiet";
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    const std::string first = dir + "/trained_" + dtype + ".safetensors";
+    const std::string again = dir + "/again_" + dtype + ".safetensors";
+    Result r = shell(common + " --nproc 1 --steps 3 --export " + first + " --export-dtype " + dtype);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = shell(common + " --nproc 3 --steps 0 --init-from " + first + " --export " + again +
+              " --export-dtype " + dtype);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(read_bytes(first), read_bytes(again)) << dtype;
+  }
+}
+
 std::string python() {
   const char* p = std::getenv("FSDP_PYTHON");
   return p != nullptr ? p : "python3";

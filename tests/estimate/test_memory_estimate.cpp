@@ -247,6 +247,13 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
     const auto activation = r["activation_bytes"].get<int64_t>();
     EXPECT_GE(activation, e.activation_bytes - 0.01 * activation) << rank;
     EXPECT_LE(activation, e.activation_bytes + 0.01 * activation + largest_unit) << rank;
+    EXPECT_EQ(r["all_gather_bytes"].get<int64_t>(), e.all_gather_bytes) << rank;
+    EXPECT_EQ(r["reduce_scatter_bytes"].get<int64_t>(), e.reduce_scatter_bytes) << rank;
+    // Besides the gradients: the gradient norm (8 bytes, on a shard group of several ranks)
+    // and, on a 1-D mesh, the loss (8 bytes).
+    const auto all_reduce = r["all_reduce_bytes"].get<int64_t>();
+    EXPECT_GE(all_reduce, e.all_reduce_bytes) << rank;
+    EXPECT_LE(all_reduce, e.all_reduce_bytes + 16) << rank;
     const auto peak = r["peak_alloc_bytes"].get<int64_t>();
     EXPECT_NEAR(peak, e.total_bytes, 0.10 * peak) << rank << ", estimate peaks at " << e.peak_phase;
   }
@@ -302,6 +309,8 @@ INSTANTIATE_TEST_SUITE_P(
                     MemoryEstimateOptions().strategy(ShardingStrategy::kNoShard)},
         TrainerCase{"hybrid_shard", 4, "--strategy hybrid_shard --replicate 2",
                     MemoryEstimateOptions().strategy(ShardingStrategy::kHybridShard).replicate(2)},
+        TrainerCase{"full_shard_hpz2", 4, "--reshard-after-forward 2",
+                    MemoryEstimateOptions().reshard_after_forward_size(2)},
         TrainerCase{"checkpointed", 2, "--activation-checkpoint", MemoryEstimateOptions(), 1, true},
         TrainerCase{"bf16", 2, "--param-dtype bf16 --reduce-dtype fp32",
                     MemoryEstimateOptions().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat)},

@@ -9,7 +9,7 @@
 namespace fsdp::testing {
 
 struct GptCaseOptions {
-  std::optional<bool> reshard_after_forward;
+  std::optional<ReshardAfterForward> reshard_after_forward;  // for the blocks
   int accumulation = 1;
   // Build with the deferred, block-by-block construction that shards each block as it is made.
   bool deferred = true;

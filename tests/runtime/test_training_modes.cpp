@@ -160,13 +160,17 @@ INSTANTIATE_TEST_SUITE_P(Modes, Accumulation,
 
 struct Strategy {
   const char* name;
-  int replicate;                  // mesh replicate dimension
-  bool reshard_after_forward;     // for the blocks
+  int replicate;                              // mesh replicate dimension
+  ReshardAfterForward reshard_after_forward;  // for the blocks
+  // Whether backward gathers the blocks again, and over how many ranks (hpZ: fewer than the
+  // shard group).
+  bool regathers() const { return reshard_after_forward.group_size(4 / replicate) > 1; }
 };
 const Strategy kStrategies[] = {{"full_shard", 1, true},
                                 {"shard_grad_op", 1, false},
                                 {"no_shard", 4, true},
-                                {"hybrid_shard", 2, true}};
+                                {"hybrid_shard", 2, true},
+                                {"full_shard_hpz2", 1, 2}};
 
 class Strategies : public ::testing::TestWithParam<Strategy> {};
 
@@ -204,8 +208,14 @@ TEST_P(Strategies, BytesHeldAndMovedMatchTheAnalyticCounts) {
     EXPECT_EQ(param_bytes, padded / shard) << s.name;
     if (shard == 1) EXPECT_EQ(param_bytes, full) << s.name;
     const CommCounters n = mesh.counters();
-    const int64_t gathered = shard == 1 ? 0 : padded + (s.reshard_after_forward ? padded_blocks : 0);
-    EXPECT_EQ(n.all_gather.payload_bytes, gathered) << s.name;
+    const int64_t regathered = s.regathers() ? padded_blocks : 0;
+    EXPECT_EQ(n.all_gather.payload_bytes, shard == 1 ? 0 : padded + regathered) << s.name;
+    // hpZ: the shard group gathers once, in forward; backward gathers in the groups of 2.
+    const int post_forward = s.reshard_after_forward.group_size(shard);
+    const int64_t in_shard_group = post_forward < shard ? padded : padded + regathered;
+    EXPECT_EQ(mesh.shard_group().counters().all_gather.payload_bytes,
+              shard == 1 ? 0 : in_shard_group)
+        << s.name;
     EXPECT_EQ(n.reduce_scatter.payload_bytes, shard == 1 ? 0 : padded) << s.name;
     EXPECT_EQ(n.reduce_scatter.sent_bytes, shard == 1 ? 0 : padded / shard * (shard - 1)) << s.name;
     // Across replicas each rank all-reduces its reduced shard once. Besides: the gradient norm
@@ -221,7 +231,79 @@ TEST_P(Strategies, BytesHeldAndMovedMatchTheAnalyticCounts) {
 INSTANTIATE_TEST_SUITE_P(W4, Strategies, ::testing::ValuesIn(kStrategies),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// --- hpZ: reshard_after_forward as an int ---
+
+// What the backward of an hpZ run gathers is bit for bit what full_shard gathers, so the two
+// train identically: fp32, and bf16 (whose pieces are kept in bf16).
+TEST(ReshardToSmallerGroup, TrainsExactlyLikeFullShard) {
+  for (const bool bf16 : {false, true}) {
+    GptCaseOptions opt;
+    if (bf16) opt.mp_policy.param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
+    opt.reshard_after_forward = true;
+    const std::vector<TrainRecord> full = train_sharded(gpt_case(opt), 4);
+    opt.reshard_after_forward = 2;
+    const std::vector<TrainRecord> hpz = train_sharded(gpt_case(opt), 4);
+    for (int r = 0; r < 4; ++r) expect_bit_identical(full[r], hpz[r]);
+  }
+}
+
+// Between forward and backward a block holds W/N of the W padded shards of its unit (in the
+// compute dtype), and nothing once backward has gathered from them; the sizes 1 and W act as
+// false and true.
+TEST(ReshardToSmallerGroup, HoldsItsPieceBetweenForwardAndBackward) {
+  for (const int size : {1, 2, 4}) {
+    run_ranks_in_threads(4, [size](std::shared_ptr<ProcessGroup> group) {
+      DeviceMesh mesh(group);
+      GptCaseOptions opt;
+      opt.reshard_after_forward = size;
+      TrainCase c = gpt_case(opt);
+      auto model = c.make_model(&mesh);
+      c.shard(model, mesh);
+      int64_t root_bytes = 0, block_shards = 0, block_full = 0;
+      for (const FSDPModule& unit : fsdp_modules_under(*model)) {
+        for (const ShardedParameter& p : unit.sharded_parameters()) {
+          const int64_t full = p.local.numel() / p.metadata.padded_rows *
+                               (p.metadata.global_shape.empty() ? 1 : p.metadata.global_shape[0]);
+          if (unit.path().empty()) {
+            root_bytes += full * 4;
+          } else {
+            block_shards += p.local.nbytes();
+            block_full += full * 4;
+          }
+        }
+      }
+      const int64_t kept = size == 1 ? block_full : size == 4 ? 0 : block_shards * (4 / size);
+      auto [x, y] = c.batch(0);
+      const int rank = group->rank();
+      at::Tensor loss = c.loss(model, x.narrow(0, 3 * rank, 3), y.narrow(0, 3 * rank, 3));
+      EXPECT_EQ(mesh.stats().live().unsharded_param_bytes, root_bytes + kept) << "size " << size;
+      mesh.reset_counters();
+      loss.backward();
+      EXPECT_EQ(mesh.stats().live().unsharded_param_bytes, 0) << "size " << size;
+      // Backward gathers the blocks from their pieces: within the groups of `size`.
+      const int64_t padded_blocks = block_shards * 4;
+      EXPECT_EQ(mesh.counters().all_gather.payload_bytes, size == 1 ? 0 : padded_blocks);
+      EXPECT_EQ(mesh.shard_group().counters().all_gather.payload_bytes,
+                size == 4 ? padded_blocks : 0);
+    });
+  }
+}
+
 // --- bad settings ---
+
+TEST(TrainingModeErrors, ReshardGroupSizeThatDoesNotDivideTheShardGroup) {
+  run_ranks_in_threads(4, [](std::shared_ptr<ProcessGroup> group) {
+    DeviceMesh mesh(group);
+    torch::nn::Linear linear(8, 3);
+    for (const int size : {3, 0, 8}) {
+      EXPECT_THAT(test::error_message([&] {
+                    fully_shard(linear, mesh, FullyShardOptions().reshard_after_forward(size));
+                  }),
+                  AllOf(HasSubstr("reshard_after_forward=" + std::to_string(size)),
+                        HasSubstr("does not divide the shard group of 4 ranks")));
+    }
+  });
+}
 
 TEST(TrainingModeErrors, UnsupportedDtypeForTheBackend) {
   run_ranks_in_threads(1, [](std::shared_ptr<ProcessGroup> group) {

@@ -61,6 +61,12 @@ int main(int argc, char** argv) {
   app.add_option("--seq-len", seq_len, "Tokens per sequence")->capture_default_str();
   app.add_flag("--activation-checkpoint", activation_checkpoint,
                "Every block checkpoints its forward");
+  int reshard_after_forward = 1;
+  app.add_option("--reshard-after-forward", reshard_after_forward,
+                 "As fsdp-train's: 1 blocks reshard after forward, 0 they keep their parameters, "
+                 "N >= 2 they keep a 1/N piece (hpZ)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--prefetch", prefetch, "Implicit prefetch depth (0: off)")->capture_default_str();
   app.add_option("--grad-accum", grad_accum,
                  "Forward/backward passes per step, each on 1/K of the rank's batch")
@@ -95,6 +101,9 @@ int main(int argc, char** argv) {
         .prefetch(prefetch)
         .grad_accum(grad_accum)
         .accumulation(fsdp::parse_accumulation_mode(accum_mode))
+        .reshard_after_forward_size(reshard_after_forward == 0   ? 1
+                                    : reshard_after_forward == 1 ? 0
+                                                                 : reshard_after_forward)
         .fsdp(!no_fsdp);
     TORCH_CHECK(options.strategy() == fsdp::ShardingStrategy::kHybridShard || replicate == 1,
                 "--replicate ", replicate, " needs --strategy hybrid_shard");
@@ -119,6 +128,7 @@ int main(int argc, char** argv) {
         {"world_size", world},
         {"strategy", no_fsdp ? std::string("none") : strategy},
         {"replicate", replicate},
+        {"reshard_after_forward", reshard_after_forward},
         {"param_dtype", param_dtype.empty() ? master_dtype : param_dtype},
         {"reduce_dtype",
          reduce_dtype.empty() ? (param_dtype.empty() ? master_dtype : param_dtype) : reduce_dtype},

@@ -39,9 +39,11 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
   app.add_option("--max-grad-norm", o.max_grad_norm, "Clip the global gradient norm to this")->capture_default_str();
   app.add_option("--seed", o.seed, "Seed of the initial weights and of batch sampling")->capture_default_str();
-  int reshard = 1;
-  app.add_option("--reshard-after-forward", reshard, "1: blocks free their gathered parameters after forward")
-      ->check(CLI::IsMember({0, 1}))->capture_default_str();
+  app.add_option("--reshard-after-forward", o.reshard_after_forward,
+                 "1: blocks free their gathered parameters after forward; 0: they keep them until "
+                 "backward; N >= 2: they keep a 1/N piece and backward gathers within groups of N "
+                 "ranks (ZeRO++ hpZ; N divides the shard group)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_flag("--activation-checkpoint", o.activation_checkpoint,
                "Every transformer block recomputes its forward in backward instead of keeping activations");
   app.add_flag("--no-fsdp", o.no_fsdp, "Single-process plain LibTorch reference on the same global batch");
@@ -75,7 +77,6 @@ int main(int argc, char** argv) {
   app.add_option("--dump-batches", o.dump_batches_path,
                  "Write every step's global (inputs, targets) batch to this file (rank 0; format in trainer.h)");
   CLI11_PARSE(app, argc, argv);
-  o.reshard_after_forward = reshard == 1;
 
   try {
     const bool nproc_given = app.count("--nproc") > 0;

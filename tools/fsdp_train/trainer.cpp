@@ -79,6 +79,7 @@ nlohmann::json to_json(const StepRecord& r) {
                      {"peak_unsharded_bytes", s.peak_unsharded_bytes},
                      {"all_gather_bytes", s.all_gather_bytes},
                      {"reduce_scatter_bytes", s.reduce_scatter_bytes},
+                     {"all_reduce_bytes", s.all_reduce_bytes},
                      {"peak_rss_bytes", s.peak_rss_bytes},
                      {"sent_bytes", s.sent_bytes},
                      {"peak_alloc_bytes", s.peak_alloc_bytes},
@@ -96,10 +97,11 @@ std::vector<RankStepStats> gather_stats(const RankStepStats& mine, ProcessGroup*
   const at::Tensor local = at::tensor(
       {double(mine.param_bytes), double(mine.grad_bytes), double(mine.optim_bytes),
        double(mine.peak_unsharded_bytes), double(mine.all_gather_bytes),
-       double(mine.reduce_scatter_bytes), double(mine.peak_rss_bytes), double(mine.sent_bytes),
-       double(mine.peak_alloc_bytes), double(mine.activation_bytes)},
+       double(mine.reduce_scatter_bytes), double(mine.all_reduce_bytes),
+       double(mine.peak_rss_bytes), double(mine.sent_bytes), double(mine.peak_alloc_bytes),
+       double(mine.activation_bytes)},
       at::kDouble);
-  constexpr int kFields = 10;
+  constexpr int kFields = 11;
   at::Tensor all = at::empty({world * kFields}, at::kDouble);
   group->all_gather_into_tensor(all, local)->wait();
   std::vector<RankStepStats> result(world);
@@ -116,7 +118,8 @@ std::vector<RankStepStats> gather_stats(const RankStepStats& mine, ProcessGroup*
                  int64_t(row[6]),
                  int64_t(row[7]),
                  int64_t(row[8]),
-                 int64_t(row[9])};
+                 int64_t(row[9]),
+                 int64_t(row[10])};
   }
   return result;
 }
@@ -214,6 +217,12 @@ void validate(const TrainerOptions& o, int world) {
                   o.strategy == "no_shard" || o.strategy == "hybrid_shard",
               "--strategy must be full_shard, shard_grad_op, no_shard or hybrid_shard, got '",
               o.strategy, "'");
+  TORCH_CHECK(o.reshard_after_forward >= 0, "--reshard-after-forward must be 0, 1 or a group size "
+              ">= 2, got ", o.reshard_after_forward);
+  TORCH_CHECK(o.reshard_after_forward <= 1 || o.strategy == "full_shard" ||
+                  o.strategy == "hybrid_shard",
+              "--reshard-after-forward ", o.reshard_after_forward,
+              " (a group size) applies to --strategy full_shard and hybrid_shard, not ", o.strategy);
   TORCH_CHECK(o.replicate == 1 || o.strategy == "hybrid_shard", "--replicate ", o.replicate,
               " applies to --strategy hybrid_shard only, not ", o.strategy);
   TORCH_CHECK(o.replicate >= 1 && world % o.replicate == 0, "--replicate ", o.replicate,
@@ -271,8 +280,14 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     // holds more than the root's parameters plus one block in full.
     FullyShardOptions unit_options;
     // ZeRO-2 keeps every block's parameters from its forward to its backward.
-    unit_options.reshard_after_forward(o.strategy == "shard_grad_op" ? false : o.reshard_after_forward)
-        .mp_policy(mp_policy);
+    if (o.strategy == "shard_grad_op") {
+      unit_options.reshard_after_forward(false);
+    } else if (o.reshard_after_forward >= 2) {
+      unit_options.reshard_after_forward(o.reshard_after_forward);  // hpZ
+    } else {
+      unit_options.reshard_after_forward(o.reshard_after_forward == 1);
+    }
+    unit_options.mp_policy(mp_policy);
     // unit_options by value: the model is built after this block ends.
     model_options.on_block_built(
         [&mesh, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
@@ -442,6 +457,7 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
       const CommCounters counters = mesh->counters();
       mine.all_gather_bytes = counters.all_gather.payload_bytes;
       mine.reduce_scatter_bytes = counters.reduce_scatter.payload_bytes;
+      mine.all_reduce_bytes = counters.all_reduce.payload_bytes;
     }
     const double step_s = std::chrono::duration<double>(Clock::now() - start).count();
     StepRecord record{step + 1,

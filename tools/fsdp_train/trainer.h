@@ -21,7 +21,8 @@ struct TrainerOptions {
   double weight_decay = 0.1;
   double max_grad_norm = 1.0;
   uint64_t seed = 1234;
-  bool reshard_after_forward = true;
+  // Blocks' reshard_after_forward: 1 true, 0 false, N >= 2 the int N (hpZ group size).
+  int reshard_after_forward = 1;
   bool activation_checkpoint = false;  // every block checkpoints its forward (GPT2Options)
   // full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP), hybrid_shard (HSDP).
   std::string strategy = "full_shard";
@@ -64,6 +65,9 @@ struct RankStepStats {
   int64_t peak_unsharded_bytes = 0;
   int64_t all_gather_bytes = 0;
   int64_t reduce_scatter_bytes = 0;
+  // All-reduce payload: gradients across replicas (no_shard, hybrid_shard), the gradient norm
+  // and, when the mesh's group is the world, the step's loss.
+  int64_t all_reduce_bytes = 0;
   // What the process has measured of itself (Linux; 0 elsewhere): its peak resident memory so
   // far (VmHWM), and the bytes it wrote during the step, to sockets and files alike
   // (/proc/self/io wchar: the bytes every collective sent, plus the small metrics writes).
