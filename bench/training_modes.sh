@@ -59,6 +59,8 @@ for i, case in enumerate(cases):
     runs.append((case.split("|")[0], est, steps))
 
 def cell(p, m, scale=1e6, digits=3):
+    if max(p, m) < 1e4:  # none, or only the scalars (gradient norm, loss): in bytes
+        return f"{p} B / {m} B"
     if not m:
         return f"{p / scale:.{digits}f} / 0"
     return f"{p / scale:.{digits}f} / {m / scale:.{digits}f} ({p / m:.3f})"

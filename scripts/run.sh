@@ -15,7 +15,7 @@ case "$mode" in train|test|build) ;; *) echo "usage: $0 train|test|build [args..
 
 TORCH_VERSION=2.11.0
 DEBIAN_PACKAGES=(cmake g++ make python3 python3-venv python3-pip libgtest-dev libgmock-dev
-                 libbenchmark-dev libgloo-dev libcli11-dev nlohmann-json3-dev libxxhash-dev)
+                 libbenchmark-dev libgloo-dev libcli11-dev nlohmann-json3-dev libxxhash-dev time)
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
