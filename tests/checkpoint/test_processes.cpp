@@ -8,13 +8,13 @@
 #include <models/gpt2/hf.h>
 
 #include "checkpoint/checkpoint_test_util.h"
+#include "support/test_support.h"
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <sys/wait.h>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -26,35 +26,14 @@
 namespace fsdp::checkpoint {
 namespace {
 
+using test::CommandResult;
+using test::fsdp_train_binary;
+using test::run_command;
 using ::testing::HasSubstr;
 using testing_util::exists;
 using testing_util::file_size;
 using testing_util::read_bytes;
 using testing_util::temp_dir;
-
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-// Runs a shell command with a hard time limit, so that a hang fails instead of stalling.
-Result shell(const std::string& command, int limit_s = 240) {
-  const std::string cmd = "timeout -s KILL " + std::to_string(limit_s) + " " + command + " 2>&1";
-  Result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
-std::string trainer() {
-  const char* path = std::getenv("FSDP_TRAIN_BIN");
-  return path != nullptr ? path : "./fsdp-train";
-}
 
 std::map<int64_t, double> losses(const std::string& metrics_path) {
   std::map<int64_t, double> result;
@@ -70,8 +49,8 @@ std::map<int64_t, double> losses(const std::string& metrics_path) {
 TEST(CheckpointProcesses, SigkillMidSaveLeavesThePreviousCheckpointLoadable) {
   const std::string dir = temp_dir("sigkill");
   const std::string common =
-      trainer() + " --nproc 2 --steps 4 --global-batch 4 --seq-len 16 --seed 3 --quiet";
-  const Result straight = shell(common + " --metrics " + dir + "/straight.jsonl");
+      fsdp_train_binary() + " --nproc 2 --steps 4 --global-batch 4 --seq-len 16 --seed 3 --quiet";
+  const CommandResult straight = run_command(common + " --metrics " + dir + "/straight.jsonl");
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
   const auto want = losses(dir + "/straight.jsonl");
   ASSERT_EQ(want.size(), 4u);
@@ -79,8 +58,9 @@ TEST(CheckpointProcesses, SigkillMidSaveLeavesThePreviousCheckpointLoadable) {
   for (int victim : {1, 0}) {
     const std::string root = dir + "/ckpt" + std::to_string(victim);
     // The rank dies 50,000 bytes into its file of the step-4 save; step 2's save completed.
-    const Result crashed = shell("env FSDP_CHECKPOINT_KILL_AT=4:" + std::to_string(victim) +
-                                 ":50000 " + common + " --save " + root + " --save-every 2");
+    const CommandResult crashed =
+        run_command("env FSDP_CHECKPOINT_KILL_AT=4:" + std::to_string(victim) + ":50000 " + common +
+                    " --save " + root + " --save-every 2");
     EXPECT_NE(crashed.exit_code, 0) << crashed.output;
     EXPECT_THAT(crashed.output,
                 HasSubstr("rank " + std::to_string(victim) + " of 2 was killed by signal"));
@@ -92,8 +72,8 @@ TEST(CheckpointProcesses, SigkillMidSaveLeavesThePreviousCheckpointLoadable) {
     EXPECT_EQ(file_size(partial), 50000);
 
     const std::string metrics = root + "-resumed.jsonl";
-    const Result resumed =
-        shell(common + " --resume " + root + " --metrics " + metrics + " --save " + root);
+    const CommandResult resumed =
+        run_command(common + " --resume " + root + " --metrics " + metrics + " --save " + root);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
     const auto got = losses(metrics);
     ASSERT_EQ(got.size(), 2u);
@@ -108,14 +88,16 @@ TEST(CheckpointProcesses, SigkillMidSaveLeavesThePreviousCheckpointLoadable) {
 // and --export writes it back: the same bytes, for fp32 and for a bf16 file read into fp32.
 TEST(CheckpointProcesses, InitFromAnExportAndExportAgainGivesTheSameFile) {
   const std::string dir = temp_dir("init_from");
-  const std::string common = trainer() + " --global-batch 6 --seq-len 16 --seed 4 --quiet";
+  const std::string common =
+      fsdp_train_binary() + " --global-batch 6 --seq-len 16 --seed 4 --quiet";
   for (const std::string dtype : {"fp32", "bf16"}) {
     const std::string first = dir + "/trained_" + dtype + ".safetensors";
     const std::string again = dir + "/again_" + dtype + ".safetensors";
-    Result r = shell(common + " --nproc 1 --steps 3 --export " + first + " --export-dtype " + dtype);
+    CommandResult r =
+        run_command(common + " --nproc 1 --steps 3 --export " + first + " --export-dtype " + dtype);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    r = shell(common + " --nproc 3 --steps 0 --init-from " + first + " --export " + again +
-              " --export-dtype " + dtype);
+    r = run_command(common + " --nproc 3 --steps 0 --init-from " + first + " --export " + again +
+                    " --export-dtype " + dtype);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(read_bytes(first), read_bytes(again)) << dtype;
   }
@@ -133,7 +115,8 @@ at::Tensor logits_of(const std::string& model_file, const at::Tensor& input_ids)
 }
 
 TEST(CheckpointProcesses, TransformersLoadsOurExportAndWeLoadTheirs) {
-  const Result probe = shell(python() + " -c 'import transformers, safetensors, torch'", 120);
+  const CommandResult probe =
+      run_command(python() + " -c 'import transformers, safetensors, torch'", 120);
   ASSERT_EQ(probe.exit_code, 0)
       << "the Hugging Face interop test needs transformers and safetensors in " << python()
       << " (set FSDP_PYTHON to another interpreter, or run: " << python()
@@ -142,9 +125,9 @@ TEST(CheckpointProcesses, TransformersLoadsOurExportAndWeLoadTheirs) {
 
   const std::string dir = temp_dir("hf");
   const std::string ours = dir + "/ours", theirs = dir + "/theirs";
-  const Result trained =
-      shell(trainer() + " --nproc 2 --steps 3 --global-batch 4 --seq-len 16 --quiet --export " +
-            ours + "/model.safetensors");
+  const CommandResult trained = run_command(
+      fsdp_train_binary() + " --nproc 2 --steps 3 --global-batch 4 --seq-len 16 --quiet --export " +
+      ours + "/model.safetensors");
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   ASSERT_TRUE(exists(ours + "/config.json"));
   const at::Tensor input_ids = (at::arange(2 * 24).reshape({2, 24}) * 37 + 11).remainder(256);
@@ -152,7 +135,7 @@ TEST(CheckpointProcesses, TransformersLoadsOurExportAndWeLoadTheirs) {
       ours + "/expected.safetensors",
       {{"input_ids", input_ids}, {"logits", logits_of(ours + "/model.safetensors", input_ids)}});
 
-  const Result checked = shell(
+  const CommandResult checked = run_command(
       python() + " " FSDP_SOURCE_DIR "/tests/checkpoint/hf_interop.py " + ours + " " + theirs, 300);
   ASSERT_EQ(checked.exit_code, 0) << checked.output;
   EXPECT_THAT(checked.output, HasSubstr("no missing or unexpected keys"));

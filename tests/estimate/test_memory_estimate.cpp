@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 #include <models/gpt2/gpt2.h>
 #include <models/gpt2/gpt2_memory.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +17,7 @@
 
 #include "runtime/gpt_case.h"
 #include "runtime/harness.h"
+#include "support/test_support.h"
 
 namespace fsdp::testing {
 namespace {
@@ -179,22 +179,11 @@ struct TrainerCase {
   int64_t global_batch = 8;
 };
 
-std::string trainer_binary() {
-  const char* path = std::getenv("FSDP_TRAIN_BIN");
-  return path != nullptr ? path : "./fsdp-train";
-}
-
 // Runs fsdp-train and returns its output; the exit status goes to exit_code.
 std::string run_trainer(const std::string& args, int& exit_code) {
-  const std::string cmd = "timeout -s KILL 240 " + trainer_binary() + " " + args + " 2>&1";
-  std::string output;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
-  const int status = ::pclose(pipe);
-  exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return output;
+  const test::CommandResult r = test::run_command(test::fsdp_train_binary() + " " + args);
+  exit_code = r.exit_code;
+  return r.output;
 }
 
 void PrintTo(const TrainerCase& c, std::ostream* os) {
@@ -259,14 +248,6 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
   }
 }
 
-std::vector<nlohmann::json> read_metrics(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> lines;
-  std::string line;
-  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
-
 // fsdp-train --activation-checkpoint on 2 processes trains like the plain single process, and
 // keeps less for backward than the same run without checkpointing.
 TEST(TrainerActivationCheckpoint, MatchesThePlainReferenceAndKeepsLess) {
@@ -283,8 +264,8 @@ TEST(TrainerActivationCheckpoint, MatchesThePlainReferenceAndKeepsLess) {
   ASSERT_EQ(code, 0) << out;
   out = run_trainer("--no-fsdp " + common + " --metrics " + reference, code);
   ASSERT_EQ(code, 0) << out;
-  const auto got = read_metrics(ckpt), without = read_metrics(plain),
-             want = read_metrics(reference);
+  const auto got = test::read_json_lines(ckpt), without = test::read_json_lines(plain),
+             want = test::read_json_lines(reference);
   ASSERT_EQ(got.size(), 3u);
   ASSERT_EQ(want.size(), 3u);
   for (size_t s = 0; s < got.size(); ++s) {

@@ -5,14 +5,47 @@
 #include <fsdp/util/error.h>
 
 #include <c10/util/Exception.h>
+#include <sys/wait.h>
+#include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <thread>
 
 namespace fsdp::test {
+
+CommandResult run_command(const std::string& command, int limit_s) {
+  const std::string cmd = "timeout -s KILL " + std::to_string(limit_s) + " " + command + " 2>&1";
+  CommandResult r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) {
+    r.output = "cannot start: " + cmd;
+    return r;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string fsdp_train_binary() {
+  const char* path = std::getenv("FSDP_TRAIN_BIN");
+  return path != nullptr ? path : "./fsdp-train";
+}
+
+std::vector<nlohmann::json> read_json_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
 ProcessGroupOptions test_options(std::chrono::milliseconds timeout) {
   ProcessGroupOptions options;
   options.timeout = timeout;

@@ -4,6 +4,8 @@
 
 #include <fsdp/comm/rendezvous.h>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <chrono>
 #include <functional>
 #include <optional>
@@ -22,6 +24,24 @@ std::vector<std::string> run_threads(int n, const std::function<void(int)>& fn);
 
 // The message of what fn throws, or "" if it returns normally.
 std::string error_message(const std::function<void()>& fn);
+
+// What a shell command printed (stdout and stderr, interleaved) and its exit status (128 + the
+// signal's number if a signal ended it).
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs command through the shell, killed after limit_s seconds so that a hang fails the test
+// instead of stalling the suite.
+CommandResult run_command(const std::string& command, int limit_s = 240);
+
+// The fsdp-train program the tests run: $FSDP_TRAIN_BIN, or ./fsdp-train (ctest runs the test
+// binaries in the build directory).
+std::string fsdp_train_binary();
+
+// Every line of a JSON-lines file (fsdp-train's --metrics), parsed.
+std::vector<nlohmann::json> read_json_lines(const std::string& path);
 
 // Sets environment variables for its lifetime (nullopt unsets one) and restores the old values
 // on destruction. Not thread-safe, like setenv itself: use it only from the test's main thread.

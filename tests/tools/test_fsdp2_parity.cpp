@@ -11,13 +11,14 @@
 // skipped.
 #include <fsdp/checkpoint/safetensors.h>
 
+#include "support/test_support.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/version.h>
+#include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,32 +42,16 @@
 namespace fsdp::train {
 namespace {
 
+using test::CommandResult;
+using test::fsdp_train_binary;
+using test::read_json_lines;
+using test::run_command;
+
 constexpr int kSteps = 10;
 // The tiny config, 8 sequences of 32 tokens per (micro-)batch: every rank of W = 4 gets 2.
-constexpr char kCommon[] = "--model tiny --global-batch 8 --seq-len 32 --seed 11 --lr 3e-3 "
-                           "--weight-decay 0.1 --max-grad-norm 1.0";
-
-struct Result {
-  int exit_code = -1;
-  std::string output;
-};
-
-Result shell(const std::string& command, int limit_s) {
-  const std::string cmd = "timeout -s KILL " + std::to_string(limit_s) + " " + command + " 2>&1";
-  Result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
-std::string fsdp_train() {
-  const char* path = std::getenv("FSDP_TRAIN_BIN");
-  return path != nullptr ? path : "./fsdp-train";
-}
+constexpr char kCommon[] =
+    "--model tiny --global-batch 8 --seq-len 32 --seed 11 --lr 3e-3 "
+    "--weight-decay 0.1 --max-grad-norm 1.0";
 
 // The interpreter whose torch this build's LibTorch comes from (found by tests/CMakeLists.txt;
 // FSDP_PYTHON in the environment overrides it).
@@ -90,14 +75,6 @@ void remove_dir(const std::string& dir) {
   (void)rc;
 }
 
-std::vector<nlohmann::json> read_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> lines;
-  std::string line;
-  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
-
 double relative(double got, double want) {
   return std::abs(got - want) / std::max(std::abs(want), 1e-30);
 }
@@ -110,9 +87,8 @@ std::string initial_weights() {
   std::call_once(once, [] {
     const std::string dir = make_dir("init");
     const std::string file = dir + "/model.safetensors";
-    const Result r = shell(fsdp_train() + " --nproc 1 --quiet --steps 0 " + kCommon +
-                               " --export " + file,
-                           120);
+    const CommandResult r = run_command(
+        fsdp_train_binary() + " --nproc 1 --quiet --steps 0 " + kCommon + " --export " + file, 120);
     if (r.exit_code != 0) {
       error = "fsdp-train --steps 0 --export (the initial weights) failed:\n" + r.output;
     } else {
@@ -128,12 +104,13 @@ std::string initial_weights() {
 // The torch in python() is the one this build links: same version string as LibTorch's.
 void expect_same_torch() {
   static std::once_flag once;
-  static Result probe;
+  static CommandResult probe;
   std::call_once(once, [] {
-    probe = shell(python() + " -c 'import torch; print(torch.__version__)'", 120);
+    probe = run_command(python() + " -c 'import torch; print(torch.__version__)'", 120);
   });
   ASSERT_EQ(probe.exit_code, 0) << python() << " cannot import torch (set FSDP_PYTHON to the "
-                                << "interpreter whose wheel this build uses):\n" << probe.output;
+                                << "interpreter whose wheel this build uses):\n"
+                                << probe.output;
   EXPECT_EQ(probe.output.rfind(TORCH_VERSION, 0), 0u)
       << python() << " has torch " << probe.output << " but this build uses LibTorch "
       << TORCH_VERSION;
@@ -164,30 +141,32 @@ void run_case(const Case& c) {
   const std::string ref_final = dir + "/reference.safetensors";
 
   const std::string launch = c.world == 0 ? "--no-fsdp" : "--nproc " + std::to_string(c.world);
-  const Result ours = shell(fsdp_train() + " " + launch + " --quiet --steps " +
-                                std::to_string(kSteps) + " " + kCommon + " " + c.ours +
-                                " --metrics " + our_metrics +
-                                " --dump-batches " + batches + " --export " + our_final,
-                            300);
+  const CommandResult ours =
+      run_command(fsdp_train_binary() + " " + launch + " --quiet --steps " +
+                      std::to_string(kSteps) + " " + kCommon + " " + c.ours + " --metrics " +
+                      our_metrics + " --dump-batches " + batches + " --export " + our_final,
+                  300);
   EXPECT_EQ(ours.exit_code, 0)
       << "fsdp-train " << c.ours << " failed"
       << (ours.output.find("not expected") != std::string::npos
               ? " (fsdp-train does not have these flags yet: the feature has not landed)"
               : "")
-      << ":\n" << ours.output;
+      << ":\n"
+      << ours.output;
   // A run that trained but failed at --export still has its losses and norms to compare.
-  ASSERT_EQ(read_lines(our_metrics).size(), size_t(kSteps)) << "fsdp-train did not train";
+  ASSERT_EQ(read_json_lines(our_metrics).size(), size_t(kSteps)) << "fsdp-train did not train";
 
   const int ranks = std::max(c.world, 1);
-  const Result ref = shell(python() + " " + reference_script() + " --quiet --nproc " +
-                               std::to_string(ranks) + " " + c.reference + " --init " + init +
-                               " --batches " + batches + " --metrics " + ref_metrics +
-                               " --export " + ref_final,
-                           300);
+  const CommandResult ref = run_command(python() + " " + reference_script() + " --quiet --nproc " +
+                                            std::to_string(ranks) + " " + c.reference + " --init " +
+                                            init + " --batches " + batches + " --metrics " +
+                                            ref_metrics + " --export " + ref_final,
+                                        300);
   ASSERT_EQ(ref.exit_code, 0) << "the PyTorch reference (" << c.reference
-                              << ") failed; PyTorch's error:\n" << ref.output;
+                              << ") failed; PyTorch's error:\n"
+                              << ref.output;
 
-  const auto got = read_lines(our_metrics), want = read_lines(ref_metrics);
+  const auto got = read_json_lines(our_metrics), want = read_json_lines(ref_metrics);
   ASSERT_EQ(got.size(), size_t(kSteps));
   ASSERT_EQ(want.size(), size_t(kSteps));
   Diffs d;
@@ -228,7 +207,8 @@ void run_case(const Case& c) {
     const double scale = std::max(y.abs().max().item<double>(), 1e-30);
     if (c.tolerance > 0 && name.size() >= 16 &&
         name.compare(name.size() - 16, 16, "attn.c_attn.bias") == 0) {
-      const at::Tensor key_x = x.slice(0, n_embd, 2 * n_embd), key_y = y.slice(0, n_embd, 2 * n_embd);
+      const at::Tensor key_x = x.slice(0, n_embd, 2 * n_embd),
+                       key_y = y.slice(0, n_embd, 2 * n_embd);
       const double key_diff = (key_x - key_y).abs().max().item<double>();
       EXPECT_LE(key_diff, 2 * lr * kSteps) << name << " (key part): " << key_diff;
       d.key_bias = std::max(d.key_bias, key_diff / scale);
@@ -265,8 +245,8 @@ TEST(Fsdp2Parity, FullShardW2) { run_case({"w2", 2, "", "--mode fsdp2", kFp32});
 TEST(Fsdp2Parity, FullShardW4) { run_case({"w4", 4, "", "--mode fsdp2", kFp32}); }
 
 TEST(Fsdp2Parity, NoReshardAfterForwardW2) {
-  run_case({"no_reshard", 2, "--reshard-after-forward 0",
-            "--mode fsdp2 --reshard-after-forward 0", kFp32});
+  run_case({"no_reshard", 2, "--reshard-after-forward 0", "--mode fsdp2 --reshard-after-forward 0",
+            kFp32});
 }
 
 // Mixed precision: bf16 parameters in forward and backward (FSDP2's
@@ -279,8 +259,8 @@ TEST(Fsdp2Parity, NoReshardAfterForwardW2) {
 // ring all-reduce, which FSDP2 uses on CPU, adds the four in another order than our ring
 // reduce-scatter, and bf16 rounding makes that visible: use --reduce-dtype fp32 there.)
 TEST(Fsdp2Parity, Bf16ParamDtypeW2) {
-  run_case({"bf16", 2, "--param-dtype bf16", "--mode fsdp2 --param-dtype bf16 --adamw libtorch",
-            kBf16});
+  run_case(
+      {"bf16", 2, "--param-dtype bf16", "--mode fsdp2 --param-dtype bf16 --adamw libtorch", kBf16});
 }
 
 // With the same AdamW arithmetic on both sides, one rank of fsdp-train computes what one rank

@@ -4,6 +4,8 @@
 #include <fsdp/comm/rendezvous.h>
 #include <fsdp_train/launcher.h>
 
+#include "support/test_support.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -15,44 +17,19 @@
 #include <map>
 #include <set>
 #include <string>
-#include <sys/wait.h>
 
 namespace fsdp::train {
 namespace {
 
+using test::CommandResult;
+using test::fsdp_train_binary;
+using test::read_json_lines;
+using test::run_command;
 using ::testing::HasSubstr;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-std::string binary() {
-  const char* path = std::getenv("FSDP_TRAIN_BIN");
-  return path != nullptr ? path : "./fsdp-train";
-}
-
-// Runs a shell command line with a hard time limit so a hang fails the test instead of
-// stalling the suite.
-Result run(const std::string& args, const std::string& env = "", int limit_s = 240) {
-  const std::string cmd = "env " + env + " timeout -s KILL " + std::to_string(limit_s) + " " +
-                          binary() + " " + args + " 2>&1";
-  Result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
-std::vector<nlohmann::json> read_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> lines;
-  std::string line;
-  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
-  return lines;
+// Runs fsdp-train with args (after env's VAR=value assignments, if any).
+CommandResult run(const std::string& args, const std::string& env = "", int limit_s = 240) {
+  return run_command("env " + env + " " + fsdp_train_binary() + " " + args, limit_s);
 }
 
 std::string temp_path(const std::string& name) {
@@ -60,15 +37,16 @@ std::string temp_path(const std::string& name) {
 }
 
 TEST(FsdpTrain, TwoProcessesMatchTheSingleProcessReference) {
-  const std::string common = "--model tiny --steps 4 --global-batch 4 --seq-len 16 --quiet --seed 3";
+  const std::string common =
+      "--model tiny --steps 4 --global-batch 4 --seq-len 16 --quiet --seed 3";
   const std::string sharded = temp_path("sharded.jsonl");
   const std::string reference = temp_path("reference.jsonl");
-  const Result a = run("--nproc 2 " + common + " --metrics " + sharded);
+  const CommandResult a = run("--nproc 2 " + common + " --metrics " + sharded);
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  const Result b = run("--no-fsdp " + common + " --metrics " + reference);
+  const CommandResult b = run("--no-fsdp " + common + " --metrics " + reference);
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  const auto got = read_lines(sharded);
-  const auto want = read_lines(reference);
+  const auto got = read_json_lines(sharded);
+  const auto want = read_json_lines(reference);
   ASSERT_EQ(got.size(), 4u);
   ASSERT_EQ(want.size(), 4u);
   for (size_t s = 0; s < got.size(); ++s) {
@@ -101,10 +79,10 @@ TEST(FsdpTrain, TwoProcessesMatchTheSingleProcessReference) {
 // take the loss well below the corpus's unigram entropy, the best a context-free model does.
 TEST(FsdpTrain, DefaultRunLearnsTheEmbeddedCorpus) {
   const std::string metrics = temp_path("default.jsonl");
-  const Result r = run("--steps 300 --metrics " + metrics);
+  const CommandResult r = run("--steps 300 --metrics " + metrics);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("unigram entropy 2.9798 nats"));
-  const auto lines = read_lines(metrics);
+  const auto lines = read_json_lines(metrics);
   ASSERT_EQ(lines.size(), 300u);
   const double first = lines.front()["loss"], last = lines.back()["loss"];
   EXPECT_NEAR(first, std::log(256.0), 0.2);  // starts from a uniform guess over bytes
@@ -116,10 +94,10 @@ TEST(FsdpTrain, DefaultRunLearnsTheEmbeddedCorpus) {
 TEST(FsdpTrain, TraceAndExposedCommunication) {
   const std::string dir = temp_path("trace");
   const std::string metrics = temp_path("trace.jsonl");
-  const Result r = run("--nproc 2 --steps 3 --global-batch 4 --seq-len 16 --quiet --trace " + dir +
-                       " --metrics " + metrics);
+  const CommandResult r = run("--nproc 2 --steps 3 --global-batch 4 --seq-len 16 --quiet --trace " +
+                              dir + " --metrics " + metrics);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const auto& line : read_lines(metrics)) {
+  for (const auto& line : read_json_lines(metrics)) {
     ASSERT_TRUE(line.contains("exposed_comm_s"));
     EXPECT_GE(line["exposed_comm_s"].get<double>(), 0.0);
     EXPECT_LE(line["exposed_comm_s"].get<double>(), line["step_s"].get<double>());
@@ -146,7 +124,8 @@ TEST(FsdpTrain, TraceAndExposedCommunication) {
     // Every unit's backward, the root's spanning from its pre-backward to the end of backward.
     EXPECT_EQ(count["compute/backward"], 3 * 3);
     EXPECT_EQ(count["compute/optimizer step"], 3);
-    EXPECT_EQ(count["comm/all-gather"], 3 * (3 + 2));  // every unit in forward, blocks again in backward
+    EXPECT_EQ(count["comm/all-gather"],
+              3 * (3 + 2));  // every unit in forward, blocks again in backward
     EXPECT_EQ(count["comm/reduce-scatter"], 3 * 3);
     EXPECT_EQ(count["copy/copy-out"], count["comm/all-gather"]);
     EXPECT_EQ(count["copy/copy-in"], count["comm/reduce-scatter"]);
@@ -157,19 +136,23 @@ TEST(FsdpTrain, TraceAndExposedCommunication) {
 
 // Every strategy and accumulation mode of the trainer reproduces the --no-fsdp reference.
 TEST(FsdpTrain, StrategiesAndAccumulationModesMatchTheReference) {
-  const std::string common = "--model tiny --steps 3 --global-batch 8 --seq-len 16 --quiet --seed 5";
+  const std::string common =
+      "--model tiny --steps 3 --global-batch 8 --seq-len 16 --quiet --seed 5";
   const std::string reference = temp_path("strategy_reference.jsonl");
-  const Result ref = run("--no-fsdp " + common + " --metrics " + reference);
+  const CommandResult ref = run("--no-fsdp " + common + " --metrics " + reference);
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
-  const auto want = read_lines(reference);
-  const std::vector<std::string> variants = {
-      "--strategy shard_grad_op", "--strategy no_shard", "--strategy hybrid_shard --replicate 2",
-      "--grad-accum 2 --accum-mode no-sync", "--grad-accum 2 --accum-mode no-reshard"};
+  const auto want = read_json_lines(reference);
+  const std::vector<std::string> variants = {"--strategy shard_grad_op",
+                                             "--strategy no_shard",
+                                             "--strategy hybrid_shard --replicate 2",
+                                             "--grad-accum 2 --accum-mode no-sync",
+                                             "--grad-accum 2 --accum-mode no-reshard",
+                                             "--reshard-after-forward 2"};
   for (const std::string& variant : variants) {
     const std::string metrics = temp_path("strategy.jsonl");
-    const Result r = run("--nproc 4 " + variant + " " + common + " --metrics " + metrics);
+    const CommandResult r = run("--nproc 4 " + variant + " " + common + " --metrics " + metrics);
     ASSERT_EQ(r.exit_code, 0) << variant << "\n" << r.output;
-    const auto got = read_lines(metrics);
+    const auto got = read_json_lines(metrics);
     ASSERT_EQ(got.size(), want.size()) << variant;
     for (size_t s = 0; s < got.size(); ++s) {
       const double loss = got[s]["loss"], ref_loss = want[s]["loss"];
@@ -186,26 +169,38 @@ TEST(FsdpTrain, BadTrainingModeFlagsAreNamed) {
   };
   const Case cases[] = {
       {"--nproc 4 --grad-accum 0", "--grad-accum must be at least 1, got 0"},
-      {"--nproc 4 --strategy hybrid_shard --replicate 3", "--replicate 3 does not divide the world size 4"},
+      {"--nproc 4 --strategy hybrid_shard --replicate 3",
+       "--replicate 3 does not divide the world size 4"},
       {"--nproc 2 --param-dtype int8", "--param-dtype must be fp32, bf16 or fp16, got 'int8'"},
-      {"--nproc 2 --strategy zero4", "--strategy must be full_shard, shard_grad_op, no_shard or hybrid_shard"},
-      {"--nproc 2 --accum-mode later", "--accum-mode must be sync, no-sync or no-reshard, got 'later'"},
+      {"--nproc 2 --strategy zero4",
+       "--strategy must be full_shard, shard_grad_op, no_shard or hybrid_shard"},
+      {"--nproc 2 --accum-mode later",
+       "--accum-mode must be sync, no-sync or no-reshard, got 'later'"},
+      {"--nproc 4 --reshard-after-forward 3",
+       "reshard_after_forward=3 (an int: how many ranks to reshard to after forward) does not "
+       "divide the shard group of 4 ranks"},
+      {"--nproc 4 --strategy hybrid_shard --replicate 2 --reshard-after-forward 4",
+       "reshard_after_forward=4 (an int: how many ranks to reshard to after forward) does not "
+       "divide the shard group of 2 ranks"},
+      {"--nproc 4 --strategy shard_grad_op --reshard-after-forward 2",
+       "--reshard-after-forward 2 (a group size) applies to --strategy full_shard and "
+       "hybrid_shard, not shard_grad_op"},
   };
   for (const Case& c : cases) {
-    const Result r = run(c.args + " --steps 1");
+    const CommandResult r = run(c.args + " --steps 1");
     EXPECT_NE(r.exit_code, 0) << c.args;
     EXPECT_THAT(r.output, HasSubstr(c.message)) << c.args;
   }
 }
 
 TEST(FsdpTrain, NprocZeroIsRejected) {
-  const Result r = run("--nproc 0 --steps 1");
+  const CommandResult r = run("--nproc 0 --steps 1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("--nproc must be at least 1, got 0"));
 }
 
 TEST(FsdpTrain, MissingDataFileIsNamed) {
-  const Result r = run("--nproc 2 --steps 1 --data /nonexistent/corpus.txt");
+  const CommandResult r = run("--nproc 2 --steps 1 --data /nonexistent/corpus.txt");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("/nonexistent/corpus.txt"));
   EXPECT_THAT(r.output, HasSubstr("No such file or directory"));
@@ -214,7 +209,7 @@ TEST(FsdpTrain, MissingDataFileIsNamed) {
 TEST(FsdpTrain, CorpusShorterThanOneSample) {
   const std::string path = temp_path("short.txt");
   std::ofstream(path) << "too short";
-  const Result r = run("--nproc 2 --steps 1 --seq-len 32 --data " + path);
+  const CommandResult r = run("--nproc 2 --steps 1 --seq-len 32 --data " + path);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("has 9 bytes"));
   EXPECT_THAT(r.output, HasSubstr("32"));
@@ -222,16 +217,16 @@ TEST(FsdpTrain, CorpusShorterThanOneSample) {
 
 TEST(FsdpTrain, RankThatNeverArrivesTimesOutNamingIt) {
   const int port = fsdp::find_free_tcp_port();
-  const std::string env = "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                          std::to_string(port);
-  const Result r = run("--steps 1 --timeout-s 3", env, 60);
+  const std::string env =
+      "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port);
+  const CommandResult r = run("--steps 1 --timeout-s 3", env, 60);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("rank 1"));
   EXPECT_THAT(r.output, HasSubstr("never arrived"));
 }
 
 TEST(FsdpTrain, GlobalBatchNotDivisibleByRanks) {
-  const Result r = run("--nproc 3 --steps 1 --global-batch 4");
+  const CommandResult r = run("--nproc 3 --steps 1 --global-batch 4");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("--global-batch 4 is not divisible by the number of ranks, 3"));
 }

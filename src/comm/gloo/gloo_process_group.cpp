@@ -20,6 +20,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <fsdp/comm/rendezvous.h>
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -31,7 +32,6 @@
 #include <sstream>
 #include <string>
 #include <thread>
-#include <fsdp/comm/rendezvous.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <utility>
@@ -97,7 +97,11 @@ class GlooProcessGroup final : public ProcessGroup {
  public:
   GlooProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
                    const ProcessGroupOptions& options)
-      : store_(store), rank_(rank), size_(world_size), timeout_(options.timeout), options_(options) {
+      : store_(store),
+        options_(options),
+        rank_(rank),
+        size_(world_size),
+        timeout_(options.timeout) {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout_);
     // One c10d worker thread: our progress thread already serializes ops, so more would only
     // idle.
@@ -449,7 +453,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   c10::intrusive_ptr<c10d::Store> store_;  // Kept: a TCPStore server must outlive the group.
-  ProcessGroupOptions options_;             // for the groups split from this one
+  ProcessGroupOptions options_;            // for the groups split from this one
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
