@@ -3,6 +3,10 @@
 // a clashing copy of parts of std::filesystem (see src/checkpoint/file_util.h).
 #pragma once
 
+#include <fsdp/device_mesh.h>
+#include <fsdp/fully_shard.h>
+#include <models/gpt2/gpt2.h>
+
 #include <gtest/gtest.h>
 
 #include <dirent.h>
@@ -15,6 +19,23 @@
 #include <vector>
 
 namespace fsdp::checkpoint::testing_util {
+
+// GPT-2 of config initialized from seed; with a mesh, every block is sharded as it is built,
+// then the root (fsdp-train's setup).
+inline models::GPT2LMHead make_gpt2(const models::GPT2Config& config, uint64_t seed,
+                                    const DeviceMesh* mesh) {
+  models::GPT2Options options(config);
+  options.seed(seed);
+  if (mesh != nullptr) {
+    options.on_block_built(
+        [mesh](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
+          fully_shard(block, *mesh);
+        });
+  }
+  models::GPT2LMHead model(options);
+  if (mesh != nullptr) fully_shard(model, *mesh);
+  return model;
+}
 
 inline bool exists(const std::string& path) {
   struct stat st;

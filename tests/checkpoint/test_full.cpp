@@ -21,30 +21,16 @@ namespace fsdp::checkpoint {
 namespace {
 
 using ::testing::HasSubstr;
+using testing_util::make_gpt2;
 using testing_util::read_bytes;
 using testing_util::temp_dir;
 using testing_util::write_bytes;
-
-models::GPT2LMHead make_model(const models::GPT2Config& config, uint64_t seed,
-                              const DeviceMesh* mesh) {
-  models::GPT2Options options(config);
-  options.seed(seed);
-  if (mesh != nullptr) {
-    options.on_block_built(
-        [mesh](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
-          fully_shard(block, *mesh);
-        });
-  }
-  models::GPT2LMHead model(options);
-  if (mesh != nullptr) fully_shard(model, *mesh);
-  return model;
-}
 
 ExportOptions hf_export() { return ExportOptions().layout(models::gpt2_hf_layout()); }
 
 void export_at(int world, const std::string& path, const ExportOptions& options = hf_export()) {
   if (world == 0) {
-    auto model = make_model(models::GPT2Config::tiny(), 5, nullptr);
+    auto model = make_gpt2(models::GPT2Config::tiny(), 5, nullptr);
     save_full(path, *model, nullptr, options);
     return;
   }
@@ -52,7 +38,7 @@ void export_at(int world, const std::string& path, const ExportOptions& options 
       world,
       [&](std::shared_ptr<ProcessGroup> group) {
         DeviceMesh mesh(group);
-        auto model = make_model(models::GPT2Config::tiny(), 5, &mesh);
+        auto model = make_gpt2(models::GPT2Config::tiny(), 5, &mesh);
         save_full(path, *model, group.get(), options);
       },
       test::test_options());
@@ -73,7 +59,7 @@ TEST(FullCheckpoint, IsTheSameFileFromEveryWorldSize) {
 TEST(FullCheckpoint, UsesHuggingFaceNamesAndConv1DLayout) {
   const std::string path = temp_dir("full_layout") + "/model.safetensors";
   export_at(2, path);
-  auto model = make_model(models::GPT2Config::tiny(), 5, nullptr);
+  auto model = make_gpt2(models::GPT2Config::tiny(), 5, nullptr);
   const auto file = load_safetensors(path);
   EXPECT_EQ(file.count("lm_head.weight"), 0u) << "tied to transformer.wte.weight, stored once";
   const auto params = unique_named_parameters(*model);
@@ -94,7 +80,7 @@ TEST(FullCheckpoint, UsesHuggingFaceNamesAndConv1DLayout) {
 TEST(FullCheckpoint, LoadsIntoShardedModelsRowByRow) {
   const std::string path = temp_dir("full_load") + "/model.safetensors";
   export_at(0, path);
-  auto want_model = make_model(models::GPT2Config::tiny(), 5, nullptr);
+  auto want_model = make_gpt2(models::GPT2Config::tiny(), 5, nullptr);
   std::map<std::string, at::Tensor> want;
   for (const auto& [name, p] : unique_named_parameters(*want_model))
     want[name] = p.detach().reshape({p.size(0), -1});
@@ -103,7 +89,7 @@ TEST(FullCheckpoint, LoadsIntoShardedModelsRowByRow) {
         world,
         [&](std::shared_ptr<ProcessGroup> group) {
           DeviceMesh mesh(group);
-          auto model = make_model(models::GPT2Config::tiny(), 9, &mesh);  // other values
+          auto model = make_gpt2(models::GPT2Config::tiny(), 9, &mesh);  // other values
           for (const auto& p : unique_parameters(*model)) p.detach().fill_(3.0f);
           load_full(path, *model, group.get(), models::gpt2_hf_layout());
           for (const auto& unit : fsdp_modules_under(*model)) {
@@ -129,12 +115,12 @@ TEST(FullCheckpoint, LoadsIntoShardedModelsRowByRow) {
 TEST(FullCheckpoint, Bf16ExportHoldsRoundedValuesAndLoadsIntoFloat32) {
   const std::string path = temp_dir("full_bf16") + "/model.safetensors";
   export_at(2, path, hf_export().dtype(at::kBFloat16));
-  auto want = make_model(models::GPT2Config::tiny(), 5, nullptr);
+  auto want = make_gpt2(models::GPT2Config::tiny(), 5, nullptr);
   const auto file = load_safetensors(path);
   const at::Tensor wte = want->transformer->wte->weight.detach();
   EXPECT_EQ(file.at("transformer.wte.weight").scalar_type(), at::kBFloat16);
   EXPECT_TRUE(at::equal(file.at("transformer.wte.weight"), wte.to(at::kBFloat16)));
-  auto model = make_model(models::GPT2Config::tiny(), 9, nullptr);
+  auto model = make_gpt2(models::GPT2Config::tiny(), 9, nullptr);
   load_full(path, *model, nullptr, models::gpt2_hf_layout());
   EXPECT_TRUE(
       at::equal(model->transformer->wte->weight.detach(), wte.to(at::kBFloat16).to(at::kFloat)));
@@ -148,7 +134,7 @@ TEST(FullCheckpoint, RankZeroHoldsOneGatheredTensorAtATime) {
   const std::string path = temp_dir("full_memory") + "/model.safetensors";
   int64_t model_bytes = 0, largest = 0, peak_extra = -1;
   {
-    auto plain = make_model(config, 5, nullptr);
+    auto plain = make_gpt2(config, 5, nullptr);
     for (const auto& [name, p] : unique_named_parameters(*plain)) {
       model_bytes += p.nbytes();
       largest = std::max<int64_t>(largest, p.nbytes());
@@ -158,7 +144,7 @@ TEST(FullCheckpoint, RankZeroHoldsOneGatheredTensorAtATime) {
       2,
       [&](std::shared_ptr<ProcessGroup> group) {
         DeviceMesh mesh(group);
-        auto model = make_model(config, 5, &mesh);
+        auto model = make_gpt2(config, 5, &mesh);
         auto counter = std::make_shared<MemoryCounter>();
         CountAllocations count(counter);
         save_full(path, *model, group.get(), hf_export());
@@ -178,7 +164,7 @@ TEST(FullCheckpoint, RankZeroHoldsOneGatheredTensorAtATime) {
 TEST(FullCheckpoint, ReadsFilesInTheHubsOriginalNaming) {
   // The hub's gpt2 file: no "transformer." prefix, attn.bias mask buffers, and (some tools)
   // a stored lm_head.weight.
-  auto source = make_model(models::GPT2Config::tiny(), 5, nullptr);
+  auto source = make_gpt2(models::GPT2Config::tiny(), 5, nullptr);
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   const auto layout = models::gpt2_hf_layout();
   for (const auto& [name, p] : unique_named_parameters(*source)) {
@@ -190,7 +176,7 @@ TEST(FullCheckpoint, ReadsFilesInTheHubsOriginalNaming) {
   tensors.emplace_back("lm_head.weight", source->transformer->wte->weight.detach());
   const std::string path = temp_dir("full_hub") + "/model.safetensors";
   save_safetensors(path, tensors, {{"format", "pt"}});
-  auto model = make_model(models::GPT2Config::tiny(), 9, nullptr);
+  auto model = make_gpt2(models::GPT2Config::tiny(), 9, nullptr);
   load_full(path, *model, nullptr, layout);
   for (const auto& [name, p] : unique_named_parameters(*model)) {
     EXPECT_TRUE(at::equal(p.detach(), source->named_parameters()[name].detach())) << name;
@@ -202,9 +188,9 @@ TEST(FullCheckpoint, MismatchedOrBrokenFilesGiveClearErrors) {
   models::GPT2Config wider = models::GPT2Config::tiny();
   wider.n_embd = 48;
   wider.n_layer = 3;
-  auto wide = make_model(wider, 5, nullptr);
+  auto wide = make_gpt2(wider, 5, nullptr);
   save_full(dir + "/wide.safetensors", *wide, nullptr, hf_export());
-  auto model = make_model(models::GPT2Config::tiny(), 5, nullptr);
+  auto model = make_gpt2(models::GPT2Config::tiny(), 5, nullptr);
   const std::string error = test::error_message(
       [&] { load_full(dir + "/wide.safetensors", *model, nullptr, models::gpt2_hf_layout()); });
   EXPECT_THAT(error, HasSubstr("does not match the model"));
@@ -227,7 +213,7 @@ TEST(FullCheckpoint, MismatchedOrBrokenFilesGiveClearErrors) {
           2,
           [&](std::shared_ptr<ProcessGroup> group) {
             DeviceMesh mesh(group);
-            auto sharded = make_model(models::GPT2Config::tiny(), 5, &mesh);
+            auto sharded = make_gpt2(models::GPT2Config::tiny(), 5, &mesh);
             load_full(path, *sharded, group.get(), models::gpt2_hf_layout());
           },
           test::test_options());

@@ -192,17 +192,7 @@ TEST(ShardedCheckpoint, MovesBetweenShardingStrategies) {
 // --- the library directly ---
 
 models::GPT2LMHead make_model(const models::GPT2Config& config, const DeviceMesh* mesh) {
-  models::GPT2Options options(config);
-  options.seed(5);
-  if (mesh != nullptr) {
-    options.on_block_built(
-        [mesh](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
-          fully_shard(block, *mesh);
-        });
-  }
-  models::GPT2LMHead model(options);
-  if (mesh != nullptr) fully_shard(model, *mesh);
-  return model;
+  return testing_util::make_gpt2(config, /*seed=*/5, mesh);
 }
 
 torch::optim::AdamW make_optimizer(const torch::nn::Module& model) {

@@ -142,23 +142,11 @@ TEST(MemoryEstimate, MixedPrecisionCategoriesEqualTheRuntimes) {
 
 // --- activations, one process: what forward leaves alive for backward ---
 
-int64_t held_after_forward(const GPT2Config& config, int64_t batch, int64_t seq, bool ckpt) {
-  models::GPT2LMHead model(models::GPT2Options(config).seed(1).activation_checkpoint(ckpt));
-  const at::Tensor idx = at::randint(config.vocab_size, {batch, seq}, at::kLong);
-  auto counter = std::make_shared<MemoryCounter>();
-  CountAllocations count(counter);
-  const int64_t before = counter->live_bytes();
-  at::Tensor loss = models::loss(model->forward(idx), idx);
-  const int64_t held = counter->live_bytes() - before;
-  loss.backward();
-  return held;
-}
-
 TEST(MemoryEstimate, ActivationBytesEqualWhatForwardKeeps) {
   GPT2Config config = GPT2Config::tiny();
   config.n_layer = 3;
   for (const bool ckpt : {false, true}) {
-    const int64_t measured = held_after_forward(config, 4, 48, ckpt);
+    const int64_t measured = gpt2_bytes_kept_for_backward(config, 4, 48, ckpt);
     const int64_t predicted =
         estimate_memory(models::gpt2_memory_spec(config, 4, 48, at::kFloat, ckpt),
                         MemoryEstimateOptions().fsdp(false))

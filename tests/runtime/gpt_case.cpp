@@ -1,6 +1,7 @@
 // See gpt_case.h.
 #include "runtime/gpt_case.h"
 
+#include <fsdp/util/memory_counter.h>
 #include <fsdp_train/corpus.h>
 #include <fsdp_train/data.h>
 #include <models/gpt2/gpt2.h>
@@ -12,11 +13,25 @@ using models::GPT2LMHead;
 using models::GPT2LMHeadImpl;
 using models::GPT2Options;
 
+int64_t gpt2_bytes_kept_for_backward(const GPT2Config& config, int64_t batch, int64_t seq,
+                                     bool activation_checkpoint) {
+  GPT2LMHead model(GPT2Options(config).seed(1).activation_checkpoint(activation_checkpoint));
+  const at::Tensor idx = at::randint(config.vocab_size, {batch, seq}, at::kLong);
+  auto counter = std::make_shared<MemoryCounter>();
+  CountAllocations count(counter);
+  const int64_t before = counter->live_bytes();
+  at::Tensor loss = models::loss(model->forward(idx), idx);
+  const int64_t held = counter->live_bytes() - before;
+  loss.backward();
+  return held;
+}
+
 TrainCase gpt_case(const GptCaseOptions& opt) {
   static const train::TokenDataset data(std::string(train::default_corpus()));
   TrainCase c;
   const GPT2Config config = GPT2Config::tiny();
-  c.loss = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x, const at::Tensor& y) {
+  c.loss = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x,
+              const at::Tensor& y) {
     GPT2LMHead model(std::static_pointer_cast<GPT2LMHeadImpl>(m));
     return models::loss(fsdp::forward(model, x), y);
   };
@@ -41,9 +56,10 @@ TrainCase gpt_case(const GptCaseOptions& opt) {
     if (mesh != nullptr && deferred) {
       // Each block is sharded the moment it is built (deferred initialization).
       const DeviceMesh m = *mesh;
-      o.on_block_built([m, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
-        fully_shard(block, m, unit_options);
-      });
+      o.on_block_built(
+          [m, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
+            fully_shard(block, m, unit_options);
+          });
     }
     return GPT2LMHead(o).ptr();
   };

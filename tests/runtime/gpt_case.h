@@ -4,6 +4,8 @@
 
 #include "runtime/harness.h"
 
+#include <models/gpt2/gpt2.h>
+
 #include <optional>
 
 namespace fsdp::testing {
@@ -18,5 +20,10 @@ struct GptCaseOptions {
 };
 
 TrainCase gpt_case(const GptCaseOptions& opt = {});
+
+// Bytes autograd keeps from a forward of GPT-2 `config` (one process, random tokens of a
+// [batch, seq] batch) until its backward, counted by the counting allocator.
+int64_t gpt2_bytes_kept_for_backward(const models::GPT2Config& config, int64_t batch, int64_t seq,
+                                     bool activation_checkpoint);
 
 }  // namespace fsdp::testing

@@ -201,18 +201,8 @@ TEST(ActivationCheckpoint, WithoutGradModeIsAPlainCall) {
 // Bytes autograd keeps after forward, measured with the counting allocator: with checkpointing,
 // a block keeps its input only.
 TEST(ActivationCheckpoint, KeepsLessForBackward) {
-  auto saved_bytes = [](bool ckpt) {
-    models::GPT2Config config = models::GPT2Config::tiny();
-    models::GPT2LMHead model(models::GPT2Options(config).seed(3).activation_checkpoint(ckpt));
-    const at::Tensor idx = at::randint(config.vocab_size, {8, 64}, at::kLong);
-    auto counter = std::make_shared<MemoryCounter>();
-    CountAllocations count(counter);
-    const int64_t before = counter->live_bytes();
-    at::Tensor loss = models::loss(model->forward(idx), idx);
-    const int64_t held = counter->live_bytes() - before;
-    loss.backward();
-    return held;
-  };
+  const models::GPT2Config config = models::GPT2Config::tiny();
+  auto saved_bytes = [&](bool ckpt) { return gpt2_bytes_kept_for_backward(config, 8, 64, ckpt); };
   const int64_t plain = saved_bytes(false);
   const int64_t ckpt = saved_bytes(true);
   // Tiny: 2 blocks of ~16 [B, T, d] tensors each against one; the root's share is the same.
