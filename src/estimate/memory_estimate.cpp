@@ -246,7 +246,8 @@ class StepModel {
     r_.count_comm(gather_buffer_bytes(u));
     all_gather_bytes_ += gather_buffer_bytes(u);
     // c10d's gloo all-gather gathers into a flat tensor of the output's size and copies out.
-    issued_since_compute_.push_back(gather_buffer_bytes(u));
+    // A gather from an hpZ piece runs on the post-forward group's own thread.
+    issued_since_compute_.push_back({gather_buffer_bytes(u), s.piece ? kPostForwardGroup : kShardGroup});
     s.gathering = true;
   }
 
@@ -390,7 +391,7 @@ class StepModel {
     if (shard_ > 1) reduce_scatter_bytes_ += input;
     if (replicate_ > 1) all_reduce_bytes_ += shard_ == 1 ? input : output;
     // The ring reduce-scatter's two chunk buffers (an all-reduce's live inside gloo).
-    if (shard_ > 1) issued_since_compute_.push_back(2 * u.shard_numel * reduce_);
+    if (shard_ > 1) issued_since_compute_.push_back({2 * u.shard_numel * reduce_, kShardGroup});
     while (pending_.size() > 2) finish_oldest();
   }
 
@@ -416,18 +417,26 @@ class StepModel {
     int unit;
   };
 
-  // Collectives run one at a time on the process group's progress thread, with temporaries of
+  // Collectives run one at a time on each process group's progress thread, with temporaries of
   // their own. Those issued since the previous unit began computing (the next unit's
   // prefetched all-gather, the previous unit's reduce-scatter) typically run while this unit
-  // computes; the largest of their temporaries is counted at its compute peak. Earlier ones
-  // had a whole unit's compute to finish.
+  // computes; the largest of their temporaries per group is counted at its compute peak (the
+  // groups' threads run at the same time: under hpZ a gather from pieces beside a
+  // reduce-scatter). Earlier ones had a whole unit's compute to finish.
+  enum Group { kShardGroup, kPostForwardGroup };
+  struct Issued {
+    int64_t bytes;
+    Group group;
+  };
   int64_t concurrent_temporaries() {
-    int64_t most = 0;
-    for (int64_t bytes : issued_since_compute_) most = std::max(most, bytes);
+    int64_t most[2] = {0, 0};
+    for (const Issued& op : issued_since_compute_) {
+      most[op.group] = std::max(most[op.group], op.bytes);
+    }
     issued_since_compute_.clear();
-    return most;
+    return most[kShardGroup] + most[kPostForwardGroup];
   }
-  std::vector<int64_t> issued_since_compute_;
+  std::vector<Issued> issued_since_compute_;
 
   MemoryEstimateOptions o_;
   int shard_ = 1, replicate_ = 1;
