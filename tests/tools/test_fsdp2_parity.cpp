@@ -248,6 +248,10 @@ TEST(Fsdp2Parity, NoReshardAfterForwardW2) {
   run_case({"no_reshard", 2, "--reshard-after-forward 0", "--mode fsdp2 --reshard-after-forward 0",
             kFp32});
 }
+TEST(Fsdp2Parity, NoReshardAfterForwardW4) {
+  run_case({"no_reshard_w4", 4, "--reshard-after-forward 0",
+            "--mode fsdp2 --reshard-after-forward 0", kFp32});
+}
 
 // Mixed precision: bf16 parameters in forward and backward (FSDP2's
 // MixedPrecisionPolicy(param_dtype=bfloat16); gradients reduced in bf16 as FSDP2 does when
@@ -261,6 +265,10 @@ TEST(Fsdp2Parity, NoReshardAfterForwardW2) {
 TEST(Fsdp2Parity, Bf16ParamDtypeW2) {
   run_case(
       {"bf16", 2, "--param-dtype bf16", "--mode fsdp2 --param-dtype bf16 --adamw libtorch", kBf16});
+}
+TEST(Fsdp2Parity, Bf16ParamDtypeFp32ReduceW4) {
+  run_case({"bf16_w4", 4, "--param-dtype bf16 --reduce-dtype fp32",
+            "--mode fsdp2 --param-dtype bf16 --reduce-dtype fp32 --adamw libtorch", kBf16});
 }
 
 // With the same AdamW arithmetic on both sides, one rank of fsdp-train computes what one rank
@@ -281,10 +289,17 @@ TEST(Fsdp2Parity, GradAccumNoSyncW2) {
   run_case({"accum", 2, "--grad-accum 2 --accum-mode no-sync", "--mode fsdp2 --accum-mode no-sync",
             kFp32});
 }
+TEST(Fsdp2Parity, GradAccumNoSyncW4) {
+  run_case({"accum_w4", 4, "--grad-accum 2 --accum-mode no-sync",
+            "--mode fsdp2 --accum-mode no-sync", kFp32});
+}
 
 // NO_SHARD: replicated parameters, gradients all-reduced, against PyTorch DDP.
 TEST(Fsdp2Parity, NoShardMatchesDdpW2) {
   run_case({"no_shard", 2, "--strategy no_shard", "--mode ddp", kFp32});
+}
+TEST(Fsdp2Parity, NoShardMatchesDdpW4) {
+  run_case({"no_shard_w4", 4, "--strategy no_shard", "--mode ddp", kFp32});
 }
 
 }  // namespace
