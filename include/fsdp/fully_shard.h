@@ -60,16 +60,17 @@ class ReshardAfterForward {
   ReshardAfterForward(bool reshard)  // NOLINT(google-explicit-constructor): like FSDP2's bool
       : whole_group_(reshard) {}
   ReshardAfterForward(int group_size)  // NOLINT(google-explicit-constructor): and its int
-      : group_size_(group_size), given_as_int_(true) {}
+      : group_size_(group_size) {}
   // The size of the group the parameters are resharded to after forward, for a shard group of
   // shard_size ranks: shard_size for true, 1 for false, N for N.
   int group_size(int shard_size) const { return whole_group_ ? shard_size : group_size_; }
-  bool given_as_int() const { return given_as_int_; }
+  // Whether the gathered parameters are freed after forward (true, or N > 1). true frees them
+  // even with one rank, where that drops only a mixed-precision copy.
+  bool frees_after_forward() const { return whole_group_ || group_size_ > 1; }
 
  private:
   bool whole_group_ = false;
   int group_size_ = 1;
-  bool given_as_int_ = false;
 };
 
 struct FullyShardOptions {

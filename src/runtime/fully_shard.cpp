@@ -64,14 +64,15 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const D
               "' is already sharded; fully_shard must be applied once per module");
 
   check_policy(options.mp_policy(), mesh);
-  if (const auto& reshard = options.reshard_after_forward();
-      reshard.has_value() && reshard->given_as_int()) {
-    const int size = reshard->group_size(mesh.shard_size());
+  if (const auto& reshard = options.reshard_after_forward()) {
+    // Only an int can fail: true and false give W and 1.
     const int w = mesh.shard_size();
+    const int size = reshard->group_size(w);
     TORCH_CHECK(size >= 1 && w % size == 0, "fully_shard: reshard_after_forward=", size,
                 " (an int: how many ranks to reshard to after forward) does not divide the shard "
-                "group of ", w, " ranks of module '", module->name(), "'; give a divisor of ", w,
-                " (", w, " acts as true, 1 as false)");
+                "group of ",
+                w, " ranks of module '", module->name(), "'; give a divisor of ", w, " (", w,
+                " acts as true, 1 as false)");
   }
 
   std::unordered_set<const c10::TensorImpl*> claimed;
@@ -85,10 +86,9 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const D
   std::vector<FSDPParam> params;
   for (auto& [name, tensor] : unique_named_parameters(*module)) {
     if (claimed.count(tensor.unsafeGetTensorImpl()) != 0) continue;
-    TORCH_CHECK(tensor.device() == mesh.device(), "fully_shard: parameter '", name,
-                "' of module '", module->name(), "' is on ", tensor.device(),
-                " but the mesh communicates on ", mesh.device(),
-                "; move the module to the mesh's device before sharding it");
+    TORCH_CHECK(tensor.device() == mesh.device(), "fully_shard: parameter '", name, "' of module '",
+                module->name(), "' is on ", tensor.device(), " but the mesh communicates on ",
+                mesh.device(), "; move the module to the mesh's device before sharding it");
     TORCH_CHECK(tensor.is_floating_point(), "fully_shard: parameter '", name, "' has dtype ",
                 tensor.scalar_type(), "; only floating-point parameters can be sharded");
     if (!params.empty()) {

@@ -34,11 +34,12 @@ class FSDPStateHolder : public torch::nn::Module {
 };
 
 // Identity in forward (the inputs go in as a TensorList: autograd only tracks tensors passed as
-// Tensor or TensorList, and a std::vector would bind to its catch-all overload); its backward runs once the gradients of all of a unit's inputs are
-// computed, which is after every node of the unit's backward, so the unit's parameter
-// gradients are complete (FSDP2's RegisterPostBackwardFunction).
-// Carries a weak reference to the unit through AutogradContext::saved_data (an IValue capsule
-// owns it, so nothing leaks when the graph is dropped without a backward).
+// Tensor or TensorList, and a std::vector would bind to its catch-all overload); its backward runs
+// once the gradients of all of a unit's inputs are computed, which is after every node of the
+// unit's backward, so the unit's parameter gradients are complete (FSDP2's
+// RegisterPostBackwardFunction). Carries a weak reference to the unit through
+// AutogradContext::saved_data (an IValue capsule owns it, so nothing leaks when the graph is
+// dropped without a backward).
 struct GroupRef : torch::CustomClassHolder {
   explicit GroupRef(std::weak_ptr<ParamGroup> g) : group(std::move(g)) {}
   std::weak_ptr<ParamGroup> group;
@@ -119,11 +120,7 @@ void ParamGroup::set_path(std::string path, bool is_top) {
 
 bool ParamGroup::reshard_after_forward() const {
   const auto& option = options_.reshard_after_forward();
-  if (!option.has_value()) return !is_root();
-  // A group of one rank (false, or the int 1) keeps the parameters; with W = 1, true still
-  // drops the unit's mixed-precision copy.
-  return !option->given_as_int() ? option->group_size(2) == 2
-                                 : option->group_size(mesh_.shard_size()) > 1;
+  return option.has_value() ? option->frees_after_forward() : !is_root();
 }
 
 void ParamGroup::set_implicit_prefetch(int count) {
@@ -143,24 +140,27 @@ void ParamGroup::check_not_in_backward(const char* setting) const {
   // From the root's training forward to the end of its backward, units act on these settings
   // at different times; a change in between would leave ranks or units disagreeing.
   const ParamGroup* root = root_ != nullptr ? root_ : this;
-  TORCH_CHECK(root->state_ == UnitState::kIdle && !root->end_of_backward_queued_, "fsdp: ",
-              setting, " called on unit '", label_,
+  TORCH_CHECK(root->state_ == UnitState::kIdle && !root->end_of_backward_queued_, "fsdp: ", setting,
+              " called on unit '", label_,
               "' while a backward pass is running (or pending after forward); change it before "
               "the forward of the micro-batch it applies to");
 }
 
 void ParamGroup::set_requires_gradient_sync(bool sync) {
-  check_not_in_backward(sync ? "set_requires_gradient_sync(true)" : "set_requires_gradient_sync(false)");
+  check_not_in_backward(sync ? "set_requires_gradient_sync(true)"
+                             : "set_requires_gradient_sync(false)");
   requires_gradient_sync_ = sync;
 }
 
 void ParamGroup::set_reshard_after_backward(bool reshard) {
-  check_not_in_backward(reshard ? "set_reshard_after_backward(true)" : "set_reshard_after_backward(false)");
+  check_not_in_backward(reshard ? "set_reshard_after_backward(true)"
+                                : "set_reshard_after_backward(false)");
   reshard_after_backward_ = reshard;
 }
 
 void ParamGroup::set_reshard_after_forward(bool reshard) {
-  check_not_in_backward(reshard ? "set_reshard_after_forward(true)" : "set_reshard_after_forward(false)");
+  check_not_in_backward(reshard ? "set_reshard_after_forward(true)"
+                                : "set_reshard_after_forward(false)");
   options_.reshard_after_forward(reshard);
   post_forward_group_ = nullptr;  // a bool replaces an int given to fully_shard
 }
@@ -337,8 +337,7 @@ void ParamGroup::queue_end_of_backward() {
   if (root->end_of_backward_queued_) return;
   root->end_of_backward_queued_ = true;
   std::shared_ptr<ParamGroup> keep = root->shared_from_this();
-  torch::autograd::Engine::get_default_engine().queue_callback(
-      [keep] { keep->end_of_backward(); });
+  torch::autograd::Engine::get_default_engine().queue_callback([keep] { keep->end_of_backward(); });
 }
 
 void ParamGroup::pre_backward() {
@@ -561,8 +560,7 @@ void ParamGroup::issue_unshard() {
     // the same [W, S] buffer a gather over the shard group would give.
     group = post_forward_group_.get();
     pending->piece_bytes = post_forward_piece_.nbytes();
-    pending->input = std::move(post_forward_piece_);
-    post_forward_piece_ = at::Tensor();
+    pending->input = std::move(post_forward_piece_);  // leaves the piece undefined
   } else if (cast) {
     TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
     pending->input = flat_shards_.to(compute_dtype_);
@@ -576,9 +574,7 @@ void ParamGroup::issue_unshard() {
     pending->work = group->all_gather_into_tensor(
         pending->buffer, pending->input.defined() ? pending->input : flat_shards_);
   } catch (const std::exception& e) {
-    mesh_.stats().add_comm_buffers(-pending->buffer.nbytes());
-    mesh_.stats().add_unsharded_params(-pending->piece_bytes);
-    mesh_.stats().add_unsharded_units(-1);
+    uncount_gather(*pending, /*gathered=*/false);
     rethrow_with_context("all-gather of parameters", e);
   }
   pending_gather_ = std::move(pending);
@@ -594,9 +590,7 @@ void ParamGroup::wait_unshard() {
   try {
     wait_for(pending->work, "all-gather of parameters");
   } catch (...) {
-    stats.add_comm_buffers(-buffer_bytes);
-    stats.add_unsharded_params(-pending->piece_bytes);
-    stats.add_unsharded_units(-1);
+    uncount_gather(*pending, /*gathered=*/false);
     throw;
   }
   mesh_.tracer().complete("comm", "all-gather", pending->issued, pending->work->finished_at(),
@@ -611,8 +605,7 @@ void ParamGroup::wait_unshard() {
       column += p.padded_numel();
     }
   }
-  stats.add_comm_buffers(-buffer_bytes);
-  stats.add_unsharded_params(-pending->piece_bytes);
+  uncount_gather(*pending, /*gathered=*/true);
   unsharded_ = true;
 }
 
@@ -621,10 +614,16 @@ void ParamGroup::drop_pending_gather() {
   // A prefetched all-gather whose unit did not run: complete it (every rank issued it) and
   // drop the result.
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
-  mesh_.stats().add_comm_buffers(-pending->buffer.nbytes());
-  mesh_.stats().add_unsharded_params(-pending->piece_bytes);
-  mesh_.stats().add_unsharded_units(-1);
+  uncount_gather(*pending, /*gathered=*/false);
   wait_for(pending->work, "all-gather of parameters");
+}
+
+void ParamGroup::uncount_gather(const PendingGather& pending, bool gathered) {
+  RankStats& stats = mesh_.stats();
+  stats.add_comm_buffers(-pending.buffer.nbytes());
+  stats.add_unsharded_params(-pending.piece_bytes);
+  // A completed gather leaves the unit unsharded; any other ends its count.
+  if (!gathered) stats.add_unsharded_units(-1);
 }
 
 void ParamGroup::reshard() {
@@ -662,7 +661,8 @@ std::vector<at::Tensor> ForwardScope::pre_forward(std::vector<at::Tensor> inputs
   }
   if (needing_grad.empty()) return inputs;
   std::shared_ptr<ParamGroup> group = group_.shared_from_this();
-  torch::autograd::variable_list routed = PostBackwardFunction::apply(group, at::TensorList(needing_grad));
+  torch::autograd::variable_list routed =
+      PostBackwardFunction::apply(group, at::TensorList(needing_grad));
   for (size_t k = 0; k < positions.size(); ++k) inputs[positions[k]] = routed[k];
   return inputs;
 }

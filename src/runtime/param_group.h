@@ -67,8 +67,12 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
 
   // Explicit prefetch targets (FSDP2's set_modules_to_forward/backward_prefetch). When set,
   // they replace the implicit choice for this unit.
-  void set_forward_prefetch(std::vector<ParamGroup*> units) { forward_prefetch_ = std::move(units); }
-  void set_backward_prefetch(std::vector<ParamGroup*> units) { backward_prefetch_ = std::move(units); }
+  void set_forward_prefetch(std::vector<ParamGroup*> units) {
+    forward_prefetch_ = std::move(units);
+  }
+  void set_backward_prefetch(std::vector<ParamGroup*> units) {
+    backward_prefetch_ = std::move(units);
+  }
   // How many units ahead the implicit prefetch gathers (0: off). Read from the root.
   void set_implicit_prefetch(int count);
 
@@ -100,9 +104,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
  private:
   struct PendingGather {
     WorkHandle work;
-    at::Tensor input;   // the shards cast to the compute dtype, or the hpZ piece; else undefined
+    at::Tensor input;  // the shards cast to the compute dtype, or the hpZ piece; else undefined
     int64_t piece_bytes = 0;  // the hpZ piece's, counted as unsharded until the gather completes
-    at::Tensor buffer;  // [W * shard numel]
+    at::Tensor buffer;        // [W * shard numel]
     Tracer::Clock::time_point issued;
   };
   struct PendingReduce {
@@ -123,6 +127,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // parameters that this rank serves within its post-forward group, then reshards.
   void reshard_to_post_forward_group();
   void drop_post_forward_piece();
+  // Takes a gather's buffer and hpZ piece off the books once they are released, and the unit's
+  // count too unless the gather completed (gathered: the unit is now unsharded).
+  void uncount_gather(const PendingGather& pending, bool gathered);
   void begin_step();
   void queue_end_of_backward();
   void end_of_backward();
