@@ -93,6 +93,21 @@ class GlooWork final : public Work {
   std::vector<at::Tensor> tensors_;
 };
 
+// Runs fn, a call into c10d's ProcessGroupGloo that starts an operation, one at a time per
+// process. c10d's flight recorder is one per process, and on a group's first collective it
+// adds the group to a map without holding its lock (PyTorch 2.11,
+// FlightRecorder::recordWithResetEnabled; every later call reads that map unlocked too). Two
+// groups issuing collectives from different threads at once, which happens whenever a process
+// has several groups (ranks as threads, HSDP, hpZ), could corrupt the map: a test crashed with
+// SIGSEGV inside it. The calls only enqueue; the collectives still run and complete
+// concurrently.
+template <typename Fn>
+auto issue_c10d(Fn&& fn) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  return fn();
+}
+
 class GlooProcessGroup final : public ProcessGroup {
  public:
   GlooProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
@@ -157,7 +172,7 @@ class GlooProcessGroup final : public ProcessGroup {
       // counts only, so hand it flat views.
       at::Tensor out = output.view(-1);
       at::Tensor in = input.view(-1);
-      wait_c10d(pg_->_allgather_base(out, in), op, -1);
+      wait_c10d(issue_c10d([&] { return pg_->_allgather_base(out, in); }), op, -1);
       update_counters([&](CommCounters& c) { c.all_gather.sent_bytes += sent; });
     });
   }
@@ -204,7 +219,7 @@ class GlooProcessGroup final : public ProcessGroup {
       std::vector<at::Tensor> tensors{tensor};
       c10d::AllreduceOptions opts;
       opts.reduceOp = c10d::ReduceOp::SUM;  // gloo has no AVG; we divide below.
-      wait_c10d(pg_->allreduce(tensors, opts), op, -1);
+      wait_c10d(issue_c10d([&] { return pg_->allreduce(tensors, opts); }), op, -1);
       if (reduce_op == ReduceOp::kAvg) {
         tensor.div_(size_);
       }
@@ -231,7 +246,8 @@ class GlooProcessGroup final : public ProcessGroup {
       c10d::BroadcastOptions opts;
       opts.rootRank = root;
       opts.rootTensor = 0;
-      wait_c10d(pg_->broadcast(tensors, opts), op, root == rank_ ? -1 : root);
+      wait_c10d(issue_c10d([&] { return pg_->broadcast(tensors, opts); }), op,
+                root == rank_ ? -1 : root);
       update_counters([&](CommCounters& c) { c.broadcast.sent_bytes += sent; });
     });
   }
@@ -242,7 +258,7 @@ class GlooProcessGroup final : public ProcessGroup {
       if (size_ == 1) {
         return;
       }
-      wait_c10d(pg_->barrier(), op, -1);
+      wait_c10d(issue_c10d([&] { return pg_->barrier(); }), op, -1);
     });
   }
 
@@ -416,8 +432,8 @@ class GlooProcessGroup final : public ProcessGroup {
       const int tag = next_tag();
       std::vector<at::Tensor> send_tensors{send_buf};
       std::vector<at::Tensor> recv_tensors{recv_buf};
-      auto send_work = pg_->send(send_tensors, right, tag);
-      auto recv_work = pg_->recv(recv_tensors, left, tag);
+      auto send_work = issue_c10d([&] { return pg_->send(send_tensors, right, tag); });
+      auto recv_work = issue_c10d([&] { return pg_->recv(recv_tensors, left, tag); });
       wait_c10d(send_work, op, right);
       wait_c10d(recv_work, op, left);
       update_counters([&](CommCounters& c) { c.reduce_scatter.sent_bytes += chunk_bytes; });
