@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
-# One entry point for a fresh Debian 12 machine:
-#   bash scripts/run.sh train [fsdp-train flags...]   install, build, run the trainer
-#   bash scripts/run.sh test  [ctest flags...]        install, build, run every test
-# Installs only what is missing: Debian packages, then PyTorch's 2.11 wheel (whose LibTorch we
-# build against) unless python3 already has it. Set FSDP_TORCH_PREFIX to a LibTorch (or a
-# PyTorch cmake prefix) to build against your own instead; set FSDP_SKIP_INSTALL=1 to skip
-# installing anything.
+# One entry point, for a new user on a fresh Debian 12 machine and for CI alike:
+#   bash scripts/run.sh train [fsdp-train flags...]   set up, build fsdp-train only, train
+#   bash scripts/run.sh test  [ctest flags...]        set up, build everything, run every test
+#   bash scripts/run.sh build                         set up, build everything
+#
+# Set-up installs only what is missing:
+# - Debian packages (apt-get, as root or through sudo);
+# - the project's own Python environment, .venv inside the clone, with PyTorch's 2.11 wheel
+#   (its LibTorch is what we build against) from scripts/requirements.txt, and for `test` also
+#   the reference packages the tests compare with (scripts/requirements-test.txt).
+# The machine's python3 only creates .venv: a torch it may have is never used, so every run,
+# CI's included, takes the path a new user takes. pip's cache is used as usual.
+#
+# Environment: FSDP_TORCH_PREFIX=DIR builds against another LibTorch (or a PyTorch cmake
+# prefix); FSDP_SKIP_INSTALL=1 installs nothing (the environment must be complete already).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
 
 mode="${1:-}"
 shift || true
 case "$mode" in train|test|build) ;; *) echo "usage: $0 train|test|build [args...]" >&2; exit 2 ;; esac
 
-TORCH_VERSION=2.11.0
 DEBIAN_PACKAGES=(cmake g++ make python3 python3-venv python3-pip libgtest-dev libgmock-dev
                  libbenchmark-dev libgloo-dev libcli11-dev nlohmann-json3-dev libxxhash-dev time)
+VENV="$ROOT/.venv"
+PYTHON="$VENV/bin/python3"   # absolute: tests run from build/ and are handed this path
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -27,48 +37,49 @@ install_debian_packages() {
   if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null
   fi
 }
 
-has_torch() {
-  "$1" -c "import torch,sys; sys.exit(0 if torch.__version__.split('+')[0]=='$TORCH_VERSION' else 1)" 2>/dev/null
+# Installs requirement files into .venv unless the same files were installed before (a stamp
+# in .venv holds their checksum), so a set-up run costs nothing the second time.
+install_python_requirements() {
+  local files=("$@") stamp="$VENV/.fsdp-requirements" sum
+  sum="$(cat "${files[@]/#/scripts/}" | sha256sum | cut -d' ' -f1)"
+  if [ -f "$stamp" ] && grep -qx "$sum" "$stamp"; then return; fi
+  if [ ! -x "$PYTHON" ]; then
+    echo "== creating the project's Python environment in .venv"
+    python3 -m venv "$VENV"
+    "$PYTHON" -m pip install -q --disable-pip-version-check --upgrade pip
+  fi
+  echo "== installing into .venv: $(cat "${files[@]/#/scripts/}" | grep -v '^#' | tr '\n' ' ')"
+  "$PYTHON" -m pip install -q --disable-pip-version-check "${files[@]/#/-rscripts/}"
+  echo "$sum" >> "$stamp"
 }
 
-# Picks a python3 with torch==$TORCH_VERSION, installing the wheel into .venv if needed.
-find_python() {
-  if has_torch python3; then PYTHON=python3; return; fi
-  if [ -x .venv/bin/python3 ] && has_torch .venv/bin/python3; then PYTHON=.venv/bin/python3; return; fi
-  echo "== installing PyTorch $TORCH_VERSION into .venv (LibTorch comes from its wheel)"
-  python3 -m venv .venv
-  .venv/bin/python3 -m pip install -q --upgrade pip
-  .venv/bin/python3 -m pip install -q "torch==$TORCH_VERSION"
-  PYTHON=.venv/bin/python3
-}
-
-if [ "${FSDP_SKIP_INSTALL:-0}" != 1 ]; then install_debian_packages; fi
+requirements=(requirements.txt)
+[ "$mode" = train ] || requirements+=(requirements-test.txt)
+if [ "${FSDP_SKIP_INSTALL:-0}" != 1 ]; then
+  install_debian_packages
+  install_python_requirements "${requirements[@]}"
+fi
 if [ -n "${FSDP_TORCH_PREFIX:-}" ]; then
   prefix="$FSDP_TORCH_PREFIX"
 else
-  if [ "${FSDP_SKIP_INSTALL:-0}" = 1 ]; then PYTHON=python3; else find_python; fi
   prefix="$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
 fi
 
 echo "== building (LibTorch from $prefix)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
-cmake --build build -j"$(nproc)"
-
-# The checkpoint interop test loads our export with transformers (tests/checkpoint/hf_interop.py),
-# in the python that has our torch; it fails, saying so, when they are missing.
-if [ "$mode" = test ]; then
-  PYTHON="${PYTHON:-python3}"
-  if [ "${FSDP_SKIP_INSTALL:-0}" != 1 ] && ! "$PYTHON" -c "import transformers, safetensors" 2>/dev/null; then
-    echo "== installing transformers and safetensors into $PYTHON (checkpoint interop test)"
-    "$PYTHON" -m pip install -q "transformers==5.23.0" "safetensors==0.8.0"
-  fi
-  export FSDP_PYTHON="$PYTHON"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+  -DFSDP_PYTHON="$PYTHON" >/dev/null
+if [ "$mode" = train ]; then
+  cmake --build build -j"$(nproc)" --target fsdp-train
+else
+  cmake --build build -j"$(nproc)"
 fi
 
+export FSDP_PYTHON="$PYTHON"
 case "$mode" in
   train) exec ./build/fsdp-train "$@" ;;
   test) cd build && exec ctest --output-on-failure -j"$(nproc)" "$@" ;;

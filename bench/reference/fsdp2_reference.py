@@ -47,9 +47,10 @@ import argparse
 import json
 import math
 import os
-import socket
+import shutil
 import struct
 import sys
+import tempfile
 import time
 import traceback
 
@@ -344,7 +345,10 @@ def train(rank, world, args):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     distributed = args.mode != "single"
     if distributed:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        # A file store needs no port: several runners started at once (ctest -j) cannot collide
+        # on one, as they could between picking a free port and binding it.
+        dist.init_process_group("gloo", init_method=f"file://{args.rendezvous_file}", rank=rank,
+                                world_size=world)
     counter = CommCounter() if args.mode == "fsdp2" else None
 
     config = load_config(args.init)
@@ -465,25 +469,20 @@ def train(rank, world, args):
         # Every file is written and closed, so leave without tearing the gloo group down: in
         # PyTorch 2.11 that teardown now and then aborts a rank ("terminate called without an
         # active exception", SIGABRT; seen once in about a dozen runs of the no-sync case).
+        if world == 1:  # no parent outlives us to remove the rendezvous directory
+            shutil.rmtree(os.path.dirname(args.rendezvous_file), ignore_errors=True)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
 
 
-def _rank_main(rank, world, args, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank_main(rank, world, args):
     try:
         train(rank, world, args)
     except BaseException:
         sys.stderr.write(f"fsdp2_reference.py: rank {rank} failed:\n{traceback.format_exc()}")
         sys.stderr.flush()
         os._exit(1)  # no waiting on peers that may be stuck in a collective
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():
@@ -515,13 +514,13 @@ def main():
         p.error("--mode single runs one process; use --nproc 1")
     if args.mode != "fsdp2" and (args.param_dtype or args.reduce_dtype):
         p.error("--param-dtype/--reduce-dtype are FSDP2's MixedPrecisionPolicy; use --mode fsdp2")
-    if args.nproc == 1:
-        if args.mode != "single":
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        train(0, 1, args)
-        return
-    import torch.multiprocessing as mp
-    mp.spawn(_rank_main, args=(args.nproc, args, _free_port()), nprocs=args.nproc, join=True)
+    with tempfile.TemporaryDirectory(prefix="fsdp2_reference_") as tmp:
+        args.rendezvous_file = os.path.join(tmp, "rendezvous")
+        if args.nproc == 1:
+            train(0, 1, args)
+            return
+        import torch.multiprocessing as mp
+        mp.spawn(_rank_main, args=(args.nproc, args), nprocs=args.nproc, join=True)
 
 
 if __name__ == "__main__":

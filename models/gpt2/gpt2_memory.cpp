@@ -21,6 +21,15 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   TORCH_CHECK(micro_batch >= 1 && seq_len >= 1 && seq_len <= c.n_positions,
               "gpt2_memory_spec: need micro_batch >= 1 and 1 <= seq_len <= n_positions = ",
               c.n_positions, ", got micro_batch ", micro_batch, ", seq_len ", seq_len);
+  // Every byte count below is an int64; refuse sizes where one could overflow.
+  const long double largest = static_cast<long double>(micro_batch) * seq_len *
+                              (c.vocab_size + 16.0L * c.n_embd) * 8 * c.n_layer;
+  TORCH_CHECK(largest < 0x1p62L, "gpt2_memory_spec: a micro-batch of ", micro_batch,
+              " sequences of ", seq_len, " tokens needs more than 2^62 bytes of activations");
+  const long double state = 16.0L * c.n_embd *
+                            (c.vocab_size + c.n_positions + 12.0L * c.n_embd * c.n_layer);
+  TORCH_CHECK(state < 0x1p62L, "gpt2_memory_spec: n_embd ", c.n_embd, " and n_layer ", c.n_layer,
+              " make more than 2^62 bytes of parameters and optimizer state");
   const int64_t d = c.n_embd, v = c.vocab_size, p = c.n_positions, h = c.n_head;
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
   const int64_t bt = micro_batch * seq_len;

@@ -25,6 +25,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -90,6 +91,12 @@ void check_launch_env(const LaunchEnv& env) {
   TORCH_CHECK(!env.master_addr.empty(), "fsdp: MASTER_ADDR is empty");
   TORCH_CHECK(env.master_port >= 1 && env.master_port <= 65535,
               "fsdp: MASTER_PORT=", env.master_port, " is not a TCP port (1..65535)");
+  TORCH_CHECK(!env.master_listen_fd || (env.rank == 0 && !env.launcher_hosts_store),
+              "fsdp: FSDP_MASTER_LISTEN_FD is for the rank that hosts the store (rank 0, when "
+              "no launcher hosts it), not rank ", env.rank);
+  TORCH_CHECK(!env.master_listen_fd || *env.master_listen_fd >= 0,
+              "fsdp: FSDP_MASTER_LISTEN_FD=", env.master_listen_fd.value_or(0),
+              " is not a file descriptor");
 }
 
 std::string join_ranks(const std::vector<int>& ranks) {
@@ -153,6 +160,12 @@ LaunchEnv launch_env_from_environment() {
   env.local_rank = parse_int_env("LOCAL_RANK", require_env("LOCAL_RANK"));
   env.master_addr = require_env("MASTER_ADDR");
   env.master_port = parse_int_env("MASTER_PORT", require_env("MASTER_PORT"));
+  // torchrun's agent already hosts a store on MASTER_PORT and says so here; a rank 0 that tried
+  // to host another would fail to bind it.
+  env.launcher_hosts_store = read_env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  if (auto fd = read_env("FSDP_MASTER_LISTEN_FD")) {
+    env.master_listen_fd = parse_int_env("FSDP_MASTER_LISTEN_FD", *fd);
+  }
   check_launch_env(env);
   return env;
 }
@@ -163,7 +176,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env,
   const std::string prefix = rank_prefix(env.rank, env.world_size);
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(env.master_port);
-  store_options.isServer = env.rank == 0;
+  store_options.isServer = env.rank == 0 && !env.launcher_hosts_store;
+  store_options.masterListenFd = env.master_listen_fd;
   // The join protocol below waits for the workers and names the missing ones; c10d's own wait
   // would only say that some did not come.
   store_options.waitWorkers = false;
@@ -255,20 +269,39 @@ void run_ranks_in_threads(int world_size,
   TORCH_CHECK(message.empty(), message);
 }
 
-int find_free_tcp_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  TORCH_CHECK(fd >= 0, "socket() failed: ", std::strerror(errno));
+LoopbackSocket::LoopbackSocket(bool listen) {
+  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  TORCH_CHECK(fd_ >= 0, "fsdp: socket() failed: ", std::strerror(errno));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = 0;
   socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const bool ok = ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0 &&
+                  (!listen || ::listen(fd_, SOMAXCONN) == 0);
   const int error = errno;
-  ::close(fd);
-  TORCH_CHECK(ok, "could not find a free port on 127.0.0.1: ", std::strerror(error));
-  return ntohs(addr.sin_port);
+  if (!ok) {
+    ::close(fd_);
+    TORCH_CHECK(false, "fsdp: could not bind a socket on 127.0.0.1: ", std::strerror(error));
+  }
+  port_ = ntohs(addr.sin_port);
+}
+
+LoopbackSocket::~LoopbackSocket() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int LoopbackSocket::release() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+void LoopbackSocket::inherit_across_exec() {
+  const int flags = ::fcntl(fd_, F_GETFD);
+  TORCH_CHECK(flags >= 0 && ::fcntl(fd_, F_SETFD, flags & ~FD_CLOEXEC) == 0,
+              "fsdp: fcntl on the store's socket failed: ", std::strerror(errno));
 }
 
 }  // namespace fsdp

@@ -103,10 +103,7 @@ TEST(CheckpointProcesses, InitFromAnExportAndExportAgainGivesTheSameFile) {
   }
 }
 
-std::string python() {
-  const char* p = std::getenv("FSDP_PYTHON");
-  return p != nullptr ? p : "python3";
-}
+std::string python() { return test::reference_python(); }
 
 at::Tensor logits_of(const std::string& model_file, const at::Tensor& input_ids) {
   models::GPT2LMHead model(models::GPT2Config::tiny());

@@ -130,8 +130,11 @@ TEST(RendezvousTest, SeveralGroupsOverOneStoreStaySeparate) {
   EXPECT_EQ(errors[1], "");
 }
 
+// Rank 0's store takes over a socket bound before any rank starts, as fsdp-train --nproc does.
 TEST(RendezvousTest, TcpStoreFromLaunchEnv) {
-  const int port = fsdp::find_free_tcp_port();
+  LoopbackSocket socket;
+  const int port = socket.port();
+  const int listen_fd = socket.release();  // the store owns it from here
   std::vector<std::shared_ptr<ProcessGroup>> groups(2);
   const auto errors = test::run_threads(2, [&](int rank) {
     LaunchEnv env;
@@ -140,6 +143,7 @@ TEST(RendezvousTest, TcpStoreFromLaunchEnv) {
     env.local_rank = rank;
     env.master_addr = "127.0.0.1";
     env.master_port = port;
+    if (rank == 0) env.master_listen_fd = listen_fd;
     auto pg = init_process_group(env, test::test_options(std::chrono::seconds(10)));
     TORCH_CHECK(pg->rank() == rank && pg->size() == 2, "got rank ", pg->rank(), " of ", pg->size());
     auto t = at::full({4}, static_cast<float>(rank + 1));
@@ -159,7 +163,8 @@ TEST(RendezvousTest, ClientTimesOutWhenRankZeroNeverComes) {
   env.rank = 1;
   env.world_size = 2;
   env.local_rank = 1;
-  env.master_port = fsdp::find_free_tcp_port();  // nobody listens there
+  const LoopbackSocket bound_not_listening(/*listen=*/false);  // connections are refused
+  env.master_port = bound_not_listening.port();
   const auto start = std::chrono::steady_clock::now();
   const auto message = test::error_message(
       [&] { init_process_group(env, test::test_options(std::chrono::milliseconds(1500))); });

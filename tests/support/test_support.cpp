@@ -34,9 +34,18 @@ CommandResult run_command(const std::string& command, int limit_s) {
   return r;
 }
 
-std::string fsdp_train_binary() {
-  const char* path = std::getenv("FSDP_TRAIN_BIN");
-  return path != nullptr ? path : "./fsdp-train";
+std::string program_path(const std::string& name) {
+  const char* dir = std::getenv("FSDP_BIN_DIR");
+  return (dir != nullptr && *dir != '\0' ? std::string(dir) : std::string(".")) + "/" + name;
+}
+
+std::string reference_python() {
+  const char* from_env = std::getenv("FSDP_PYTHON");
+  const std::string python = from_env != nullptr && *from_env != '\0' ? from_env : FSDP_PYTHON;
+  TORCH_CHECK(!python.empty() && python.front() == '/', "the reference python '", python,
+              "' (FSDP_PYTHON, or CMake's -DFSDP_PYTHON) is not an absolute path; ctest runs "
+              "tests from the build directory, so give e.g. $PWD/.venv/bin/python3");
+  return python;
 }
 
 std::vector<nlohmann::json> read_json_lines(const std::string& path) {

@@ -36,9 +36,17 @@ struct CommandResult {
 // instead of stalling the suite.
 CommandResult run_command(const std::string& command, int limit_s = 240);
 
-// The fsdp-train program the tests run: $FSDP_TRAIN_BIN, or ./fsdp-train (ctest runs the test
-// binaries in the build directory).
-std::string fsdp_train_binary();
+// A program of this build (fsdp-train, fsdp-estimate, ...): $FSDP_BIN_DIR/name, or ./name
+// (ctest runs the test binaries in the build directory, where the programs are).
+std::string program_path(const std::string& name);
+inline std::string fsdp_train_binary() { return program_path("fsdp-train"); }
+
+// The python whose torch this build's LibTorch comes from, with the reference packages the
+// tests compare against (transformers, tokenizers): $FSDP_PYTHON, else the interpreter CMake
+// found (tests/CMakeLists.txt; scripts/run.sh passes the project's .venv). Throws unless the
+// path is absolute: ctest runs each test from the build directory, where a path relative to
+// the source tree names nothing.
+std::string reference_python();
 
 // Every line of a JSON-lines file (fsdp-train's --metrics), parsed.
 std::vector<nlohmann::json> read_json_lines(const std::string& path);

@@ -35,9 +35,6 @@
 #ifndef FSDP_SOURCE_DIR
 #error "tests/CMakeLists.txt defines FSDP_SOURCE_DIR"
 #endif
-#ifndef FSDP_PYTHON
-#define FSDP_PYTHON "python3"
-#endif
 
 namespace fsdp::train {
 namespace {
@@ -53,12 +50,7 @@ constexpr char kCommon[] =
     "--model tiny --global-batch 8 --seq-len 32 --seed 11 --lr 3e-3 "
     "--weight-decay 0.1 --max-grad-norm 1.0";
 
-// The interpreter whose torch this build's LibTorch comes from (found by tests/CMakeLists.txt;
-// FSDP_PYTHON in the environment overrides it).
-std::string python() {
-  const char* p = std::getenv("FSDP_PYTHON");
-  return p != nullptr && *p != '\0' ? p : FSDP_PYTHON;
-}
+std::string python() { return test::reference_python(); }
 
 std::string reference_script() { return FSDP_SOURCE_DIR "/bench/reference/fsdp2_reference.py"; }
 

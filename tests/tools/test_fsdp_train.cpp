@@ -168,7 +168,7 @@ TEST(FsdpTrain, BadTrainingModeFlagsAreNamed) {
     std::string args, message;
   };
   const Case cases[] = {
-      {"--nproc 4 --grad-accum 0", "--grad-accum must be at least 1, got 0"},
+      {"--nproc 4 --grad-accum 0", "--grad-accum: 0 is less than 1"},
       {"--nproc 4 --strategy hybrid_shard --replicate 3",
        "--replicate 3 does not divide the world size 4"},
       {"--nproc 2 --param-dtype int8", "--param-dtype must be fp32, bf16 or fp16, got 'int8'"},
@@ -177,11 +177,9 @@ TEST(FsdpTrain, BadTrainingModeFlagsAreNamed) {
       {"--nproc 2 --accum-mode later",
        "--accum-mode must be sync, no-sync or no-reshard, got 'later'"},
       {"--nproc 4 --reshard-after-forward 3",
-       "reshard_after_forward=3 (an int: how many ranks to reshard to after forward) does not "
-       "divide the shard group of 4 ranks"},
+       "--reshard-after-forward 3 (a group size) does not divide the shard group of 4 ranks"},
       {"--nproc 4 --strategy hybrid_shard --replicate 2 --reshard-after-forward 4",
-       "reshard_after_forward=4 (an int: how many ranks to reshard to after forward) does not "
-       "divide the shard group of 2 ranks"},
+       "--reshard-after-forward 4 (a group size) does not divide the shard group of 2 ranks"},
       {"--nproc 4 --strategy shard_grad_op --reshard-after-forward 2",
        "--reshard-after-forward 2 (a group size) applies to --strategy full_shard and "
        "hybrid_shard, not shard_grad_op"},
@@ -196,7 +194,7 @@ TEST(FsdpTrain, BadTrainingModeFlagsAreNamed) {
 TEST(FsdpTrain, NprocZeroIsRejected) {
   const CommandResult r = run("--nproc 0 --steps 1");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_THAT(r.output, HasSubstr("--nproc must be at least 1, got 0"));
+  EXPECT_THAT(r.output, HasSubstr("--nproc: 0 is less than 1"));
 }
 
 TEST(FsdpTrain, MissingDataFileIsNamed) {
@@ -216,9 +214,11 @@ TEST(FsdpTrain, CorpusShorterThanOneSample) {
 }
 
 TEST(FsdpTrain, RankThatNeverArrivesTimesOutNamingIt) {
-  const int port = fsdp::find_free_tcp_port();
-  const std::string env =
-      "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port);
+  LoopbackSocket socket;  // handed to rank 0, as fsdp-train --nproc does
+  socket.inherit_across_exec();
+  const std::string env = "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                          std::to_string(socket.port()) +
+                          " FSDP_MASTER_LISTEN_FD=" + std::to_string(socket.fd());
   const CommandResult r = run("--steps 1 --timeout-s 3", env, 60);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("rank 1"));

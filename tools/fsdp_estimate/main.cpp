@@ -11,6 +11,8 @@
 #include <models/gpt2/gpt2.h>
 #include <models/gpt2/gpt2_memory.h>
 
+#include <common/cli_checks.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -38,16 +40,19 @@ int main(int argc, char** argv) {
   int64_t global_batch = 16, seq_len = 64;
   bool activation_checkpoint = false, no_fsdp = false, pretty = false, timeline = false;
   app.add_option("--model", model, "GPT-2 config to start from: tiny, small or gpt2")
+      ->check(CLI::IsMember(fsdp::models::GPT2Config::names()))
       ->capture_default_str();
-  app.add_option("--vocab-size", vocab_size, "Override the config's vocab_size");
-  app.add_option("--n-positions", n_positions, "Override the config's n_positions");
-  app.add_option("--n-embd", n_embd, "Override the config's n_embd");
-  app.add_option("--n-layer", n_layer, "Override the config's n_layer");
-  app.add_option("--n-head", n_head, "Override the config's n_head");
-  app.add_option("--world-size,--nproc", world, "Ranks")->capture_default_str();
+  app.add_option("--vocab-size", vocab_size, "Override the config's vocab_size")->check(fsdp::tools::integer_at_least(1));
+  app.add_option("--n-positions", n_positions, "Override the config's n_positions")->check(fsdp::tools::integer_at_least(1));
+  app.add_option("--n-embd", n_embd, "Override the config's n_embd")->check(fsdp::tools::integer_at_least(1));
+  app.add_option("--n-layer", n_layer, "Override the config's n_layer")->check(fsdp::tools::integer_at_least(1));
+  app.add_option("--n-head", n_head, "Override the config's n_head")->check(fsdp::tools::integer_at_least(1));
+  app.add_option("--world-size,--nproc", world, "Ranks")->check(fsdp::tools::integer_at_least(1))->capture_default_str();
   app.add_option("--strategy", strategy, "full_shard, shard_grad_op, no_shard or hybrid_shard")
+      ->check(CLI::IsMember({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}))
       ->capture_default_str();
   app.add_option("--replicate", replicate, "Replicas for hybrid_shard (divides the world size)")
+      ->check(fsdp::tools::integer_at_least(1))
       ->capture_default_str();
   app.add_option("--param-dtype", param_dtype,
                  "Mixed precision: dtype of unsharded parameters and compute (fp32, bf16, fp16)");
@@ -57,21 +62,28 @@ int main(int argc, char** argv) {
                  "dtype of sharded parameters, gradients and optimizer state")
       ->capture_default_str();
   app.add_option("--global-batch", global_batch, "Sequences per step over all ranks")
+      ->check(fsdp::tools::integer_at_least(1))
       ->capture_default_str();
-  app.add_option("--seq-len", seq_len, "Tokens per sequence")->capture_default_str();
+  app.add_option("--seq-len", seq_len, "Tokens per sequence")
+      ->check(fsdp::tools::integer_at_least(1))
+      ->capture_default_str();
   app.add_flag("--activation-checkpoint", activation_checkpoint,
                "Every block checkpoints its forward");
   int reshard_after_forward = 1;
   app.add_option("--reshard-after-forward", reshard_after_forward,
                  "As fsdp-train's: 1 blocks reshard after forward, 0 they keep their parameters, "
                  "N >= 2 they keep a 1/N piece (hpZ)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(fsdp::tools::integer_at_least(0))
       ->capture_default_str();
-  app.add_option("--prefetch", prefetch, "Implicit prefetch depth (0: off)")->capture_default_str();
+  app.add_option("--prefetch", prefetch, "Implicit prefetch depth (0: off)")
+      ->check(fsdp::tools::integer_at_least(0))
+      ->capture_default_str();
   app.add_option("--grad-accum", grad_accum,
                  "Forward/backward passes per step, each on 1/K of the rank's batch")
+      ->check(fsdp::tools::integer_at_least(1))
       ->capture_default_str();
   app.add_option("--accum-mode", accum_mode, "sync, no-sync or no-reshard (see fsdp-train)")
+      ->check(CLI::IsMember({"sync", "no-sync", "no-reshard"}))
       ->capture_default_str();
   app.add_flag("--no-fsdp", no_fsdp, "Plain single-process training (fsdp-train --no-fsdp)");
   app.add_flag("--pretty", pretty, "Indent the JSON");
@@ -85,7 +97,11 @@ int main(int argc, char** argv) {
     if (n_embd > 0) config.n_embd = n_embd;
     if (n_layer > 0) config.n_layer = n_layer;
     if (n_head > 0) config.n_head = n_head;
+    TORCH_CHECK(config.n_embd % config.n_head == 0, "--n-embd ", config.n_embd,
+                " is not divisible by --n-head ", config.n_head);
     config.validate();
+    TORCH_CHECK(seq_len <= config.n_positions, "--seq-len ", seq_len, " is outside [1, ",
+                config.n_positions, "], the positions model '", model, "' has");
     if (no_fsdp) world = 1;
     TORCH_CHECK(world >= 1, "--world-size must be at least 1, got ", world);
     TORCH_CHECK(grad_accum >= 1, "--grad-accum must be at least 1, got ", grad_accum);
@@ -107,13 +123,28 @@ int main(int argc, char** argv) {
         .fsdp(!no_fsdp);
     TORCH_CHECK(options.strategy() == fsdp::ShardingStrategy::kHybridShard || replicate == 1,
                 "--replicate ", replicate, " needs --strategy hybrid_shard");
+    TORCH_CHECK(world % replicate == 0, "--replicate ", replicate,
+                " does not divide --world-size ", world);
+    const int shard_group = strategy == "hybrid_shard" ? world / replicate
+                            : strategy == "no_shard"   ? 1
+                                                       : world;
+    TORCH_CHECK(reshard_after_forward <= 1 || shard_group % reshard_after_forward == 0,
+                "--reshard-after-forward ", reshard_after_forward,
+                " (a group size) does not divide the shard group of ", shard_group, " ranks");
     if (!param_dtype.empty()) options.param_dtype(parse_dtype("--param-dtype", param_dtype));
     if (!reduce_dtype.empty()) options.reduce_dtype(parse_dtype("--reduce-dtype", reduce_dtype));
     const at::ScalarType compute =
         no_fsdp ? options.master_dtype() : options.param_dtype().value_or(options.master_dtype());
     const int64_t micro_batch = global_batch / world / grad_accum;  // sequences per pass
-    const fsdp::ModelMemorySpec spec = fsdp::models::gpt2_memory_spec(
-        config, micro_batch, seq_len, compute, activation_checkpoint);
+    fsdp::ModelMemorySpec spec;
+    try {
+      spec = fsdp::models::gpt2_memory_spec(config, micro_batch, seq_len, compute,
+                                            activation_checkpoint);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "--global-batch ", global_batch, " and --seq-len ", seq_len, " on ",
+                  world, " ranks with --n-embd ", config.n_embd, " and --n-layer ",
+                  config.n_layer, ": ", e.what_without_backtrace());
+    }
     const fsdp::MemoryEstimate e = fsdp::estimate_memory(spec, options);
 
     nlohmann::json out = nlohmann::json::parse(e.to_json());

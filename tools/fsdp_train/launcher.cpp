@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -53,12 +54,22 @@ int exit_code_of(int status) {
 
 int launch_local_ranks(int nproc, const std::vector<std::string>& args) {
   TORCH_CHECK(nproc >= 1, "--nproc must be at least 1, got ", nproc);
-  const int port = find_free_tcp_port();
+  // Rank 0's store takes over a socket bound here, so no other launcher can take the port
+  // between our choosing it and rank 0 binding it (ctest -j runs many of us at once).
+  std::optional<LoopbackSocket> store_socket(std::in_place);
+  store_socket->inherit_across_exec();
+  const int port = store_socket->port();
   std::vector<pid_t> pids(nproc, -1);
   for (int rank = 0; rank < nproc; ++rank) {
     const pid_t pid = ::fork();
     TORCH_CHECK(pid >= 0, "fork() for rank ", rank, " failed: ", std::strerror(errno));
     if (pid == 0) {
+      if (rank == 0) {
+        ::setenv("FSDP_MASTER_LISTEN_FD", std::to_string(store_socket->fd()).c_str(), 1);
+      } else {
+        ::close(store_socket->fd());
+        ::unsetenv("FSDP_MASTER_LISTEN_FD");
+      }
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
@@ -77,6 +88,7 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args) {
     }
     pids[rank] = pid;
   }
+  store_socket.reset();  // rank 0 holds it now
 
   int result = 0;
   int running = nproc;

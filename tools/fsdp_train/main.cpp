@@ -2,8 +2,11 @@
 // under torchrun-style variables (RANK, WORLD_SIZE, ...) it is one rank; with --no-fsdp it is
 // the single-process reference. With none of these it launches 2 local ranks.
 #include <fsdp/comm/rendezvous.h>
+#include <common/cli_checks.h>
 #include <fsdp_train/launcher.h>
+#include <fsdp_train/machine_fit.h>
 #include <fsdp_train/trainer.h>
+#include <models/gpt2/gpt2.h>
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -23,6 +26,77 @@ void set_intra_op_threads(int local_world) {
   at::set_num_threads(static_cast<int>(std::max(1u, cores / static_cast<unsigned>(local_world))));
 }
 
+// Every flag's value is checked here, while parsing, before any work starts; what depends on
+// several flags is checked by fsdp::train::validate.
+void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, int& nproc, double& timeout_s) {
+  using fsdp::tools::finite_in;
+  const auto positive = fsdp::tools::integer_at_least(1);
+  const auto non_negative = fsdp::tools::integer_at_least(0);
+  app.add_option("--nproc", nproc, "Launch this many local ranks (default 2 unless RANK/WORLD_SIZE are set)")
+      ->check(positive);
+  app.add_option("--model", o.model, "Model config: tiny, small or gpt2")
+      ->check(CLI::IsMember(fsdp::models::GPT2Config::names()))->capture_default_str();
+  app.add_option("--steps", o.steps, "Optimizer steps")->check(non_negative)->capture_default_str();
+  app.add_option("--global-batch", o.global_batch, "Sequences per step over all ranks")
+      ->check(positive)->capture_default_str();
+  app.add_option("--seq-len", o.seq_len, "Tokens per sequence")->check(positive)->capture_default_str();
+  app.add_option("--lr", o.lr, "AdamW learning rate")
+      ->check(finite_in(0, 1e6, /*open_min=*/true))->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")
+      ->check(finite_in(0, 1e6))->capture_default_str();
+  app.add_option("--max-grad-norm", o.max_grad_norm, "Clip the global gradient norm to this (inf: no clipping)")
+      ->check(fsdp::tools::positive_or_inf())->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the initial weights and of batch sampling")
+      ->check(non_negative)->capture_default_str();
+  app.add_option("--reshard-after-forward", o.reshard_after_forward,
+                 "1: blocks free their gathered parameters after forward; 0: they keep them until "
+                 "backward; N >= 2: they keep a 1/N piece and backward gathers within groups of N "
+                 "ranks (ZeRO++ hpZ; N divides the shard group)")
+      ->check(non_negative)->capture_default_str();
+  app.add_flag("--activation-checkpoint", o.activation_checkpoint,
+               "Every transformer block recomputes its forward in backward instead of keeping activations");
+  app.add_flag("--no-fsdp", o.no_fsdp, "Single-process plain LibTorch reference on the same global batch");
+  app.add_option("--data", o.data_path, "UTF-8 text file to train on (byte-level tokens); default: embedded corpus")
+      ->check(fsdp::tools::existing_file());
+  app.add_option("--metrics", o.metrics_path, "Write one JSON object per step to this file (rank 0)")
+      ->check(fsdp::tools::output_file());
+  app.add_option("--log-every", o.log_every, "Print progress every N steps")->check(positive)->capture_default_str();
+  app.add_option("--timeout-s", timeout_s, "Collective and rendezvous timeout in seconds")
+      ->check(finite_in(0, 1e7, /*open_min=*/true))->capture_default_str();
+  app.add_flag("--quiet", o.quiet, "No progress lines");
+  app.add_option("--strategy", o.strategy,
+                 "full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP) or hybrid_shard (HSDP)")
+      ->capture_default_str();
+  app.add_option("--replicate", o.replicate, "hybrid_shard: replicas (the shard groups have W / R ranks)")
+      ->check(positive)->capture_default_str();
+  app.add_option("--param-dtype", o.param_dtype, "Compute and all-gather dtype: fp32, bf16 or fp16 (masters stay fp32)")
+      ->capture_default_str();
+  app.add_option("--reduce-dtype", o.reduce_dtype, "Gradient reduction dtype (default: --param-dtype)");
+  app.add_option("--grad-accum", o.grad_accum, "Micro-batches per optimizer step")->check(positive)->capture_default_str();
+  app.add_option("--accum-mode", o.accum_mode,
+                 "sync: reduce every micro-batch; no-sync: reduce once per step; no-reshard: also keep "
+                 "parameters gathered across micro-batches")
+      ->capture_default_str();
+  app.add_option("--prefetch", o.prefetch, "1: gather the next unit while this one computes; 0: off")
+      ->check(CLI::IsMember({0, 1}))->capture_default_str();
+  app.add_option("--trace", o.trace_dir, "Write each rank's timeline (Chrome trace JSON) to DIR/rank<N>.json")
+      ->check(fsdp::tools::output_dir());
+  app.add_option("--save", o.save_dir, "Write sharded checkpoints under this directory (at the end, and see --save-every)")
+      ->check(fsdp::tools::output_dir(/*created_with_parents=*/true));
+  app.add_option("--save-every", o.save_every, "Also save a checkpoint every N steps")
+      ->check(non_negative)->capture_default_str();
+  app.add_option("--resume", o.resume_dir, "Continue from this checkpoint directory (or a --save directory: its latest)")
+      ->check(fsdp::tools::existing_dir());
+  app.add_option("--export", o.export_path, "Write the final model as Hugging Face GPT-2 safetensors (config.json beside it)")
+      ->check(fsdp::tools::output_file(/*created_with_parents=*/true));
+  app.add_option("--export-dtype", o.export_dtype, "Element type of --export: fp32 or bf16")->capture_default_str();
+  app.add_option("--init-from", o.init_from, "Initialize the model from a Hugging Face GPT-2 safetensors file")
+      ->check(fsdp::tools::existing_file());
+  app.add_option("--dump-batches", o.dump_batches_path,
+                 "Write every step's global (inputs, targets) batch to this file (rank 0; format in trainer.h)")
+      ->check(fsdp::tools::output_file());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -30,58 +104,15 @@ int main(int argc, char** argv) {
   fsdp::train::TrainerOptions o;
   int nproc = 0;
   double timeout_s = 300;
-  app.add_option("--nproc", nproc, "Launch this many local ranks (default 2 unless RANK/WORLD_SIZE are set)");
-  app.add_option("--model", o.model, "Model config: tiny, small or gpt2")->capture_default_str();
-  app.add_option("--steps", o.steps, "Optimizer steps")->capture_default_str();
-  app.add_option("--global-batch", o.global_batch, "Sequences per step over all ranks")->capture_default_str();
-  app.add_option("--seq-len", o.seq_len, "Tokens per sequence")->capture_default_str();
-  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
-  app.add_option("--max-grad-norm", o.max_grad_norm, "Clip the global gradient norm to this")->capture_default_str();
-  app.add_option("--seed", o.seed, "Seed of the initial weights and of batch sampling")->capture_default_str();
-  app.add_option("--reshard-after-forward", o.reshard_after_forward,
-                 "1: blocks free their gathered parameters after forward; 0: they keep them until "
-                 "backward; N >= 2: they keep a 1/N piece and backward gathers within groups of N "
-                 "ranks (ZeRO++ hpZ; N divides the shard group)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_flag("--activation-checkpoint", o.activation_checkpoint,
-               "Every transformer block recomputes its forward in backward instead of keeping activations");
-  app.add_flag("--no-fsdp", o.no_fsdp, "Single-process plain LibTorch reference on the same global batch");
-  app.add_option("--data", o.data_path, "UTF-8 text file to train on (byte-level tokens); default: embedded corpus");
-  app.add_option("--metrics", o.metrics_path, "Write one JSON object per step to this file (rank 0)");
-  app.add_option("--log-every", o.log_every, "Print progress every N steps")->capture_default_str();
-  app.add_option("--timeout-s", timeout_s, "Collective and rendezvous timeout in seconds")->capture_default_str();
-  app.add_flag("--quiet", o.quiet, "No progress lines");
-  app.add_option("--strategy", o.strategy,
-                 "full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP) or hybrid_shard (HSDP)")
-      ->capture_default_str();
-  app.add_option("--replicate", o.replicate, "hybrid_shard: replicas (the shard groups have W / R ranks)")
-      ->capture_default_str();
-  app.add_option("--param-dtype", o.param_dtype, "Compute and all-gather dtype: fp32, bf16 or fp16 (masters stay fp32)")
-      ->capture_default_str();
-  app.add_option("--reduce-dtype", o.reduce_dtype, "Gradient reduction dtype (default: --param-dtype)");
-  app.add_option("--grad-accum", o.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
-  app.add_option("--accum-mode", o.accum_mode,
-                 "sync: reduce every micro-batch; no-sync: reduce once per step; no-reshard: also keep "
-                 "parameters gathered across micro-batches")
-      ->capture_default_str();
-  app.add_option("--prefetch", o.prefetch, "1: gather the next unit while this one computes; 0: off")
-      ->check(CLI::IsMember({0, 1}))->capture_default_str();
-  app.add_option("--trace", o.trace_dir, "Write each rank's timeline (Chrome trace JSON) to DIR/rank<N>.json");
-  app.add_option("--save", o.save_dir, "Write sharded checkpoints under this directory (at the end, and see --save-every)");
-  app.add_option("--save-every", o.save_every, "Also save a checkpoint every N steps")->capture_default_str();
-  app.add_option("--resume", o.resume_dir, "Continue from this checkpoint directory (or a --save directory: its latest)");
-  app.add_option("--export", o.export_path, "Write the final model as Hugging Face GPT-2 safetensors (config.json beside it)");
-  app.add_option("--export-dtype", o.export_dtype, "Element type of --export: fp32 or bf16")->capture_default_str();
-  app.add_option("--init-from", o.init_from, "Initialize the model from a Hugging Face GPT-2 safetensors file");
-  app.add_option("--dump-batches", o.dump_batches_path,
-                 "Write every step's global (inputs, targets) batch to this file (rank 0; format in trainer.h)");
+  add_flags(app, o, nproc, timeout_s);
   CLI11_PARSE(app, argc, argv);
 
   try {
     const bool nproc_given = app.count("--nproc") > 0;
     if (o.no_fsdp) {
       TORCH_CHECK(!nproc_given, "--no-fsdp runs one process; drop --nproc ", nproc);
+      fsdp::train::validate(o, 1);
+      fsdp::train::check_ranks_fit_memory(o, 1, 1);
       set_intra_op_threads(1);
       fsdp::train::train(o, nullptr);
       return 0;
@@ -99,6 +130,7 @@ int main(int argc, char** argv) {
     const int ranks = nproc_given ? nproc : kDefaultLocalRanks;
     TORCH_CHECK(ranks >= 1, "--nproc must be at least 1, got ", ranks);
     fsdp::train::validate(o, ranks);  // report bad flags once, before starting any rank
+    fsdp::train::check_ranks_fit_memory(o, ranks, ranks);
     std::vector<std::string> args(argv + 1, argv + argc);
     return fsdp::train::launch_local_ranks(ranks, fsdp::train::strip_flag(args, "--nproc"));
   } catch (const c10::Error& e) {

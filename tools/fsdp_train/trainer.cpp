@@ -209,7 +209,7 @@ void validate(const TrainerOptions& o, int world) {
   TORCH_CHECK(o.log_every >= 1, "--log-every must be at least 1, got ", o.log_every);
   TORCH_CHECK(o.grad_accum >= 1, "--grad-accum must be at least 1, got ", o.grad_accum);
   TORCH_CHECK(o.global_batch % (int64_t(world) * o.grad_accum) == 0, "--global-batch ",
-              o.global_batch, " is not divisible by ranks x micro-batches = ", world, " x ",
+              o.global_batch, " is not divisible by ranks x --grad-accum micro-batches = ", world, " x ",
               o.grad_accum);
   TORCH_CHECK(o.accum_mode == "sync" || o.accum_mode == "no-sync" || o.accum_mode == "no-reshard",
               "--accum-mode must be sync, no-sync or no-reshard, got '", o.accum_mode, "'");
@@ -227,6 +227,10 @@ void validate(const TrainerOptions& o, int world) {
               " applies to --strategy hybrid_shard only, not ", o.strategy);
   TORCH_CHECK(o.replicate >= 1 && world % o.replicate == 0, "--replicate ", o.replicate,
               " does not divide the world size ", world);
+  const int shard_group = o.strategy == "hybrid_shard" ? world / o.replicate : world;
+  TORCH_CHECK(o.reshard_after_forward <= 1 || shard_group % o.reshard_after_forward == 0,
+              "--reshard-after-forward ", o.reshard_after_forward,
+              " (a group size) does not divide the shard group of ", shard_group, " ranks");
   dtype_flag("--param-dtype", o.param_dtype);
   dtype_flag("--reduce-dtype", o.reduce_dtype);
   TORCH_CHECK(!o.no_fsdp || (o.param_dtype == "fp32" && o.reduce_dtype.empty()),

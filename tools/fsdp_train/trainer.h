@@ -5,8 +5,11 @@
 
 #include <fsdp/comm/process_group.h>
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -110,5 +113,9 @@ TrainSummary train(const TrainerOptions& options, const std::shared_ptr<ProcessG
 // Validates options that need no data (positive sizes, a known model, the global batch
 // divisible by world). Throws naming the flag and its value.
 void validate(const TrainerOptions& options, int world);
+
+// The dtype a --param-dtype / --reduce-dtype value names (fp32, bf16, fp16); nullopt for "".
+// Throws naming flag and value otherwise.
+std::optional<at::ScalarType> dtype_flag(const std::string& flag, const std::string& value);
 
 }  // namespace fsdp::train

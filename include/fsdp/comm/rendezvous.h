@@ -9,13 +9,35 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace fsdp {
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, released),
-// for MASTER_PORT when launching local ranks.
-int find_free_tcp_port();
+// A TCP socket on 127.0.0.1 bound to a port the kernel chose, held open until destroyed (or
+// released). Choosing a "free" port and binding it later races with every other launcher on
+// the machine; binding first and handing the bound socket on does not. listen = false leaves it
+// bound but not listening, so that connecting to port() is refused for as long as it is held.
+// Throws with the system's reason when no socket can be bound.
+class LoopbackSocket {
+ public:
+  explicit LoopbackSocket(bool listen = true);
+  ~LoopbackSocket();
+  LoopbackSocket(const LoopbackSocket&) = delete;
+  LoopbackSocket& operator=(const LoopbackSocket&) = delete;
+
+  int fd() const { return fd_; }
+  int port() const { return port_; }
+  // Clears close-on-exec, so that a child started with exec inherits the socket (pass it on as
+  // FSDP_MASTER_LISTEN_FD). The socket stays owned here.
+  void inherit_across_exec();
+  // Gives up ownership: returns fd() and will not close it (e.g. a TCPStore took it over).
+  int release();
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 struct ProcessGroupOptions {
   // How long any collective, and the rendezvous itself, may take before it fails with an
@@ -33,10 +55,19 @@ struct LaunchEnv {
   int local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // Rank 0 only: a socket already bound to master_port and listening, which the store takes
+  // over instead of binding the port itself (see LoopbackSocket). (optional) defaults to none.
+  std::optional<int> master_listen_fd;
+  // Every rank connects to a store that the launcher already hosts at MASTER_ADDR:MASTER_PORT
+  // (torchrun's agent store: TORCHELASTIC_USE_AGENT_STORE=True), so rank 0 hosts none.
+  // (optional) defaults to false.
+  bool launcher_hosts_store = false;
 };
 
-// Reads the torchrun variables. Throws, naming the variable and its value, when one is missing
-// or malformed, or when RANK is outside [0, WORLD_SIZE).
+// Reads the torchrun variables, plus TORCHELASTIC_USE_AGENT_STORE (torchrun sets it when its
+// agent hosts the store on MASTER_PORT) and FSDP_MASTER_LISTEN_FD (fsdp-train --nproc hands
+// rank 0 the bound socket). Throws, naming the variable and its value, when one is missing or
+// malformed, or when RANK is outside [0, WORLD_SIZE).
 LaunchEnv launch_env_from_environment();
 
 // Joins the group described by env: rank 0 hosts a c10d TCPStore at MASTER_ADDR:MASTER_PORT,

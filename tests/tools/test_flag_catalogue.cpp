@@ -1,0 +1,214 @@
+// Every flag of every program, given bad values: negative, zero, NaN, infinite, huge, the wrong
+// type, a missing file, a directory where a file belongs and the reverse. Each run must exit
+// non-zero within seconds (before any training starts) with a message that names the flag.
+//
+// The catalogue is checked against each program's --help: a flag added to a program without a
+// bad-value case here fails FlagCatalogue.CoversEveryFlag, so the walk stays complete.
+#include "support/test_support.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <chrono>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fsdp::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct BadFlag {
+  const char* program;
+  const char* flag;  // the flag under test; the message must name it
+  const char* args;  // the whole command line after the program
+};
+
+// A run that refuses its flags starts no rank and loads no data: a few seconds at most, even
+// with LibTorch's start-up on a loaded 2-core machine.
+constexpr double kWithinSeconds = 10;
+
+// clang-format off
+const BadFlag kCatalogue[] = {
+    // --- fsdp-train ---
+    {"fsdp-train", "--nproc", "--nproc -1"},
+    {"fsdp-train", "--nproc", "--nproc 0"},
+    {"fsdp-train", "--nproc", "--nproc two"},
+    {"fsdp-train", "--nproc", "--nproc 99999999999"},
+    {"fsdp-train", "--nproc", "--nproc 500 --global-batch 500"},  // cannot fit the machine
+    {"fsdp-train", "--model", "--model gpt5"},
+    {"fsdp-train", "--steps", "--steps -1"},
+    {"fsdp-train", "--steps", "--steps 1.5"},
+    {"fsdp-train", "--steps", "--steps nan"},
+    {"fsdp-train", "--global-batch", "--global-batch 0"},
+    {"fsdp-train", "--global-batch", "--global-batch -4"},
+    {"fsdp-train", "--global-batch", "--global-batch 3"},  // not divisible by the 2 ranks
+    {"fsdp-train", "--global-batch", "--global-batch 99999999999998"},
+    {"fsdp-train", "--seq-len", "--seq-len 0"},
+    {"fsdp-train", "--seq-len", "--seq-len 100000"},
+    {"fsdp-train", "--seq-len", "--seq-len x"},
+    {"fsdp-train", "--lr", "--lr 0"},
+    {"fsdp-train", "--lr", "--lr -1"},
+    {"fsdp-train", "--lr", "--lr nan"},
+    {"fsdp-train", "--lr", "--lr inf"},
+    {"fsdp-train", "--lr", "--lr fast"},
+    {"fsdp-train", "--weight-decay", "--weight-decay -0.1"},
+    {"fsdp-train", "--weight-decay", "--weight-decay nan"},
+    {"fsdp-train", "--weight-decay", "--weight-decay 1e300"},
+    {"fsdp-train", "--max-grad-norm", "--max-grad-norm -1"},
+    {"fsdp-train", "--max-grad-norm", "--max-grad-norm 0"},
+    {"fsdp-train", "--max-grad-norm", "--max-grad-norm nan"},
+    {"fsdp-train", "--seed", "--seed -1"},
+    {"fsdp-train", "--seed", "--seed 1.5"},
+    {"fsdp-train", "--seed", "--seed 99999999999999999999"},
+    {"fsdp-train", "--reshard-after-forward", "--reshard-after-forward -1"},
+    {"fsdp-train", "--reshard-after-forward", "--nproc 4 --global-batch 8 --reshard-after-forward 3"},
+    {"fsdp-train", "--activation-checkpoint", "--activation-checkpoint=maybe"},
+    {"fsdp-train", "--no-fsdp", "--no-fsdp=maybe"},
+    {"fsdp-train", "--no-fsdp", "--no-fsdp --nproc 2"},
+    {"fsdp-train", "--data", "--data /nonexistent/corpus.txt"},
+    {"fsdp-train", "--data", "--data /"},
+    {"fsdp-train", "--metrics", "--metrics /nonexistent/dir/m.jsonl"},
+    {"fsdp-train", "--metrics", "--metrics /"},
+    {"fsdp-train", "--log-every", "--log-every 0"},
+    {"fsdp-train", "--log-every", "--log-every -5"},
+    {"fsdp-train", "--timeout-s", "--timeout-s -1"},
+    {"fsdp-train", "--timeout-s", "--timeout-s 0"},
+    {"fsdp-train", "--timeout-s", "--timeout-s nan"},
+    {"fsdp-train", "--timeout-s", "--timeout-s inf"},
+    {"fsdp-train", "--timeout-s", "--timeout-s 1e300"},
+    {"fsdp-train", "--quiet", "--quiet=maybe"},
+    {"fsdp-train", "--strategy", "--strategy zero4"},
+    {"fsdp-train", "--replicate", "--replicate 0"},
+    {"fsdp-train", "--replicate", "--replicate 2"},  // needs hybrid_shard
+    {"fsdp-train", "--replicate", "--nproc 4 --global-batch 8 --strategy hybrid_shard --replicate 3"},
+    {"fsdp-train", "--param-dtype", "--param-dtype int8"},
+    {"fsdp-train", "--reduce-dtype", "--reduce-dtype fp64"},
+    {"fsdp-train", "--grad-accum", "--grad-accum 0"},
+    {"fsdp-train", "--grad-accum", "--grad-accum -2"},
+    {"fsdp-train", "--grad-accum", "--global-batch 4 --grad-accum 3"},
+    {"fsdp-train", "--accum-mode", "--accum-mode later"},
+    {"fsdp-train", "--prefetch", "--prefetch 2"},
+    {"fsdp-train", "--prefetch", "--prefetch -1"},
+    {"fsdp-train", "--trace", "--trace /etc/hostname"},
+    {"fsdp-train", "--trace", "--trace /nonexistent/a/b"},
+    {"fsdp-train", "--save", "--save /etc/hostname"},
+    {"fsdp-train", "--save", "--save /etc/hostname/ckpt"},
+    {"fsdp-train", "--save-every", "--save /tmp/unused --save-every -1"},
+    {"fsdp-train", "--save-every", "--save-every 5"},  // needs --save
+    {"fsdp-train", "--resume", "--resume /nonexistent/ckpt"},
+    {"fsdp-train", "--resume", "--resume /etc/hostname"},
+    {"fsdp-train", "--export", "--export /"},
+    {"fsdp-train", "--export", "--export /etc/hostname/model.safetensors"},
+    {"fsdp-train", "--export-dtype", "--export-dtype fp8"},
+    {"fsdp-train", "--init-from", "--init-from /nonexistent/model.safetensors"},
+    {"fsdp-train", "--init-from", "--init-from /"},
+    {"fsdp-train", "--dump-batches", "--dump-batches /"},
+    {"fsdp-train", "--dump-batches", "--dump-batches /nonexistent/dir/b.bin"},
+    // --- fsdp-estimate ---
+    {"fsdp-estimate", "--model", "--model gpt5"},
+    {"fsdp-estimate", "--vocab-size", "--vocab-size 0"},
+    {"fsdp-estimate", "--vocab-size", "--vocab-size -1"},
+    {"fsdp-estimate", "--n-positions", "--n-positions 0"},
+    {"fsdp-estimate", "--n-positions", "--n-positions nan"},
+    {"fsdp-estimate", "--n-embd", "--n-embd -32"},
+    {"fsdp-estimate", "--n-embd", "--n-embd 1000000000"},
+    {"fsdp-estimate", "--n-layer", "--n-layer 0"},
+    {"fsdp-estimate", "--n-layer", "--n-layer many"},
+    {"fsdp-estimate", "--n-head", "--n-head 0"},
+    {"fsdp-estimate", "--n-head", "--n-head 5"},  // does not divide n_embd 32
+    {"fsdp-estimate", "--world-size", "--world-size 0"},
+    {"fsdp-estimate", "--world-size", "--world-size -2"},
+    {"fsdp-estimate", "--strategy", "--strategy zero4"},
+    {"fsdp-estimate", "--replicate", "--replicate 0"},
+    {"fsdp-estimate", "--replicate", "--world-size 4 --strategy hybrid_shard --replicate 3"},
+    {"fsdp-estimate", "--param-dtype", "--param-dtype int8"},
+    {"fsdp-estimate", "--reduce-dtype", "--reduce-dtype x"},
+    {"fsdp-estimate", "--master-dtype", "--master-dtype x"},
+    {"fsdp-estimate", "--global-batch", "--global-batch 0"},
+    {"fsdp-estimate", "--global-batch", "--global-batch 99999999999998"},
+    {"fsdp-estimate", "--seq-len", "--seq-len 0"},
+    {"fsdp-estimate", "--seq-len", "--seq-len 100000"},
+    {"fsdp-estimate", "--activation-checkpoint", "--activation-checkpoint=maybe"},
+    {"fsdp-estimate", "--reshard-after-forward", "--reshard-after-forward -1"},
+    {"fsdp-estimate", "--reshard-after-forward", "--world-size 4 --reshard-after-forward 3"},
+    {"fsdp-estimate", "--prefetch", "--prefetch -1"},
+    {"fsdp-estimate", "--grad-accum", "--grad-accum 0"},
+    {"fsdp-estimate", "--accum-mode", "--accum-mode later"},
+    {"fsdp-estimate", "--no-fsdp", "--no-fsdp=maybe"},
+    {"fsdp-estimate", "--pretty", "--pretty=maybe"},
+    {"fsdp-estimate", "--timeline", "--timeline=maybe"},
+};
+// clang-format on
+
+void PrintTo(const BadFlag& c, std::ostream* out) { *out << c.program << " " << c.args; }
+
+std::string case_name(const ::testing::TestParamInfo<BadFlag>& info) {
+  std::string name = std::string(info.param.program) + "_" + std::to_string(info.index);
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return name;
+}
+
+class FlagCatalogue : public ::testing::TestWithParam<BadFlag> {};
+
+TEST_P(FlagCatalogue, RefusedAtOnceNamingTheFlag) {
+  const BadFlag& c = GetParam();
+  const auto start = std::chrono::steady_clock::now();
+  const CommandResult r = run_command(program_path(c.program) + " " + c.args, 60);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0) << c.program << " " << c.args << " was accepted:\n" << r.output;
+  EXPECT_THAT(r.output, HasSubstr(c.flag)) << c.program << " " << c.args;
+  EXPECT_LT(seconds, kWithinSeconds) << c.program << " " << c.args;
+  // A message for a person, not a crash or a stack trace.
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("Exception raised from")));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("terminate called")));
+  EXPECT_LT(r.exit_code, 128) << "killed by a signal: " << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPrograms, FlagCatalogue, ::testing::ValuesIn(kCatalogue), case_name);
+
+// The flags a program's --help lists (CLI11 prints each option's names first on its line).
+std::set<std::string> flags_in_help(const std::string& program) {
+  const CommandResult r = run_command(program_path(program) + " --help", 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::set<std::string> flags;
+  const std::regex option_line(R"(^\s+(-[-a-zA-Z0-9,]+))");
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!std::regex_search(line, m, option_line)) continue;
+    std::istringstream names(m[1].str());
+    for (std::string name; std::getline(names, name, ',');) {
+      if (name.rfind("--", 0) == 0) flags.insert(name);
+    }
+  }
+  return flags;
+}
+
+TEST(FlagCatalogueTest, CoversEveryFlag) {
+  std::map<std::string, std::set<std::string>> covered;
+  for (const BadFlag& c : kCatalogue) covered[c.program].insert(c.flag);
+  for (const auto& [program, cases] : covered) {
+    const std::set<std::string> flags = flags_in_help(program);
+    EXPECT_GT(flags.size(), 5u) << program << "'s --help was not understood";
+    for (const std::string& flag : flags) {
+      if (flag == "--help") continue;
+      // A flag with two names (--world-size,--nproc) is covered by either.
+      const bool has_case = cases.count(flag) > 0 ||
+                            (program == "fsdp-estimate" && flag == "--nproc" &&
+                             cases.count("--world-size") > 0);
+      EXPECT_TRUE(has_case) << program << " " << flag << " has no bad-value case in the catalogue";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::test

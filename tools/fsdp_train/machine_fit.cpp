@@ -1,0 +1,87 @@
+// Memory check of a local launch: process footprint plus the estimator's per-rank peak, times
+// the local ranks, against MemAvailable. The estimate is the one fsdp-estimate prints for the
+// same flags (include/fsdp/memory_estimate.h), within a few percent of measured peaks.
+#include <fsdp_train/machine_fit.h>
+
+#include <fsdp/memory_estimate.h>
+#include <models/gpt2/gpt2.h>
+#include <models/gpt2/gpt2_memory.h>
+
+#include <c10/util/Exception.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace fsdp::train {
+namespace {
+
+MemoryEstimateOptions estimate_options(const TrainerOptions& o, int world) {
+  MemoryEstimateOptions options;
+  const ShardingStrategy strategy = parse_sharding_strategy(o.strategy);
+  options.world_size(world)
+      .strategy(strategy)
+      .replicate(strategy == ShardingStrategy::kHybridShard ? o.replicate : 1)
+      .prefetch(o.prefetch)
+      .grad_accum(o.grad_accum)
+      .accumulation(parse_accumulation_mode(o.accum_mode))
+      .reshard_after_forward_size(o.reshard_after_forward == 0   ? 1
+                                  : o.reshard_after_forward == 1 ? 0
+                                                                 : o.reshard_after_forward)
+      .fsdp(!o.no_fsdp);
+  if (auto dtype = dtype_flag("--param-dtype", o.param_dtype); dtype && *dtype != at::kFloat) {
+    options.param_dtype(*dtype);
+  }
+  if (auto dtype = dtype_flag("--reduce-dtype", o.reduce_dtype)) options.reduce_dtype(*dtype);
+  return options;
+}
+
+std::string gib(int64_t bytes) {
+  std::ostringstream out;
+  out.precision(3);
+  out << static_cast<double>(bytes) / (int64_t{1} << 30) << " GiB";
+  return out.str();
+}
+
+}  // namespace
+
+int64_t local_ranks_bytes(const TrainerOptions& o, int world, int local_ranks) {
+  const MemoryEstimateOptions options = estimate_options(o, world);
+  const at::ScalarType compute = options.param_dtype().value_or(at::kFloat);
+  const int64_t micro_batch = o.global_batch / world / o.grad_accum;
+  const ModelMemorySpec spec = models::gpt2_memory_spec(
+      models::GPT2Config::by_name(o.model), micro_batch, o.seq_len, compute,
+      o.activation_checkpoint);
+  return int64_t{local_ranks} * (kProcessFootprintBytes + estimate_memory(spec, options).total_bytes);
+}
+
+int64_t available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return -1;
+}
+
+void check_ranks_fit_memory(const TrainerOptions& o, int world, int local_ranks) {
+  const int64_t available = available_memory_bytes();
+  if (available < 0) return;  // not Linux: nothing to compare with
+  int64_t needed = 0;
+  try {
+    needed = local_ranks_bytes(o, world, local_ranks);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "--global-batch ", o.global_batch, " and --seq-len ", o.seq_len, " on ",
+                world, " ranks: ", e.what_without_backtrace());
+  }
+  TORCH_CHECK(needed <= available, "--nproc ", local_ranks, ": ", local_ranks,
+              " ranks of this run need about ", gib(needed), " (each ",
+              gib(kProcessFootprintBytes), " of process plus ",
+              gib(needed / local_ranks - kProcessFootprintBytes),
+              " of tensors, as fsdp-estimate predicts), but this machine has ", gib(available),
+              " available; use fewer ranks, a smaller --global-batch or --model, or more machines");
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,29 @@
+// Will the ranks of a local launch fit this machine? Checked before any rank starts, so that
+// `--nproc 500` on a small machine is refused at once instead of swapping or being killed
+// half-way through start-up.
+#pragma once
+
+#include <fsdp_train/trainer.h>
+
+#include <cstdint>
+
+namespace fsdp::train {
+
+// Resident memory of one fsdp-train process beyond its tensors: LibTorch's code and data, the
+// allocator's caches and the communication threads, as measured by bench/fsdp2_side_by_side.sh
+// (464 MiB per rank, bench/RESULTS.md).
+constexpr int64_t kProcessFootprintBytes = int64_t{464} << 20;
+
+// The bytes local_ranks ranks of this run need on this machine: each its process footprint
+// plus fsdp-estimate's prediction of its peak tensor bytes.
+int64_t local_ranks_bytes(const TrainerOptions& options, int world, int local_ranks);
+
+// The kernel's estimate of memory available to new processes (MemAvailable in /proc/meminfo),
+// in bytes; -1 where it cannot be read.
+int64_t available_memory_bytes();
+
+// Throws, naming --nproc, the bytes needed and the bytes available, when local_ranks ranks
+// of this run cannot fit the memory available now. Call after validate().
+void check_ranks_fit_memory(const TrainerOptions& options, int world, int local_ranks);
+
+}  // namespace fsdp::train
