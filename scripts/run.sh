@@ -37,8 +37,8 @@ install_debian_packages() {
   if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
-      "${missing[@]}" >/dev/null
+    as_root env DEBIAN_FRONTEND=noninteractive DEBCONF_NOWARNINGS=yes \
+      apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 }
 

@@ -1,27 +1,18 @@
 // Rendezvous: from "I am rank r of W" to a connected ProcessGroup.
 //
-// Invariants:
-// - Before gloo is asked to connect (its own timeout names nobody), the ranks join on the store:
-//   each publishes its WORLD_SIZE under fsdp/<generation>/join/<rank> and polls until it has
-//   seen all W join keys of its world, comparing every WORLD_SIZE it reads with its own. So a
-//   rank that never came is named, and a disagreement is reported with both values by every
-//   rank that meets it (rank 0 meets all of them).
-// - <generation> counts, per rank, the groups made over this store. Every rank makes its groups
-//   in the same order, so a second group over the same store gets fresh keys and never reads
-//   the first one's join keys or gloo addresses.
+// Invariants (the join protocol itself is in bootstrap.cpp):
 // - run_ranks_in_threads keeps every successful rank's group alive until all ranks returned:
 //   a rank that finished first must not close connections a peer still reads its last op from.
 //   A rank that threw drops its group at once, so its peers fail fast instead of timing out.
 #include <fsdp/comm/rendezvous.h>
 
-#include "gloo/gloo_process_group.h"
+#include "bootstrap.h"
 
 #include <fsdp/util/error.h>
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <arpa/inet.h>
@@ -44,12 +35,6 @@
 
 namespace fsdp {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// How often a joining rank looks for the others. Short enough not to slow tests down, long
-// enough that W ranks polling a TCPStore stay cheap.
-constexpr auto kJoinPollInterval = std::chrono::milliseconds(5);
 
 std::string rank_prefix(int rank, int world_size) {
   return "fsdp: rank " + std::to_string(rank) + " of " + std::to_string(world_size) + ": ";
@@ -99,58 +84,6 @@ void check_launch_env(const LaunchEnv& env) {
               " is not a file descriptor");
 }
 
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    out << (i ? ", " : "") << ranks[i];
-  }
-  return out.str();
-}
-
-// The join protocol described at the top of this file; returns the key prefix of this group.
-std::string join(c10d::Store& store, int rank, int world_size, std::chrono::milliseconds timeout) {
-  const std::string prefix = rank_prefix(rank, world_size);
-  const int64_t generation = store.add("fsdp/generation/" + std::to_string(rank), 1);
-  const std::string base = "fsdp/" + std::to_string(generation) + "/";
-  auto join_key = [&](int r) { return base + "join/" + std::to_string(r); };
-
-  const std::string mine = std::to_string(world_size);
-  store.set(join_key(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
-
-  const auto deadline = Clock::now() + timeout;
-  std::vector<bool> seen(world_size, false);
-  int missing = world_size;
-  while (true) {
-    for (int r = 0; r < world_size; ++r) {
-      if (seen[r] || !store.check({join_key(r)})) {
-        continue;
-      }
-      const auto bytes = store.get(join_key(r));
-      const std::string theirs(bytes.begin(), bytes.end());
-      TORCH_CHECK(theirs == mine, prefix, "world size mismatch: rank ", rank,
-                  " was started with WORLD_SIZE=", mine, " but rank ", r,
-                  " with WORLD_SIZE=", theirs);
-      seen[r] = true;
-      --missing;
-    }
-    if (missing == 0) {
-      return base;
-    }
-    if (Clock::now() >= deadline) {
-      std::vector<int> absent;
-      for (int r = 0; r < world_size; ++r) {
-        if (!seen[r]) {
-          absent.push_back(r);
-        }
-      }
-      TORCH_CHECK(false, prefix, "rendezvous timed out after ", timeout.count(),
-                  " ms: ", absent.size() == 1 ? "rank " : "ranks ", join_ranks(absent), " of ",
-                  world_size, " never arrived");
-    }
-    std::this_thread::sleep_for(kJoinPollInterval);
-  }
-}
-
 }  // namespace
 
 LaunchEnv launch_env_from_environment() {
@@ -196,23 +129,27 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env,
                 options.timeout.count(), " ms (is rank 0 running with the same MASTER_ADDR and ",
                 "MASTER_PORT?): ", detail);
   }
-  return init_process_group(store, env.rank, env.world_size, options);
+  return init_process_group(
+      RendezvousStore(std::make_shared<RendezvousStore::Impl>(RendezvousStore::Impl{store})),
+      env.rank, env.world_size, options);
 }
 
-std::shared_ptr<ProcessGroup> init_process_group(const c10::intrusive_ptr<c10d::Store>& store,
-                                                 int rank, int world_size,
+RendezvousStore make_in_process_store(std::chrono::milliseconds timeout) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  store->setTimeout(timeout);
+  return RendezvousStore(std::make_shared<RendezvousStore::Impl>(RendezvousStore::Impl{store}));
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const RendezvousStore& store, int rank,
+                                                 int world_size,
                                                  const ProcessGroupOptions& options) {
-  TORCH_CHECK(store, "fsdp: init_process_group needs a store, got null");
   TORCH_CHECK(world_size >= 1, "fsdp: world size ", world_size, " must be at least 1");
   TORCH_CHECK(rank >= 0 && rank < world_size, "fsdp: rank ", rank, " is outside [0, world size ",
               world_size, ")");
   TORCH_CHECK(options.timeout.count() > 0,
-              "fsdp: ProcessGroupOptions::timeout must be positive, "
-              "got ",
-              options.timeout.count(), " ms");
-  const std::string base = join(*store, rank, world_size, options.timeout);
-  auto gloo_store = c10::make_intrusive<c10d::PrefixStore>(base + "gloo", store);
-  return detail::make_gloo_process_group(gloo_store, rank, world_size, options);
+              "fsdp: ProcessGroupOptions::timeout must be positive, got ", options.timeout.count(),
+              " ms");
+  return detail::make_backend_group(store.impl().store, rank, world_size, options);
 }
 
 void run_ranks_in_threads(int world_size,
@@ -221,8 +158,7 @@ void run_ranks_in_threads(int world_size,
   TORCH_CHECK(world_size >= 1, "fsdp: run_ranks_in_threads: world size ", world_size,
               " must be at least 1");
   TORCH_CHECK(fn, "fsdp: run_ranks_in_threads needs a function, got an empty one");
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  store->setTimeout(options.timeout);
+  const RendezvousStore store = make_in_process_store(options.timeout);
 
   // at::set_num_threads writes a process-wide setting that every thread adopts on its first
   // parallel op (ATen's lazy per-thread init), so setting it here, before the ranks start, gives

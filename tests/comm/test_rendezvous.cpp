@@ -8,7 +8,6 @@
 
 #include <chrono>
 #include <optional>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "support/test_support.h"
 
@@ -71,7 +70,7 @@ TEST(LaunchEnvTest, ScopedEnvRestoresTheEnvironment) {
 }
 
 TEST(RendezvousTest, WorldSizeMismatchIsReportedWithBothValues) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
+  const RendezvousStore store = make_in_process_store(std::chrono::seconds(20));
   const int world_sizes[2] = {2, 3};
   const auto errors = test::run_threads(2, [&](int rank) {
     init_process_group(store, rank, world_sizes[rank],
@@ -86,7 +85,7 @@ TEST(RendezvousTest, WorldSizeMismatchIsReportedWithBothValues) {
 }
 
 TEST(RendezvousTest, MissingRanksAreListed) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
+  const RendezvousStore store = make_in_process_store(std::chrono::seconds(20));
   const auto start = std::chrono::steady_clock::now();
   // A world of 4 where only ranks 0 and 1 start.
   const auto errors = test::run_threads(2, [&](int rank) {
@@ -103,7 +102,7 @@ TEST(RendezvousTest, MissingRanksAreListed) {
 }
 
 TEST(RendezvousTest, OneMissingRankIsNamed) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
+  const RendezvousStore store = make_in_process_store(std::chrono::seconds(20));
   const auto errors = test::run_threads(2, [&](int rank) {
     init_process_group(store, rank, 3, test::test_options(std::chrono::milliseconds(800)));
   });
@@ -112,7 +111,7 @@ TEST(RendezvousTest, OneMissingRankIsNamed) {
 }
 
 TEST(RendezvousTest, SeveralGroupsOverOneStoreStaySeparate) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
+  const RendezvousStore store = make_in_process_store(std::chrono::seconds(20));
   const auto errors = test::run_threads(2, [&](int rank) {
     auto first = init_process_group(store, rank, 2, test::test_options());
     auto second = init_process_group(store, rank, 2, test::test_options());

@@ -225,6 +225,23 @@ TEST(FsdpTrain, RankThatNeverArrivesTimesOutNamingIt) {
   EXPECT_THAT(r.output, HasSubstr("never arrived"));
 }
 
+// Each launch binds its store's port before starting its ranks and hands the bound socket to
+// rank 0, so launches started together (as ctest -j does) never take one another's port.
+TEST(FsdpTrain, ConcurrentLaunchesNeverCollideOnAPort) {
+  constexpr int kLaunches = 6;
+  std::string script;
+  for (int i = 0; i < kLaunches; ++i) {
+    script += fsdp_train_binary() + " --nproc 2 --steps 1 --global-batch 2 --seq-len 8 --quiet " +
+              "> " + temp_path("launch" + std::to_string(i) + ".log") + " 2>&1 & pids=\"$pids $!\"; ";
+  }
+  script += "failed=0; for p in $pids; do wait $p || failed=$((failed+1)); done; "
+            "echo failed=$failed; cat " + temp_path("launch*.log") + "; exit $failed";
+  const CommandResult r = run_command("bash -c '" + script + "'", 180);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("failed=0"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("EADDRINUSE")));
+}
+
 TEST(FsdpTrain, GlobalBatchNotDivisibleByRanks) {
   const CommandResult r = run("--nproc 3 --steps 1 --global-batch 4");
   EXPECT_NE(r.exit_code, 0);

@@ -4,8 +4,6 @@
 
 #include <fsdp/comm/process_group.h>
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -40,6 +38,9 @@ class LoopbackSocket {
 };
 
 struct ProcessGroupOptions {
+  // The communication backend: "gloo" (CPU tensors; every build has it). (optional) defaults
+  // to "gloo".
+  std::string backend = "gloo";
   // How long any collective, and the rendezvous itself, may take before it fails with an
   // error naming the rank and the operation. (optional) defaults to 300 s.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
@@ -77,9 +78,25 @@ LaunchEnv launch_env_from_environment();
 std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env,
                                                  const ProcessGroupOptions& options = {});
 
-// Same, over an existing store (ranks as threads share a c10d::HashStore).
-std::shared_ptr<ProcessGroup> init_process_group(const c10::intrusive_ptr<c10d::Store>& store,
-                                                 int rank, int world_size,
+// A key-value store that ranks rendezvous over, shared by the groups made over it (each gets
+// keys of its own). Opaque: the c10d store behind it stays out of this header.
+class RendezvousStore {
+ public:
+  struct Impl;
+  explicit RendezvousStore(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// A store in this process's memory, for ranks run as threads. Operations on it wait at most
+// timeout for a key.
+RendezvousStore make_in_process_store(std::chrono::milliseconds timeout);
+
+// Same as init_process_group(env), over an existing store (ranks as threads share one).
+std::shared_ptr<ProcessGroup> init_process_group(const RendezvousStore& store, int rank,
+                                                 int world_size,
                                                  const ProcessGroupOptions& options = {});
 
 // Runs fn(group) on world_size threads, one rank each, over an in-process store, and joins

@@ -20,7 +20,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <fsdp/comm/rendezvous.h>
+#include "../bootstrap.h"
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -278,7 +278,10 @@ class GlooProcessGroup final : public ProcessGroup {
     if (index < 0) return nullptr;
     // The subgroup rendezvouses on its own key space of this group's store.
     auto store = c10::make_intrusive<c10d::PrefixStore>("split/" + name, store_);
-    return init_process_group(store, index, static_cast<int>(ranks.size()), options_);
+    const int size = static_cast<int>(ranks.size());
+    const std::string base = join_ranks(*store, index, size, options_.timeout);
+    return make_gloo_process_group(c10::make_intrusive<c10d::PrefixStore>(base + "gloo", store),
+                                   index, size, options_);
   }
 
  private:

@@ -17,6 +17,8 @@
 #include <fsdp/comm/process_group.h>
 #include <fsdp/comm/rendezvous.h>
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
 #include <memory>
 
 namespace fsdp::detail {

@@ -1,0 +1,111 @@
+// Forming a group over a store, below every backend: the join protocol and the backend factory.
+//
+// Invariants of the join:
+// - Before a backend is asked to connect (gloo's own timeout names nobody), the ranks join on
+//   the store: each publishes its WORLD_SIZE under fsdp/<generation>/join/<rank> and polls until
+//   it has seen all W join keys of its world, comparing every WORLD_SIZE it reads with its own.
+//   So a rank that never came is named, and a disagreement is reported with both values by
+//   every rank that meets it (rank 0 meets all of them).
+// - <generation> counts, per rank, the groups made over this store. Every rank makes its groups
+//   in the same order, so a second group over the same store gets fresh keys and never reads
+//   the first one's join keys or transport addresses.
+#include "bootstrap.h"
+
+#include "gloo/gloo_process_group.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fsdp::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often a joining rank looks for the others. Short enough not to slow tests down, long
+// enough that W ranks polling a TCPStore stay cheap.
+constexpr auto kJoinPollInterval = std::chrono::milliseconds(5);
+
+std::string rank_prefix(int rank, int world_size) {
+  return "fsdp: rank " + std::to_string(rank) + " of " + std::to_string(world_size) + ": ";
+}
+
+std::string list_ranks(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    out << (i ? ", " : "") << ranks[i];
+  }
+  return out.str();
+}
+
+}  // namespace
+
+std::string join_ranks(c10d::Store& store, int rank, int world_size,
+                       std::chrono::milliseconds timeout) {
+  const std::string prefix = rank_prefix(rank, world_size);
+  const int64_t generation = store.add("fsdp/generation/" + std::to_string(rank), 1);
+  const std::string base = "fsdp/" + std::to_string(generation) + "/";
+  auto join_key = [&](int r) { return base + "join/" + std::to_string(r); };
+
+  const std::string mine = std::to_string(world_size);
+  store.set(join_key(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+
+  const auto deadline = Clock::now() + timeout;
+  std::vector<bool> seen(world_size, false);
+  int missing = world_size;
+  while (true) {
+    for (int r = 0; r < world_size; ++r) {
+      if (seen[r] || !store.check({join_key(r)})) {
+        continue;
+      }
+      const auto bytes = store.get(join_key(r));
+      const std::string theirs(bytes.begin(), bytes.end());
+      TORCH_CHECK(theirs == mine, prefix, "world size mismatch: rank ", rank,
+                  " was started with WORLD_SIZE=", mine, " but rank ", r,
+                  " with WORLD_SIZE=", theirs);
+      seen[r] = true;
+      --missing;
+    }
+    if (missing == 0) {
+      return base;
+    }
+    if (Clock::now() >= deadline) {
+      std::vector<int> absent;
+      for (int r = 0; r < world_size; ++r) {
+        if (!seen[r]) {
+          absent.push_back(r);
+        }
+      }
+      TORCH_CHECK(false, prefix, "rendezvous timed out after ", timeout.count(),
+                  " ms: ", absent.size() == 1 ? "rank " : "ranks ", list_ranks(absent), " of ",
+                  world_size, " never arrived");
+    }
+    std::this_thread::sleep_for(kJoinPollInterval);
+  }
+}
+
+
+std::vector<std::string> available_backends() {
+  return {"gloo"};
+}
+
+std::shared_ptr<ProcessGroup> make_backend_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                 int rank, int world_size,
+                                                 const ProcessGroupOptions& options) {
+  const std::string base = join_ranks(*store, rank, world_size, options.timeout);
+  auto group_store = c10::make_intrusive<c10d::PrefixStore>(base + options.backend, store);
+  if (options.backend == "gloo") {
+    return make_gloo_process_group(group_store, rank, world_size, options);
+  }
+  std::string names;
+  for (const auto& name : available_backends()) names += (names.empty() ? "" : ", ") + name;
+  TORCH_CHECK(false, "fsdp: backend '", options.backend, "' is not in this build; it has: ",
+              names);
+}
+
+}  // namespace fsdp::detail
