@@ -8,8 +8,7 @@
 // peaks. See include/fsdp/memory_estimate.h for the definitions.
 #include <c10/util/Exception.h>
 #include <fsdp/memory_estimate.h>
-#include <models/gpt2/gpt2.h>
-#include <models/gpt2/gpt2_memory.h>
+#include <models/model.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -29,7 +28,7 @@ at::ScalarType parse_dtype(const std::string& flag, const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"fsdp-estimate: predict one rank's memory for an FSDP GPT-2 training step"};
+  CLI::App app{"fsdp-estimate: predict one rank's memory for an FSDP training step"};
   std::string model = "tiny";
   int64_t vocab_size = 0, n_positions = 0, n_embd = 0, n_layer = 0, n_head = 0;
   int world = 2, replicate = 1, prefetch = 1, grad_accum = 1;
@@ -37,13 +36,14 @@ int main(int argc, char** argv) {
   std::string strategy = "full_shard", param_dtype, reduce_dtype, master_dtype = "fp32";
   int64_t global_batch = 16, seq_len = 64;
   bool activation_checkpoint = false, no_fsdp = false, pretty = false, timeline = false;
-  app.add_option("--model", model, "GPT-2 config to start from: tiny, small or gpt2")
+  app.add_option("--model", model, "Model config to start from: " + fsdp::models::model_names_joined())
       ->capture_default_str();
   app.add_option("--vocab-size", vocab_size, "Override the config's vocab_size");
-  app.add_option("--n-positions", n_positions, "Override the config's n_positions");
-  app.add_option("--n-embd", n_embd, "Override the config's n_embd");
-  app.add_option("--n-layer", n_layer, "Override the config's n_layer");
-  app.add_option("--n-head", n_head, "Override the config's n_head");
+  app.add_option("--n-positions", n_positions,
+                 "Override the config's longest sequence (GPT-2 n_positions, Llama max_position_embeddings)");
+  app.add_option("--n-embd", n_embd, "Override the config's width (GPT-2 n_embd, Llama hidden_size)");
+  app.add_option("--n-layer", n_layer, "Override the config's number of layers");
+  app.add_option("--n-head", n_head, "Override the config's attention heads");
   app.add_option("--world-size,--nproc", world, "Ranks")->capture_default_str();
   app.add_option("--strategy", strategy, "full_shard, shard_grad_op, no_shard or hybrid_shard")
       ->capture_default_str();
@@ -79,13 +79,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    fsdp::models::GPT2Config config = fsdp::models::GPT2Config::by_name(model);
-    if (vocab_size > 0) config.vocab_size = vocab_size;
-    if (n_positions > 0) config.n_positions = n_positions;
-    if (n_embd > 0) config.n_embd = n_embd;
-    if (n_layer > 0) config.n_layer = n_layer;
-    if (n_head > 0) config.n_head = n_head;
-    config.validate();
+    fsdp::models::SizeOverrides overrides;
+    overrides.vocab_size = vocab_size;
+    overrides.max_seq_len = n_positions;
+    overrides.dim = n_embd;
+    overrides.n_layers = n_layer;
+    overrides.n_heads = n_head;
+    const auto spec = fsdp::models::model_spec(model)->with_overrides(overrides);
     if (no_fsdp) world = 1;
     TORCH_CHECK(world >= 1, "--world-size must be at least 1, got ", world);
     TORCH_CHECK(grad_accum >= 1, "--grad-accum must be at least 1, got ", grad_accum);
@@ -112,19 +112,14 @@ int main(int argc, char** argv) {
     const at::ScalarType compute =
         no_fsdp ? options.master_dtype() : options.param_dtype().value_or(options.master_dtype());
     const int64_t micro_batch = global_batch / world / grad_accum;  // sequences per pass
-    const fsdp::ModelMemorySpec spec = fsdp::models::gpt2_memory_spec(
-        config, micro_batch, seq_len, compute, activation_checkpoint);
-    const fsdp::MemoryEstimate e = fsdp::estimate_memory(spec, options);
+    const fsdp::ModelMemorySpec memory =
+        spec->memory_spec(micro_batch, seq_len, compute, activation_checkpoint);
+    const fsdp::MemoryEstimate e = fsdp::estimate_memory(memory, options);
 
     nlohmann::json out = nlohmann::json::parse(e.to_json());
     out["settings"] = {
         {"model", model},
-        {"vocab_size", config.vocab_size},
-        {"n_positions", config.n_positions},
-        {"n_embd", config.n_embd},
-        {"n_layer", config.n_layer},
-        {"n_head", config.n_head},
-        {"parameters", fsdp::models::num_parameters(config)},
+        {"parameters", spec->num_parameters()},
         {"world_size", world},
         {"strategy", no_fsdp ? std::string("none") : strategy},
         {"replicate", replicate},
@@ -139,6 +134,7 @@ int main(int argc, char** argv) {
         {"prefetch", prefetch},
         {"grad_accum", grad_accum},
         {"accum_mode", accum_mode}};
+    for (const auto& [key, value] : spec->sizes()) out["settings"][key] = value;
     if (timeline) {
       out["timeline"] = nlohmann::json::array();
       for (const auto& [phase, bytes] : e.timeline)

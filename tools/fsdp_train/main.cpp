@@ -4,6 +4,7 @@
 #include <fsdp/comm/rendezvous.h>
 #include <fsdp_train/launcher.h>
 #include <fsdp_train/trainer.h>
+#include <models/model.h>
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -26,12 +27,12 @@ void set_intra_op_threads(int local_world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"fsdp-train: train GPT-2 with fully sharded data parallelism on LibTorch"};
+  CLI::App app{"fsdp-train: train a transformer with fully sharded data parallelism on LibTorch"};
   fsdp::train::TrainerOptions o;
   int nproc = 0;
   double timeout_s = 300;
   app.add_option("--nproc", nproc, "Launch this many local ranks (default 2 unless RANK/WORLD_SIZE are set)");
-  app.add_option("--model", o.model, "Model config: tiny, small or gpt2")->capture_default_str();
+  app.add_option("--model", o.model, "Model config: " + fsdp::models::model_names_joined())->capture_default_str();
   app.add_option("--steps", o.steps, "Optimizer steps")->capture_default_str();
   app.add_option("--global-batch", o.global_batch, "Sequences per step over all ranks")->capture_default_str();
   app.add_option("--seq-len", o.seq_len, "Tokens per sequence")->capture_default_str();
@@ -71,9 +72,9 @@ int main(int argc, char** argv) {
   app.add_option("--save", o.save_dir, "Write sharded checkpoints under this directory (at the end, and see --save-every)");
   app.add_option("--save-every", o.save_every, "Also save a checkpoint every N steps")->capture_default_str();
   app.add_option("--resume", o.resume_dir, "Continue from this checkpoint directory (or a --save directory: its latest)");
-  app.add_option("--export", o.export_path, "Write the final model as Hugging Face GPT-2 safetensors (config.json beside it)");
+  app.add_option("--export", o.export_path, "Write the final model as Hugging Face safetensors (config.json beside it)");
   app.add_option("--export-dtype", o.export_dtype, "Element type of --export: fp32 or bf16")->capture_default_str();
-  app.add_option("--init-from", o.init_from, "Initialize the model from a Hugging Face GPT-2 safetensors file");
+  app.add_option("--init-from", o.init_from, "Initialize the model from Hugging Face safetensors (a file, a directory or a sharded index.json)");
   app.add_option("--dump-batches", o.dump_batches_path,
                  "Write every step's global (inputs, targets) batch to this file (rank 0; format in trainer.h)");
   CLI11_PARSE(app, argc, argv);
