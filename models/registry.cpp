@@ -9,7 +9,9 @@
 #include <set>
 
 // Adding a model: its folder, plus its name here.
-#define FSDP_MODEL_FAMILIES(X) X(gpt2)
+#define FSDP_MODEL_FAMILIES(X) \
+  X(gpt2)                      \
+  X(llama)
 
 namespace fsdp::models {
 
