@@ -8,7 +8,10 @@
 //
 // load_full maps the file's keys to parameter names through the layout, reports every
 // mismatch at once, then reads each rank's rows: a plain tensor's rows are one contiguous
-// range; a transposed one's are a column block of the stored tensor, read row by row.
+// range; a transposed one's are a column block of the stored tensor, read row by row. A
+// Hugging Face sharded checkpoint (model.safetensors.index.json naming a file per tensor) is
+// the union of its files' tensors; the index must agree with the files' headers, so a stale or
+// mixed-up index is an error, not a silently partial load.
 #include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/checkpoint/safetensors.h>
 
@@ -18,8 +21,12 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <nlohmann/json.hpp>
+
 #include <unistd.h>
 #include <chrono>
+#include <map>
+#include <set>
 #include <unordered_map>
 
 namespace fsdp::checkpoint {
@@ -87,6 +94,81 @@ void append_list(std::string& out, const char* title, const std::vector<std::str
   for (size_t i = 0; i < items.size() && i < kMaxListed; ++i) out += "\n    " + items[i];
   if (items.size() > kMaxListed)
     out += "\n    ... and " + std::to_string(items.size() - kMaxListed) + " more";
+}
+
+constexpr char kIndexSuffix[] = ".index.json";
+constexpr uint64_t kMaxIndexBytes = 64ull << 20;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The safetensors files that a load_full path names, and which of them holds each key.
+struct FullSource {
+  std::vector<std::unique_ptr<SafetensorsReader>> readers;
+  std::vector<std::pair<const SafetensorsReader*, const TensorEntry*>> entries;
+};
+
+// Shards of a Hugging Face index file: {"weight_map": {"<tensor>": "<file>", ...}, ...}, the
+// files relative to the index's directory.
+void open_index(const std::string& index_path, FullSource& source) {
+  const auto index = nlohmann::json::parse(detail::read_file(index_path, kMaxIndexBytes), nullptr,
+                                           /*allow_exceptions=*/false);
+  TORCH_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+              "'", index_path, "' is not a safetensors index (a JSON object with a weight_map)");
+  std::map<std::string, std::string> weight_map;
+  std::set<std::string> files;
+  for (const auto& [key, file] : index["weight_map"].items()) {
+    TORCH_CHECK(file.is_string(), "'", index_path, "': weight_map[\"", key,
+                "\"] is not a file name");
+    const std::string name = file.get<std::string>();
+    TORCH_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "..", "'",
+                index_path, "': weight_map[\"", key, "\"] = '", name,
+                "' is not a file name in the index's directory");
+    weight_map[key] = name;
+    files.insert(name);
+  }
+  const std::string dir = detail::parent_directory(index_path);
+  std::set<std::string> found;
+  for (const std::string& file : files) {
+    source.readers.push_back(std::make_unique<SafetensorsReader>(dir + "/" + file));
+    const SafetensorsReader& reader = *source.readers.back();
+    for (const auto& e : reader.header().entries) {
+      auto it = weight_map.find(e.name);
+      TORCH_CHECK(
+          it != weight_map.end() && it->second == file, "'", reader.path(), "' holds '", e.name,
+          "', which '", index_path, "' ",
+          it == weight_map.end() ? std::string("does not list") : "places in '" + it->second + "'");
+      found.insert(e.name);
+      source.entries.emplace_back(&reader, &e);
+    }
+  }
+  for (const auto& [key, file] : weight_map) {
+    TORCH_CHECK(found.count(key) == 1, "'", index_path, "' places '", key, "' in '", file,
+                "', which does not hold it");
+  }
+}
+
+// path: a safetensors file, an index file (*.index.json), or a directory holding
+// model.safetensors.index.json or model.safetensors.
+FullSource open_full_source(const std::string& path) {
+  FullSource source;
+  std::string file = path;
+  if (detail::is_directory(path)) {
+    const std::string index = path + "/model.safetensors.index.json";
+    file = detail::path_exists(index) ? index : path + "/model.safetensors";
+    TORCH_CHECK(detail::path_exists(file), "directory '", path,
+                "' holds neither model.safetensors.index.json nor model.safetensors");
+  }
+  if (ends_with(file, kIndexSuffix)) {
+    open_index(file, source);
+  } else {
+    source.readers.push_back(std::make_unique<SafetensorsReader>(file));
+    for (const auto& e : source.readers.back()->header().entries)
+      source.entries.emplace_back(source.readers.back().get(), &e);
+  }
+  return source;
 }
 
 }  // namespace
@@ -174,15 +256,17 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
   const int rank = group ? group->rank() : 0;
   std::exception_ptr error;
   try {
-    const SafetensorsReader reader(path);
+    const FullSource source = open_full_source(path);
     const std::vector<LocalParam> locals = detail::local_params(model, group);
 
     // Which file entry holds each parameter.
-    std::unordered_map<std::string, const TensorEntry*> by_param;
+    std::unordered_map<std::string, std::pair<const SafetensorsReader*, const TensorEntry*>>
+        by_param;
     std::vector<std::string> unexpected, missing, misshaped;
     std::unordered_map<std::string, const LocalParam*> params;
     for (const auto& lp : locals) params[lp.name] = &lp;
-    for (const auto& e : reader.header().entries) {
+    for (const auto& [file, entry] : source.entries) {
+      const TensorEntry& e = *entry;
       const std::optional<std::string> name =
           layout.from_file() ? layout.from_file()(e.name) : e.name;
       if (!name) continue;
@@ -190,9 +274,9 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
         unexpected.push_back(e.name + " " + detail::shape_string(e.shape));
         continue;
       }
-      auto [it, inserted] = by_param.emplace(*name, &e);
+      auto [it, inserted] = by_param.emplace(*name, std::make_pair(file, &e));
       TORCH_CHECK(inserted, "'", path, "' holds parameter '", *name, "' twice, as '",
-                  it->second->name, "' and as '", e.name, "'");
+                  it->second.second->name, "' and as '", e.name, "'");
     }
     std::vector<bool> transposed;
     for (const auto& lp : locals) {
@@ -201,9 +285,10 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
       auto it = by_param.find(lp.name);
       if (it == by_param.end()) {
         missing.push_back(file_name_of(layout, lp.name) + " " + detail::shape_string(want));
-      } else if (it->second->shape != want) {
-        misshaped.push_back(it->second->name + ": file " + detail::shape_string(it->second->shape) +
-                            ", model expects " + detail::shape_string(want));
+      } else if (it->second.second->shape != want) {
+        misshaped.push_back(it->second.second->name + ": file " +
+                            detail::shape_string(it->second.second->shape) + ", model expects " +
+                            detail::shape_string(want));
       }
     }
     if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
@@ -217,7 +302,9 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < locals.size(); ++i) {
       const LocalParam& lp = locals[i];
-      const TensorEntry& e = *by_param.at(lp.name);
+      const auto [file, entry] = by_param.at(lp.name);
+      const SafetensorsReader& reader = *file;
+      const TensorEntry& e = *entry;
       const at::ScalarType file_type = to_scalar_type(e.dtype);
       const at::Tensor dst = lp.rows_view(lp.param.detach());
       const bool verify =

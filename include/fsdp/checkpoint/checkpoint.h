@@ -140,8 +140,12 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
 // Sets every parameter of model (sharded or not) from the safetensors file path, converting
 // dtypes and undoing the layout's transposes; each rank reads only its own rows, plus, when the
 // file stores checksums, whole tensors i with i % world == rank, whose checksums it verifies.
-// Throws listing missing, unexpected and mis-shaped keys with their shapes when the file does
-// not match the model.
+// path may also be a Hugging Face sharded checkpoint: its index file (*.index.json, whose
+// weight_map names the file of every tensor, beside the index) or a directory holding
+// model.safetensors.index.json (or else model.safetensors); each rank then opens every shard
+// file but reads only its rows of each tensor. Throws listing missing, unexpected and
+// mis-shaped keys with their shapes when the files do not match the model, and naming the
+// file when an index disagrees with the files' contents.
 void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* group,
                const FullLayout& layout = {});
 
