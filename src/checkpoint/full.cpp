@@ -25,6 +25,7 @@
 
 #include <unistd.h>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -171,6 +172,71 @@ FullSource open_full_source(const std::string& path) {
   return source;
 }
 
+// One file of a (possibly sharded) export: its final and temporary paths and its entries.
+struct ShardFile {
+  std::string path, tmp;
+  std::vector<TensorEntry> entries;
+};
+
+int64_t entry_bytes(const TensorEntry& e) {
+  int64_t n = dtype_size(e.dtype);
+  for (int64_t d : e.shape) n *= d;
+  return n;
+}
+
+// Splits entries, in order, into files of at most max_shard_bytes of tensor data (a larger
+// tensor alone in its file): model-<k>-of-<n>.safetensors in dir, as transformers'
+// save_pretrained names them; one file at path when they fit in one or max_shard_bytes is 0.
+void plan_shards(const std::string& path, const std::string& dir, std::vector<TensorEntry> entries,
+                 int64_t max_shard_bytes, std::vector<ShardFile>& shards,
+                 std::vector<size_t>& shard_of) {
+  TORCH_CHECK(max_shard_bytes >= 0, "max_shard_bytes must be non-negative, got ", max_shard_bytes);
+  std::vector<std::vector<TensorEntry>> groups(1);
+  int64_t in_group = 0;
+  for (auto& e : entries) {
+    const int64_t n = entry_bytes(e);
+    if (max_shard_bytes > 0 && !groups.back().empty() && in_group + n > max_shard_bytes) {
+      groups.emplace_back();
+      in_group = 0;
+    }
+    in_group += n;
+    groups.back().push_back(std::move(e));
+    shard_of.push_back(groups.size() - 1);
+  }
+  const std::string suffix = ".tmp-" + std::to_string(::getpid());
+  if (groups.size() == 1) {
+    shards.push_back({path, path + suffix, std::move(groups[0])});
+    return;
+  }
+  char name[64];
+  for (size_t k = 0; k < groups.size(); ++k) {
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", k + 1, groups.size());
+    shards.push_back({dir + "/" + name, dir + "/" + name + suffix, std::move(groups[k])});
+  }
+}
+
+std::unique_ptr<SafetensorsWriter> open_shard_writer(const ShardFile& shard,
+                                                     std::map<std::string, std::string> metadata) {
+  metadata["format"] = "pt";  // transformers refuses safetensors files without it
+  return std::make_unique<SafetensorsWriter>(shard.tmp, shard.entries, std::move(metadata));
+}
+
+// model.safetensors.index.json: {"metadata": {"total_size": <tensor bytes>}, "weight_map":
+// {"<tensor>": "<file>"}}, transformers' format.
+void write_index(const std::string& dir, const std::vector<ShardFile>& shards) {
+  nlohmann::json weight_map = nlohmann::json::object();
+  int64_t total = 0;
+  for (const auto& shard : shards) {
+    const std::string file = shard.path.substr(shard.path.rfind('/') + 1);
+    for (const auto& e : shard.entries) {
+      weight_map[e.name] = file;
+      total += entry_bytes(e);
+    }
+  }
+  const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  detail::write_file_atomically(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+}
+
 }  // namespace
 
 ExportResult save_full(const std::string& path, const torch::nn::Module& model, ProcessGroup* group,
@@ -198,9 +264,13 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
   }
   detail::agree(group, error, "exporting '" + path + "'");
 
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  // Rank 0's files: one at path, or with max_shard_bytes, Hugging Face's shards beside it.
+  std::vector<ShardFile> shards;
+  std::vector<size_t> shard_of;  // per parameter
   std::unique_ptr<SafetensorsWriter> writer;
+  size_t open_shard = 0;
   int64_t bytes = 0;
+  const std::string dir = detail::parent_directory(path);
   if (rank == 0) {
     try {
       std::vector<TensorEntry> entries;
@@ -211,11 +281,9 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
         e.shape = file_shape(locals[i], transposed[i]);
         entries.push_back(std::move(e));
       }
-      detail::make_directories(detail::parent_directory(path));
-      std::map<std::string, std::string> metadata = options.metadata();
-      metadata["format"] = "pt";  // transformers refuses safetensors files without it
-      writer = std::make_unique<SafetensorsWriter>(tmp, std::move(entries), std::move(metadata));
-      bytes = static_cast<int64_t>(writer->file_bytes());
+      detail::make_directories(dir);
+      plan_shards(path, dir, std::move(entries), options.max_shard_bytes(), shards, shard_of);
+      writer = open_shard_writer(shards[0], options.metadata());
     } catch (...) {
       error = std::current_exception();
     }
@@ -224,6 +292,12 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
     const at::Tensor full = gather_full(locals[i], writers[i], layouts, i, locals.size(), group);
     if (rank != 0 || error) continue;
     try {
+      if (shard_of[i] != open_shard) {  // shards hold consecutive parameters
+        writer->finish();
+        bytes += static_cast<int64_t>(writer->file_bytes());
+        open_shard = shard_of[i];
+        writer = open_shard_writer(shards[open_shard], options.metadata());
+      }
       at::Tensor t = transposed[i] ? full.t() : full;
       t = t.to(at::kCPU, options.dtype().value_or(t.scalar_type())).contiguous();
       writer->write(t);
@@ -234,17 +308,21 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
   if (rank == 0 && !error) {
     try {
       writer->finish();
+      bytes += static_cast<int64_t>(writer->file_bytes());
       writer.reset();
-      TORCH_CHECK(::rename(tmp.c_str(), path.c_str()) == 0,
-                  detail::system_error("cannot rename", tmp));
-      detail::fsync_directory(detail::parent_directory(path));
+      for (const auto& shard : shards) {
+        TORCH_CHECK(::rename(shard.tmp.c_str(), shard.path.c_str()) == 0,
+                    detail::system_error("cannot rename", shard.tmp));
+      }
+      if (shards.size() > 1) write_index(dir, shards);
+      detail::fsync_directory(dir);
     } catch (...) {
       error = std::current_exception();
     }
   }
   if (rank == 0 && error) {
     writer.reset();
-    ::unlink(tmp.c_str());
+    for (const auto& shard : shards) ::unlink(shard.tmp.c_str());
   }
   detail::agree(group, error, "exporting '" + path + "'");
   return {bytes, std::chrono::duration<double>(Clock::now() - start).count()};

@@ -2,8 +2,9 @@
 
 usage: llama_interop.py OURS OURS_TIED THEIRS THEIRS_TIED
 
-OURS and OURS_TIED each hold model.safetensors + config.json written by us (the first by
-fsdp-train --export, untied; the second with tied embeddings) and expected.safetensors
+OURS and OURS_TIED each hold weights + config.json written by us (the first model.safetensors
+by fsdp-train --export, untied; the second with tied embeddings, split into shards with
+model.safetensors.index.json) and expected.safetensors
 (input_ids and the logits our C++ model computes from that file). Each must load with
 transformers' LlamaForCausalLM.from_pretrained with no missing, unexpected or mismatched keys,
 use grouped-query attention and llama3 rope scaling, and give the same logits (fp32, 1e-5).

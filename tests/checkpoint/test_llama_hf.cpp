@@ -1,5 +1,6 @@
 // Llama and Hugging Face: transformers' LlamaForCausalLM loads our exports (untied from
-// fsdp-train, tied from save_full) with no missing or unexpected keys and the same logits, and
+// fsdp-train; tied, split into 3 files with an index, from save_full) with no missing or
+// unexpected keys and the same logits, and
 // we load checkpoints transformers saved in several shards (model.safetensors.index.json) and
 // match its logits; fsdp-train --init-from reads such a sharded checkpoint over 3 ranks, each
 // reading its rows, and exports exactly the tensors transformers wrote. The configuration
@@ -99,19 +100,28 @@ TEST(LlamaHuggingFace, TransformersLoadsOurExportsAndWeLoadTheirShardedCheckpoin
   {
     LlamaForCausalLM tied(LlamaOptions(tied_tiny()).seed(5));
     ::mkdir(ours_tied.c_str(), 0755);
+    // Sharded as save_pretrained(max_shard_size="40KB") would: 107 kB of tensors in 3 files.
     save_full(ours_tied + "/model.safetensors", *tied, nullptr,
-              ExportOptions().layout(models::llama_hf_layout(tied_tiny())));
+              ExportOptions().layout(models::llama_hf_layout(tied_tiny())).max_shard_bytes(40000));
     write_text(ours_tied + "/config.json", models::llama_hf_config_json(tied_tiny()));
-    EXPECT_EQ(SafetensorsReader(ours_tied + "/model.safetensors").header().entries.size(),
-              tied->named_parameters().size() - 1)
-        << "a tied lm_head is stored once";
+    EXPECT_FALSE(exists(ours_tied + "/model.safetensors"));
+    ASSERT_TRUE(exists(ours_tied + "/model.safetensors.index.json"));
+    size_t stored = 0, files = 0;
+    for (const auto& name : list_dir(ours_tied)) {
+      if (name.rfind("model-", 0) != 0) continue;
+      EXPECT_THAT(name, ::testing::EndsWith("-of-00003.safetensors"));
+      stored += SafetensorsReader(ours_tied + "/" + name).header().entries.size();
+      ++files;
+    }
+    EXPECT_EQ(files, 3u);
+    EXPECT_EQ(stored, tied->named_parameters().size() - 1) << "a tied lm_head is stored once";
   }
   const at::Tensor input_ids = (at::arange(2 * 24).reshape({2, 24}) * 37 + 11).remainder(256);
   for (const auto& [path, config] :
        {std::pair{ours, LlamaConfig::tiny()}, std::pair{ours_tied, tied_tiny()}}) {
     save_safetensors(path + "/expected.safetensors",
                      {{"input_ids", input_ids},
-                      {"logits", logits_of(config, path + "/model.safetensors", input_ids)}});
+                      {"logits", logits_of(config, path, input_ids)}});  // the directory
   }
 
   const CommandResult checked =

@@ -509,6 +509,7 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
   if (!o.export_path.empty()) {
     checkpoint::ExportOptions export_options;
     export_options.layout(spec->hf_layout());
+    export_options.max_shard_bytes(o.export_max_shard_bytes);
     if (o.export_dtype == "bf16") export_options.dtype(at::kBFloat16);
     const auto exported = checkpoint::save_full(o.export_path, *model, group.get(), export_options);
     if (rank == 0) {

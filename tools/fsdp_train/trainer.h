@@ -46,6 +46,10 @@ struct TrainerOptions {
   std::string resume_dir;           // continue from this checkpoint (or root with `latest`)
   std::string export_path;          // write the final model here, Hugging Face safetensors
   std::string export_dtype = "fp32";  // fp32 or bf16
+  // > 0: split the export as transformers' save_pretrained(max_shard_size) does, into
+  // model-<k>-of-<n>.safetensors files of at most this many tensor bytes beside export_path,
+  // plus model.safetensors.index.json (ExportOptions::max_shard_bytes). 0: one file.
+  int64_t export_max_shard_bytes = 0;
   // Initialize from Hugging Face safetensors: a file, a directory (model.safetensors or a
   // sharded model.safetensors.index.json) or an index file.
   std::string init_from;

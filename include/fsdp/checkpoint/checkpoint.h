@@ -125,6 +125,12 @@ struct ExportOptions {
   TORCH_ARG(FullLayout, layout) = {};
   // Extra __metadata__ entries ("format": "pt" is always written).
   TORCH_ARG(StringMap, metadata) = {};
+  // Split the file as transformers' save_pretrained(max_shard_size) does: parameters, in order,
+  // into files of at most this many bytes of tensor data (a larger tensor alone in its file),
+  // model-<k>-of-<n>.safetensors in path's directory, with model.safetensors.index.json; path
+  // itself is then not written. 0, or a model that fits in one file, writes path alone.
+  // (optional) defaults to 0.
+  TORCH_ARG(int64_t, max_shard_bytes) = 0;
 };
 
 struct ExportResult {
@@ -133,7 +139,8 @@ struct ExportResult {
 };
 
 // Writes every distinct parameter of model, unsharded, to the safetensors file path (via a
-// temporary file, fsync and rename), on rank 0, with per-tensor checksums in its metadata.
+// temporary file, fsync and rename), on rank 0, with per-tensor checksums in its metadata; or,
+// with max_shard_bytes, to Hugging Face's sharded files and index beside path.
 ExportResult save_full(const std::string& path, const torch::nn::Module& model, ProcessGroup* group,
                        const ExportOptions& options = {});
 
