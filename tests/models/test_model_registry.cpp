@@ -103,5 +103,48 @@ TEST(ModelRegistry, OverridesChangeSizesAndAreValidated) {
   EXPECT_THROW(model_spec("tiny")->with_overrides(bad), c10::Error);
 }
 
+TEST(ModelRegistry, LlamaConfigJsonOfThePublishedModels) {
+  const auto one = nlohmann::json::parse(model_spec("llama-1b")->hf_config_json(at::kBFloat16));
+  EXPECT_EQ(one.at("architectures"), nlohmann::json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(one.at("hidden_size"), 2048);
+  EXPECT_EQ(one.at("intermediate_size"), 8192);
+  EXPECT_EQ(one.at("num_hidden_layers"), 16);
+  EXPECT_EQ(one.at("num_attention_heads"), 32);
+  EXPECT_EQ(one.at("num_key_value_heads"), 8);
+  EXPECT_EQ(one.at("vocab_size"), 128256);
+  EXPECT_EQ(one.at("tie_word_embeddings"), true);
+  EXPECT_EQ(one.at("rope_theta"), 500000.0);
+  EXPECT_EQ(one.at("rope_scaling").at("rope_type"), "llama3");
+  EXPECT_EQ(one.at("rope_scaling").at("factor"), 32.0);
+  EXPECT_EQ(one.at("rope_scaling").at("original_max_position_embeddings"), 8192);
+  EXPECT_EQ(one.at("torch_dtype"), "bfloat16");
+  EXPECT_EQ(one.at("bos_token_id"), 128000);
+  EXPECT_EQ(one.at("eos_token_id"), 128001);
+  const auto eight = nlohmann::json::parse(model_spec("llama-8b")->hf_config_json(at::kFloat));
+  EXPECT_EQ(eight.at("tie_word_embeddings"), false);
+  EXPECT_EQ(eight.at("intermediate_size"), 14336);
+  EXPECT_EQ(eight.at("rope_scaling").at("factor"), 8.0);
+  EXPECT_EQ(eight.at("torch_dtype"), "float32");
+  const auto debug = nlohmann::json::parse(model_spec("llama-debug")->hf_config_json(at::kFloat));
+  EXPECT_TRUE(debug.at("rope_scaling").is_null());
+  EXPECT_EQ(debug.at("num_key_value_heads"), 16);
+}
+
+TEST(ModelRegistry, LlamaOverrides) {
+  SizeOverrides o;
+  o.vocab_size = 512;  // e.g. a tokenizer's
+  o.n_layers = 3;
+  const auto spec = model_spec("llama-tiny")->with_overrides(o);
+  EXPECT_EQ(spec->vocab_size(), 512);
+  // 34,976 with 2 layers of 9,280 and 2 x 256 x 32 embeddings.
+  EXPECT_EQ(spec->num_parameters(), 34976 + 9280 + 2 * 256 * 32);
+  auto model = spec->build(BuildOptions().seed(1));
+  EXPECT_EQ(distinct_numel(*model->root()), spec->num_parameters());
+  EXPECT_EQ(model->units().size(), 3u);
+  SizeOverrides bad;
+  bad.n_heads = 3;
+  EXPECT_THROW(model_spec("llama-tiny")->with_overrides(bad), c10::Error);
+}
+
 }  // namespace
 }  // namespace fsdp::models

@@ -36,12 +36,15 @@ int main(int argc, char** argv) {
   std::string strategy = "full_shard", param_dtype, reduce_dtype, master_dtype = "fp32";
   int64_t global_batch = 16, seq_len = 64;
   bool activation_checkpoint = false, no_fsdp = false, pretty = false, timeline = false;
-  app.add_option("--model", model, "Model config to start from: " + fsdp::models::model_names_joined())
+  app.add_option("--model", model,
+                 "Model config to start from: " + fsdp::models::model_names_joined())
       ->capture_default_str();
   app.add_option("--vocab-size", vocab_size, "Override the config's vocab_size");
-  app.add_option("--n-positions", n_positions,
-                 "Override the config's longest sequence (GPT-2 n_positions, Llama max_position_embeddings)");
-  app.add_option("--n-embd", n_embd, "Override the config's width (GPT-2 n_embd, Llama hidden_size)");
+  app.add_option(
+      "--n-positions", n_positions,
+      "Override the config's longest sequence (GPT-2 n_positions, Llama max_position_embeddings)");
+  app.add_option("--n-embd", n_embd,
+                 "Override the config's width (GPT-2 n_embd, Llama hidden_size)");
   app.add_option("--n-layer", n_layer, "Override the config's number of layers");
   app.add_option("--n-head", n_head, "Override the config's attention heads");
   app.add_option("--world-size,--nproc", world, "Ranks")->capture_default_str();

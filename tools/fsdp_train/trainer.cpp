@@ -344,11 +344,12 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
       std::string_view(reinterpret_cast<const char*>(data.tokens().data_ptr<uint8_t>()),
                        static_cast<size_t>(data.size())));
   if (printing) {
-    fmt::print("fsdp-train: model {} ({:.2f}M parameters), {} on {} rank{}, {} steps of {} x {} tokens, "
-               "data: {} ({} bytes, unigram entropy {:.3f} nats)\n",
-               o.model, spec->num_parameters() / 1e6, o.no_fsdp ? "no FSDP" : "FSDP", world,
-               world == 1 ? "" : "s", o.steps, o.global_batch, o.seq_len, data.source(), data.size(),
-               summary.unigram_entropy);
+    fmt::print(
+        "fsdp-train: model {} ({:.2f}M parameters), {} on {} rank{}, {} steps of {} x {} tokens, "
+        "data: {} ({} bytes, unigram entropy {:.3f} nats)\n",
+        o.model, spec->num_parameters() / 1e6, o.no_fsdp ? "no FSDP" : "FSDP", world,
+        world == 1 ? "" : "s", o.steps, o.global_batch, o.seq_len, data.source(), data.size(),
+        summary.unigram_entropy);
     std::fflush(stdout);
   }
 
