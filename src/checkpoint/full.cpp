@@ -152,13 +152,14 @@ void open_index(const std::string& index_path, FullSource& source) {
 }
 
 // path: a safetensors file, an index file (*.index.json), or a directory holding
-// model.safetensors.index.json or model.safetensors.
+// model.safetensors or else model.safetensors.index.json.
 FullSource open_full_source(const std::string& path) {
   FullSource source;
   std::string file = path;
   if (detail::is_directory(path)) {
-    const std::string index = path + "/model.safetensors.index.json";
-    file = detail::path_exists(index) ? index : path + "/model.safetensors";
+    // transformers' order: the single file first, then the index.
+    const std::string single = path + "/model.safetensors";
+    file = detail::path_exists(single) ? single : path + "/model.safetensors.index.json";
     TORCH_CHECK(detail::path_exists(file), "directory '", path,
                 "' holds neither model.safetensors.index.json nor model.safetensors");
   }
@@ -314,7 +315,16 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
         TORCH_CHECK(::rename(shard.tmp.c_str(), shard.path.c_str()) == 0,
                     detail::system_error("cannot rename", shard.tmp));
       }
-      if (shards.size() > 1) write_index(dir, shards);
+      // The new files replace what a directory load (and transformers) would otherwise prefer
+      // or find: path when sharded, a sharded index when path is the directory's
+      // model.safetensors.
+      const std::string index = dir + "/model.safetensors.index.json";
+      if (shards.size() > 1) {
+        write_index(dir, shards);
+        ::unlink(path.c_str());
+      } else if (path == dir + "/model.safetensors") {
+        ::unlink(index.c_str());
+      }
       detail::fsync_directory(dir);
     } catch (...) {
       error = std::current_exception();

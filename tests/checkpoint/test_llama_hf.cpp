@@ -200,5 +200,34 @@ TEST(LlamaHuggingFace, AnIndexThatDisagreesWithItsFilesIsAnError) {
   EXPECT_THROW(load_full(dir + "/none", *loaded, nullptr), c10::Error);
 }
 
+// Exports of different models into one directory, sharded and not, alternating: a directory
+// load always finds the newest, and the sharded export is the same tensors as the single file.
+TEST(LlamaHuggingFace, ShardedAndSingleExportsReplaceEachOther) {
+  const std::string dir = temp_dir("llama_reexport");
+  const auto layout = models::llama_hf_layout(LlamaConfig::tiny());
+  auto expect_loads_as = [&](const LlamaForCausalLM& want) {
+    LlamaForCausalLM loaded(LlamaOptions(LlamaConfig::tiny()).seed(100));
+    load_full(dir, *loaded, nullptr, layout);
+    for (const auto& item : loaded->named_parameters())
+      EXPECT_TRUE(at::equal(item.value(), want->named_parameters()[item.key()])) << item.key();
+  };
+  LlamaForCausalLM a(LlamaOptions(LlamaConfig::tiny()).seed(1));
+  LlamaForCausalLM b(LlamaOptions(LlamaConfig::tiny()).seed(2));
+  save_full(dir + "/model.safetensors", *a, nullptr, ExportOptions().layout(layout));
+  save_full(dir + "/model.safetensors", *b, nullptr,
+            ExportOptions().layout(layout).max_shard_bytes(50000));
+  EXPECT_FALSE(exists(dir + "/model.safetensors"));
+  ASSERT_TRUE(exists(dir + "/model.safetensors.index.json"));
+  expect_loads_as(b);
+  save_full(dir + "/model.safetensors", *a, nullptr, ExportOptions().layout(layout));
+  EXPECT_FALSE(exists(dir + "/model.safetensors.index.json"));
+  expect_loads_as(a);
+  // A limit above the model's size writes one file.
+  save_full(dir + "/model.safetensors", *b, nullptr,
+            ExportOptions().layout(layout).max_shard_bytes(1 << 30));
+  EXPECT_FALSE(exists(dir + "/model.safetensors.index.json"));
+  expect_loads_as(b);
+}
+
 }  // namespace
 }  // namespace fsdp::checkpoint

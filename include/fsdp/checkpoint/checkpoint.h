@@ -128,7 +128,9 @@ struct ExportOptions {
   // Split the file as transformers' save_pretrained(max_shard_size) does: parameters, in order,
   // into files of at most this many bytes of tensor data (a larger tensor alone in its file),
   // model-<k>-of-<n>.safetensors in path's directory, with model.safetensors.index.json; path
-  // itself is then not written. 0, or a model that fits in one file, writes path alone.
+  // itself is then removed if it exists. 0, or a model that fits in one file, writes path alone
+  // (and removes the directory's model.safetensors.index.json if path is its model.safetensors,
+  // so that a directory load finds the new file).
   // (optional) defaults to 0.
   TORCH_ARG(int64_t, max_shard_bytes) = 0;
 };
@@ -149,7 +151,8 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
 // file stores checksums, whole tensors i with i % world == rank, whose checksums it verifies.
 // path may also be a Hugging Face sharded checkpoint: its index file (*.index.json, whose
 // weight_map names the file of every tensor, beside the index) or a directory holding
-// model.safetensors.index.json (or else model.safetensors); each rank then opens every shard
+// model.safetensors (or else model.safetensors.index.json, transformers' order); each rank then
+// opens every shard
 // file but reads only its rows of each tensor. Throws listing missing, unexpected and
 // mis-shaped keys with their shapes when the files do not match the model, and naming the
 // file when an index disagrees with the files' contents.
