@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch reference for fsdp-train: the same GPT-2, weights and token batches, trained with
-PyTorch FSDP2 (fully_shard), DDP or a single process, on the CPU over gloo.
+"""PyTorch reference for fsdp-train: the same GPT-2 or Llama, weights and token batches, trained
+with PyTorch FSDP2 (fully_shard), DDP or a single process, on the CPU over gloo.
 
 A reference, not product code. It exists so that fsdp-train's numbers can be checked step by
 step against PyTorch's own FSDP2 (tests/tools/test_fsdp2_parity.cpp) and timed side by side
@@ -13,10 +13,16 @@ with it (bench/fsdp2_side_by_side.sh).
     python3 bench/reference/fsdp2_reference.py --mode fsdp2 --nproc 2 \
         --init init/model.safetensors --batches b.bin --metrics ref.jsonl --export ref.safetensors
 
-What has to match fsdp-train (tools/fsdp_train/trainer.cpp, models/gpt2/gpt2.cpp):
-- the model: pre-LayerNorm blocks, GELU (tanh), causal scaled_dot_product_attention, learned
+What has to match fsdp-train (tools/fsdp_train/trainer.cpp, models/gpt2/gpt2.cpp,
+models/llama/llama.cpp); config.json beside --init (written by --export) says which model:
+- GPT-2: pre-LayerNorm blocks, GELU (tanh), causal scaled_dot_product_attention, learned
   positions, lm_head tied to wte, no dropout, nn.Linear's [out, in] weights, LayerNorm eps
-  from config.json (written by --export beside the weights);
+  from config.json;
+- Llama (model_type "llama"): LlamaForCausalLM's names, RMSNorm in float32, rotary embeddings
+  (rope_theta, llama3 rope_scaling) computed with transformers' float32 operations,
+  rotate_half, key/value heads repeated for grouped-query attention, causal
+  scaled_dot_product_attention, SwiGLU, no biases, lm_head tied or not; every decoder layer a
+  fully_shard unit;
 - the weights: --init is fsdp-train's --export (Hugging Face layout: Conv1D weights c_attn,
   c_proj, c_fc stored [in, out], transposed here);
 - the data: --batches is fsdp-train's --dump-batches: per step, K micro-batches of B rows
@@ -178,8 +184,13 @@ class GPT2LMHead(nn.Module):
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def from_hf(name, t):
-    """(our name, tensor) of a Hugging Face GPT-2 entry, or None for entries we do not hold."""
+def from_hf(name, t, config):
+    """(our name, tensor) of a Hugging Face entry, or None for entries we do not hold."""
+    if config.get("model_type") == "llama":
+        if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and
+                                                     config["tie_word_embeddings"]):
+            return None
+        return name, t
     if not name.startswith("transformer.") and not name.startswith("lm_head."):
         name = "transformer." + name
     if name == "lm_head.weight" or name.endswith(".attn.bias") or name.endswith(".attn.masked_bias"):
@@ -187,7 +198,9 @@ def from_hf(name, t):
     return name, (t.t().contiguous() if name.endswith(_CONV1D) else t)
 
 
-def to_hf(name, t):
+def to_hf(name, t, config):
+    if config.get("model_type") == "llama":
+        return None if name == "lm_head.weight" and config["tie_word_embeddings"] else (name, t)
     if name == "lm_head.weight":
         return None
     return name, (t.t().contiguous() if name.endswith(_CONV1D) else t)
@@ -197,16 +210,18 @@ def load_config(init_path):
     path = os.path.join(os.path.dirname(os.path.abspath(init_path)), "config.json")
     with open(path) as f:
         hf = json.load(f)
+    if hf.get("model_type") == "llama":
+        return dict({k: hf.get(k) for k in _LLAMA_KEYS}, model_type="llama")
     return {k: hf[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head",
                                "layer_norm_epsilon")}
 
 
 def build_model(config, init_path):
     torch.manual_seed(0)  # values are overwritten below; this only makes construction repeatable
-    model = GPT2LMHead(config)
+    model = LlamaForCausalLM(config) if config.get("model_type") == "llama" else GPT2LMHead(config)
     state = {}
     for name, t in load_safetensors(init_path).items():
-        kv = from_hf(name, t)
+        kv = from_hf(name, t, config)
         if kv is not None:
             state[kv[0]] = kv[1].to(torch.float32)
     params = dict(model.named_parameters())
@@ -221,6 +236,135 @@ def build_model(config, init_path):
                                    f"the model wants {tuple(p.shape)}")
             p.copy_(state[name])
     return model
+
+
+# ---- the model: models/llama/llama.cpp in PyTorch -----------------------------------------------
+
+def llama_inv_freq(c):
+    """transformers' default / llama3 rope inverse frequencies, with its float32 operations."""
+    dim = c["hidden_size"] // c["num_attention_heads"]
+    base = c["rope_theta"]
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))
+    s = c["rope_scaling"]
+    if not s:
+        return inv_freq
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old = s["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, c, inv_freq):
+        super().__init__()
+        d = c["hidden_size"]
+        self.n_heads, self.n_kv = c["num_attention_heads"], c["num_key_value_heads"]
+        self.head_dim = d // self.n_heads
+        self.inv_freq = inv_freq  # a plain attribute: no buffer, nothing to shard or save
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+
+        def heads(z, n):
+            return z.view(b, t, n, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(self.q_proj(x), self.n_heads), heads(self.k_proj(x), self.n_kv), \
+            heads(self.v_proj(x), self.n_kv)
+        freqs = torch.arange(t, dtype=torch.int64).to(torch.float).unsqueeze(1) * \
+            self.inv_freq.unsqueeze(0)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if self.n_kv != self.n_heads:
+            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).contiguous().view(b, t, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, f = c["hidden_size"], c["intermediate_size"]
+        self.gate_proj = nn.Linear(d, f, bias=False)
+        self.up_proj = nn.Linear(d, f, bias=False)
+        self.down_proj = nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, c, inv_freq):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.self_attn = LlamaAttention(c, inv_freq)
+        self.post_attention_layernorm = LlamaRMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.mlp = LlamaMLP(c)
+
+    def forward(self, x):
+        h = x + self.self_attn(self.input_layernorm(x))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        inv_freq = llama_inv_freq(c)
+        self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
+        self.layers = nn.ModuleList(LlamaDecoderLayer(c, inv_freq)
+                                    for _ in range(c["num_hidden_layers"]))
+        self.norm = LlamaRMSNorm(c["hidden_size"], c["rms_norm_eps"])
+
+    def forward(self, idx):
+        x = self.embed_tokens(idx)
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.model = LlamaModel(c)
+        self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
+        if c["tie_word_embeddings"]:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, idx):
+        return self.lm_head(self.model(idx))
+
+
+_LLAMA_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta",
+               "rope_scaling", "tie_word_embeddings")
 
 
 # ---- batches: fsdp-train --dump-batches ----------------------------------------------------------
@@ -359,7 +503,8 @@ def train(rank, world, args):
         mesh = init_device_mesh("cpu", (world,))
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[args.param_dtype] if args.param_dtype else None,
                                   reduce_dtype=DTYPES[args.reduce_dtype] if args.reduce_dtype else None)
-        for block in model.transformer.h:
+        units = model.model.layers if config.get("model_type") == "llama" else model.transformer.h
+        for block in units:
             fully_shard(block, mesh=mesh, reshard_after_forward=bool(args.reshard_after_forward),
                         mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
@@ -457,7 +602,7 @@ def train(rank, world, args):
         final = {}
         for name, p in model.named_parameters():
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
-            kv = to_hf(name, full.detach().to(torch.float32))
+            kv = to_hf(name, full.detach().to(torch.float32), config)
             if kv is not None:
                 final[kv[0]] = kv[1]
         if rank == 0:
@@ -494,7 +639,7 @@ def main():
     p.add_argument("--batches", required=True, help="fsdp-train --dump-batches file")
     p.add_argument("--steps", type=int, default=None, help="train on the first N batches only")
     p.add_argument("--metrics", help="one JSON object per step (rank 0)")
-    p.add_argument("--export", help="final parameters, Hugging Face GPT-2 safetensors layout")
+    p.add_argument("--export", help="final parameters, in fsdp-train --export's layout")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--max-grad-norm", type=float, default=1.0)

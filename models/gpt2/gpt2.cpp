@@ -30,17 +30,8 @@ namespace {
 
 constexpr double kInitStd = 0.02;          // GPT-2's initializer_range
 constexpr double kPositionInitStd = 0.01;  // GPT-2's original wpe initializer
-constexpr uint64_t kFnvOffset = 14695981039346656037ULL;
-constexpr uint64_t kFnvPrime = 1099511628211ULL;
 constexpr char kTiedName[] = "lm_head.weight";
 constexpr char kWteName[] = "transformer.wte.weight";
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 enum class InitKind { kNormal, kZeros, kOnes };
 
@@ -138,14 +129,23 @@ torch::nn::LayerNorm make_layer_norm(const GPT2Config& config) {
 GPT2Config GPT2Config::tiny() { return GPT2Config{256, 64, 32, 2, 2}; }
 GPT2Config GPT2Config::small() { return GPT2Config{256, 256, 384, 8, 6}; }
 GPT2Config GPT2Config::gpt2() { return GPT2Config{50257, 1024, 768, 12, 12}; }
+GPT2Config GPT2Config::medium() { return GPT2Config{50257, 1024, 1024, 24, 16}; }
+GPT2Config GPT2Config::large() { return GPT2Config{50257, 1024, 1280, 36, 20}; }
+GPT2Config GPT2Config::xl() { return GPT2Config{50257, 1024, 1600, 48, 25}; }
 
-std::vector<std::string> GPT2Config::names() { return {"tiny", "small", "gpt2"}; }
+std::vector<std::string> GPT2Config::names() {
+  return {"tiny", "small", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
+}
 
 GPT2Config GPT2Config::by_name(const std::string& name) {
   if (name == "tiny") return tiny();
   if (name == "small") return small();
   if (name == "gpt2") return gpt2();
-  TORCH_CHECK(false, "unknown GPT-2 config '", name, "'; valid names are: tiny, small, gpt2");
+  if (name == "gpt2-medium") return medium();
+  if (name == "gpt2-large") return large();
+  if (name == "gpt2-xl") return xl();
+  TORCH_CHECK(false, "unknown GPT-2 config '", name,
+              "'; valid names are: tiny, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl");
 }
 
 void GPT2Config::validate() const {
@@ -172,15 +172,6 @@ int64_t num_parameters(const GPT2Config& c) {
 
 // ---- initialization --------------------------------------------------------------------------
 
-uint64_t seed_for(uint64_t seed, std::string_view name) {
-  uint64_t hash = kFnvOffset;
-  for (unsigned char ch : name) {
-    hash ^= ch;
-    hash *= kFnvPrime;
-  }
-  return splitmix64(seed ^ splitmix64(hash));
-}
-
 at::Tensor init_parameter(const GPT2Config& config, const std::string& hf_name,
                           at::IntArrayRef shape, uint64_t seed) {
   const std::string name = hf_name == kTiedName ? std::string(kWteName) : hf_name;
@@ -196,10 +187,8 @@ at::Tensor init_parameter(const GPT2Config& config, const std::string& hf_name,
       return at::zeros(shape, options);
     case InitKind::kOnes:
       return at::ones(shape, options);
-    case InitKind::kNormal: {
-      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed_for(seed, name));
-      return at::empty(shape, options).normal_(0.0, spec.std, gen);
-    }
+    case InitKind::kNormal:
+      return seeded_normal(shape, spec.std, seed, name);
   }
   TORCH_INTERNAL_ASSERT(false, "unhandled init kind for ", hf_name);
 }
@@ -303,12 +292,6 @@ at::Tensor GPT2ModelImpl::forward(const at::Tensor& idx) {
   return ln_f->forward(x);
 }
 
-TiedLinearImpl::TiedLinearImpl(const at::Tensor& tied_weight) {
-  weight = register_parameter("weight", tied_weight, tied_weight.requires_grad());
-}
-
-at::Tensor TiedLinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight); }
-
 GPT2LMHeadImpl::GPT2LMHeadImpl(const GPT2Options& options) {
   transformer = register_module("transformer", GPT2Model(options, "transformer."));
   lm_head = register_module("lm_head", TiedLinear(transformer->wte->weight));
@@ -316,14 +299,6 @@ GPT2LMHeadImpl::GPT2LMHeadImpl(const GPT2Options& options) {
 
 at::Tensor GPT2LMHeadImpl::forward(const at::Tensor& idx) {
   return lm_head->forward(transformer->forward(idx));
-}
-
-at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) {
-  TORCH_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
-                  logits.size(1) == targets.size(1),
-              "loss expects logits [B, T, V] and targets [B, T], got logits ", logits.sizes(),
-              " and targets ", targets.sizes());
-  return at::cross_entropy_loss(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}));
 }
 
 }  // namespace fsdp::models

@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
+#include <models/common/modules.h>
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -41,13 +42,19 @@ struct GPT2Config {
   double layer_norm_epsilon = 1e-5;
 
   // Named configurations. Parameter counts (tied lm_head counted once, see num_parameters):
-  //   tiny   vocab 256,   ctx 64,   d 32,  2 layers,  2 heads:      35,712 (unit tests)
-  //   small  vocab 256,   ctx 256,  d 384, 8 layers,  6 heads:  14,393,088 (CPU benchmarks)
-  //   gpt2   vocab 50257, ctx 1024, d 768, 12 layers, 12 heads: 124,439,808 (HF "gpt2")
-  // The trainer feeds byte-level tokens, so with `gpt2` only ids below 256 ever occur.
+  //   tiny         vocab 256,   ctx 64,   d 32,   2 layers,  2 heads:        35,712 (unit tests)
+  //   small        vocab 256,   ctx 256,  d 384,  8 layers,  6 heads:    14,393,088 (CPU benchmarks)
+  //   gpt2         vocab 50257, ctx 1024, d 768,  12 layers, 12 heads:  124,439,808 (HF "gpt2")
+  //   gpt2-medium  vocab 50257, ctx 1024, d 1024, 24 layers, 16 heads:  354,823,168 (HF "gpt2-medium")
+  //   gpt2-large   vocab 50257, ctx 1024, d 1280, 36 layers, 20 heads:  774,030,080 (HF "gpt2-large")
+  //   gpt2-xl      vocab 50257, ctx 1024, d 1600, 48 layers, 25 heads: 1,557,611,200 (HF "gpt2-xl")
+  // The trainer feeds byte-level tokens, so with the HF-sized configs only ids below 256 occur.
   static GPT2Config tiny();
   static GPT2Config small();
   static GPT2Config gpt2();
+  static GPT2Config medium();
+  static GPT2Config large();
+  static GPT2Config xl();
   // One of names(); throws listing the valid names otherwise.
   static GPT2Config by_name(const std::string& name);
   static std::vector<std::string> names();
@@ -59,11 +66,6 @@ struct GPT2Config {
 // Number of distinct parameter elements of GPT2LMHead(config); lm_head.weight is the same tensor
 // as transformer.wte.weight and is counted once.
 int64_t num_parameters(const GPT2Config& config);
-
-// Seed of the generator that initializes the parameter called name (a Hugging Face name), for a
-// model seeded with seed. Uses FNV-1a over the name (stable across compilers and runs, unlike
-// std::hash) mixed with the seed through SplitMix64.
-uint64_t seed_for(uint64_t seed, std::string_view name);
 
 // Initial value of one parameter of GPT2LMHead(config), as a new float32 CPU tensor of the given
 // shape, drawn from its own generator seeded by seed_for(seed, hf_name). GPT-2's scheme:
@@ -77,8 +79,7 @@ at::Tensor init_parameter(const GPT2Config& config, const std::string& hf_name,
 
 // Called by GPT2Model's constructor right after block `name` (e.g. "transformer.h.3") is built
 // and initialized, before the next block is built. unit is the block.
-using BlockBuiltCallback =
-    std::function<void(const std::string& name, const std::shared_ptr<torch::nn::Module>& unit)>;
+using BlockBuiltCallback = UnitBuiltCallback;
 
 struct GPT2Options {
   /* implicit */ GPT2Options(GPT2Config config) : config_(std::move(config)) {}
@@ -168,17 +169,7 @@ class GPT2ModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GPT2Model);
 
-// A bias-free linear layer whose weight is a tensor owned by another module (tied weights).
-// torch::nn::Linear cannot be used here: its constructor allocates and randomly fills a weight
-// of its own (154 MB for gpt2) and a Module cannot re-register a parameter name.
-class TiedLinearImpl : public torch::nn::Module {
- public:
-  explicit TiedLinearImpl(const at::Tensor& weight);  // weight: [out, in], registered as is
-  at::Tensor forward(const at::Tensor& x);            // x @ weight^T
-
-  at::Tensor weight;
-};
-TORCH_MODULE(TiedLinear);
+// (TiedLinear, used for lm_head, is in models/common/modules.h.)
 
 // GPT-2 with its language-model head (HF's GPT2LMHeadModel). lm_head.weight is the very tensor
 // transformer.wte.weight (same TensorImpl), as in HF; note that LibTorch's parameters() then
@@ -203,8 +194,5 @@ void init_gpt2_parameters(GPT2LMHeadImpl& model, uint64_t seed);
 inline void init_gpt2_parameters(GPT2LMHead& model, uint64_t seed) {
   init_gpt2_parameters(*model, seed);
 }
-
-// Mean cross-entropy (in nats) of logits [B, T, V] against targets [B, T] int64.
-at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets);
 
 }  // namespace fsdp::models

@@ -8,7 +8,10 @@
 //
 // load_full maps the file's keys to parameter names through the layout, reports every
 // mismatch at once, then reads each rank's rows: a plain tensor's rows are one contiguous
-// range; a transposed one's are a column block of the stored tensor, read row by row.
+// range; a transposed one's are a column block of the stored tensor, read row by row. A
+// Hugging Face sharded checkpoint (model.safetensors.index.json naming a file per tensor) is
+// the union of its files' tensors; the index must agree with the files' headers, so a stale or
+// mixed-up index is an error, not a silently partial load.
 #include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/checkpoint/safetensors.h>
 
@@ -18,8 +21,13 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <nlohmann/json.hpp>
+
 #include <unistd.h>
 #include <chrono>
+#include <cstdio>
+#include <map>
+#include <set>
 #include <unordered_map>
 
 namespace fsdp::checkpoint {
@@ -89,6 +97,147 @@ void append_list(std::string& out, const char* title, const std::vector<std::str
     out += "\n    ... and " + std::to_string(items.size() - kMaxListed) + " more";
 }
 
+constexpr char kIndexSuffix[] = ".index.json";
+constexpr uint64_t kMaxIndexBytes = 64ull << 20;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The safetensors files that a load_full path names, and which of them holds each key.
+struct FullSource {
+  std::vector<std::unique_ptr<SafetensorsReader>> readers;
+  std::vector<std::pair<const SafetensorsReader*, const TensorEntry*>> entries;
+};
+
+// Shards of a Hugging Face index file: {"weight_map": {"<tensor>": "<file>", ...}, ...}, the
+// files relative to the index's directory.
+void open_index(const std::string& index_path, FullSource& source) {
+  const auto index = nlohmann::json::parse(detail::read_file(index_path, kMaxIndexBytes), nullptr,
+                                           /*allow_exceptions=*/false);
+  TORCH_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+              "'", index_path, "' is not a safetensors index (a JSON object with a weight_map)");
+  std::map<std::string, std::string> weight_map;
+  std::set<std::string> files;
+  for (const auto& [key, file] : index["weight_map"].items()) {
+    TORCH_CHECK(file.is_string(), "'", index_path, "': weight_map[\"", key,
+                "\"] is not a file name");
+    const std::string name = file.get<std::string>();
+    TORCH_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "..", "'",
+                index_path, "': weight_map[\"", key, "\"] = '", name,
+                "' is not a file name in the index's directory");
+    weight_map[key] = name;
+    files.insert(name);
+  }
+  const std::string dir = detail::parent_directory(index_path);
+  std::set<std::string> found;
+  for (const std::string& file : files) {
+    source.readers.push_back(std::make_unique<SafetensorsReader>(dir + "/" + file));
+    const SafetensorsReader& reader = *source.readers.back();
+    for (const auto& e : reader.header().entries) {
+      auto it = weight_map.find(e.name);
+      TORCH_CHECK(
+          it != weight_map.end() && it->second == file, "'", reader.path(), "' holds '", e.name,
+          "', which '", index_path, "' ",
+          it == weight_map.end() ? std::string("does not list") : "places in '" + it->second + "'");
+      found.insert(e.name);
+      source.entries.emplace_back(&reader, &e);
+    }
+  }
+  for (const auto& [key, file] : weight_map) {
+    TORCH_CHECK(found.count(key) == 1, "'", index_path, "' places '", key, "' in '", file,
+                "', which does not hold it");
+  }
+}
+
+// path: a safetensors file, an index file (*.index.json), or a directory holding
+// model.safetensors or else model.safetensors.index.json.
+FullSource open_full_source(const std::string& path) {
+  FullSource source;
+  std::string file = path;
+  if (detail::is_directory(path)) {
+    // transformers' order: the single file first, then the index.
+    const std::string single = path + "/model.safetensors";
+    file = detail::path_exists(single) ? single : path + "/model.safetensors.index.json";
+    TORCH_CHECK(detail::path_exists(file), "directory '", path,
+                "' holds neither model.safetensors.index.json nor model.safetensors");
+  }
+  if (ends_with(file, kIndexSuffix)) {
+    open_index(file, source);
+  } else {
+    source.readers.push_back(std::make_unique<SafetensorsReader>(file));
+    for (const auto& e : source.readers.back()->header().entries)
+      source.entries.emplace_back(source.readers.back().get(), &e);
+  }
+  return source;
+}
+
+// One file of a (possibly sharded) export: its final and temporary paths and its entries.
+struct ShardFile {
+  std::string path, tmp;
+  std::vector<TensorEntry> entries;
+};
+
+int64_t entry_bytes(const TensorEntry& e) {
+  int64_t n = dtype_size(e.dtype);
+  for (int64_t d : e.shape) n *= d;
+  return n;
+}
+
+// Splits entries, in order, into files of at most max_shard_bytes of tensor data (a larger
+// tensor alone in its file): model-<k>-of-<n>.safetensors in dir, as transformers'
+// save_pretrained names them; one file at path when they fit in one or max_shard_bytes is 0.
+void plan_shards(const std::string& path, const std::string& dir, std::vector<TensorEntry> entries,
+                 int64_t max_shard_bytes, std::vector<ShardFile>& shards,
+                 std::vector<size_t>& shard_of) {
+  TORCH_CHECK(max_shard_bytes >= 0, "max_shard_bytes must be non-negative, got ", max_shard_bytes);
+  std::vector<std::vector<TensorEntry>> groups(1);
+  int64_t in_group = 0;
+  for (auto& e : entries) {
+    const int64_t n = entry_bytes(e);
+    if (max_shard_bytes > 0 && !groups.back().empty() && in_group + n > max_shard_bytes) {
+      groups.emplace_back();
+      in_group = 0;
+    }
+    in_group += n;
+    groups.back().push_back(std::move(e));
+    shard_of.push_back(groups.size() - 1);
+  }
+  const std::string suffix = ".tmp-" + std::to_string(::getpid());
+  if (groups.size() == 1) {
+    shards.push_back({path, path + suffix, std::move(groups[0])});
+    return;
+  }
+  char name[64];
+  for (size_t k = 0; k < groups.size(); ++k) {
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", k + 1, groups.size());
+    shards.push_back({dir + "/" + name, dir + "/" + name + suffix, std::move(groups[k])});
+  }
+}
+
+std::unique_ptr<SafetensorsWriter> open_shard_writer(const ShardFile& shard,
+                                                     std::map<std::string, std::string> metadata) {
+  metadata["format"] = "pt";  // transformers refuses safetensors files without it
+  return std::make_unique<SafetensorsWriter>(shard.tmp, shard.entries, std::move(metadata));
+}
+
+// model.safetensors.index.json: {"metadata": {"total_size": <tensor bytes>}, "weight_map":
+// {"<tensor>": "<file>"}}, transformers' format.
+void write_index(const std::string& dir, const std::vector<ShardFile>& shards) {
+  nlohmann::json weight_map = nlohmann::json::object();
+  int64_t total = 0;
+  for (const auto& shard : shards) {
+    const std::string file = shard.path.substr(shard.path.rfind('/') + 1);
+    for (const auto& e : shard.entries) {
+      weight_map[e.name] = file;
+      total += entry_bytes(e);
+    }
+  }
+  const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  detail::write_file_atomically(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+}
+
 }  // namespace
 
 ExportResult save_full(const std::string& path, const torch::nn::Module& model, ProcessGroup* group,
@@ -116,9 +265,13 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
   }
   detail::agree(group, error, "exporting '" + path + "'");
 
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  // Rank 0's files: one at path, or with max_shard_bytes, Hugging Face's shards beside it.
+  std::vector<ShardFile> shards;
+  std::vector<size_t> shard_of;  // per parameter
   std::unique_ptr<SafetensorsWriter> writer;
+  size_t open_shard = 0;
   int64_t bytes = 0;
+  const std::string dir = detail::parent_directory(path);
   if (rank == 0) {
     try {
       std::vector<TensorEntry> entries;
@@ -129,11 +282,9 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
         e.shape = file_shape(locals[i], transposed[i]);
         entries.push_back(std::move(e));
       }
-      detail::make_directories(detail::parent_directory(path));
-      std::map<std::string, std::string> metadata = options.metadata();
-      metadata["format"] = "pt";  // transformers refuses safetensors files without it
-      writer = std::make_unique<SafetensorsWriter>(tmp, std::move(entries), std::move(metadata));
-      bytes = static_cast<int64_t>(writer->file_bytes());
+      detail::make_directories(dir);
+      plan_shards(path, dir, std::move(entries), options.max_shard_bytes(), shards, shard_of);
+      writer = open_shard_writer(shards[0], options.metadata());
     } catch (...) {
       error = std::current_exception();
     }
@@ -142,6 +293,12 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
     const at::Tensor full = gather_full(locals[i], writers[i], layouts, i, locals.size(), group);
     if (rank != 0 || error) continue;
     try {
+      if (shard_of[i] != open_shard) {  // shards hold consecutive parameters
+        writer->finish();
+        bytes += static_cast<int64_t>(writer->file_bytes());
+        open_shard = shard_of[i];
+        writer = open_shard_writer(shards[open_shard], options.metadata());
+      }
       at::Tensor t = transposed[i] ? full.t() : full;
       t = t.to(at::kCPU, options.dtype().value_or(t.scalar_type())).contiguous();
       writer->write(t);
@@ -152,17 +309,30 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
   if (rank == 0 && !error) {
     try {
       writer->finish();
+      bytes += static_cast<int64_t>(writer->file_bytes());
       writer.reset();
-      TORCH_CHECK(::rename(tmp.c_str(), path.c_str()) == 0,
-                  detail::system_error("cannot rename", tmp));
-      detail::fsync_directory(detail::parent_directory(path));
+      for (const auto& shard : shards) {
+        TORCH_CHECK(::rename(shard.tmp.c_str(), shard.path.c_str()) == 0,
+                    detail::system_error("cannot rename", shard.tmp));
+      }
+      // The new files replace what a directory load (and transformers) would otherwise prefer
+      // or find: path when sharded, a sharded index when path is the directory's
+      // model.safetensors.
+      const std::string index = dir + "/model.safetensors.index.json";
+      if (shards.size() > 1) {
+        write_index(dir, shards);
+        ::unlink(path.c_str());
+      } else if (path == dir + "/model.safetensors") {
+        ::unlink(index.c_str());
+      }
+      detail::fsync_directory(dir);
     } catch (...) {
       error = std::current_exception();
     }
   }
   if (rank == 0 && error) {
     writer.reset();
-    ::unlink(tmp.c_str());
+    for (const auto& shard : shards) ::unlink(shard.tmp.c_str());
   }
   detail::agree(group, error, "exporting '" + path + "'");
   return {bytes, std::chrono::duration<double>(Clock::now() - start).count()};
@@ -174,15 +344,17 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
   const int rank = group ? group->rank() : 0;
   std::exception_ptr error;
   try {
-    const SafetensorsReader reader(path);
+    const FullSource source = open_full_source(path);
     const std::vector<LocalParam> locals = detail::local_params(model, group);
 
     // Which file entry holds each parameter.
-    std::unordered_map<std::string, const TensorEntry*> by_param;
+    std::unordered_map<std::string, std::pair<const SafetensorsReader*, const TensorEntry*>>
+        by_param;
     std::vector<std::string> unexpected, missing, misshaped;
     std::unordered_map<std::string, const LocalParam*> params;
     for (const auto& lp : locals) params[lp.name] = &lp;
-    for (const auto& e : reader.header().entries) {
+    for (const auto& [file, entry] : source.entries) {
+      const TensorEntry& e = *entry;
       const std::optional<std::string> name =
           layout.from_file() ? layout.from_file()(e.name) : e.name;
       if (!name) continue;
@@ -190,9 +362,9 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
         unexpected.push_back(e.name + " " + detail::shape_string(e.shape));
         continue;
       }
-      auto [it, inserted] = by_param.emplace(*name, &e);
+      auto [it, inserted] = by_param.emplace(*name, std::make_pair(file, &e));
       TORCH_CHECK(inserted, "'", path, "' holds parameter '", *name, "' twice, as '",
-                  it->second->name, "' and as '", e.name, "'");
+                  it->second.second->name, "' and as '", e.name, "'");
     }
     std::vector<bool> transposed;
     for (const auto& lp : locals) {
@@ -201,9 +373,10 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
       auto it = by_param.find(lp.name);
       if (it == by_param.end()) {
         missing.push_back(file_name_of(layout, lp.name) + " " + detail::shape_string(want));
-      } else if (it->second->shape != want) {
-        misshaped.push_back(it->second->name + ": file " + detail::shape_string(it->second->shape) +
-                            ", model expects " + detail::shape_string(want));
+      } else if (it->second.second->shape != want) {
+        misshaped.push_back(it->second.second->name + ": file " +
+                            detail::shape_string(it->second.second->shape) + ", model expects " +
+                            detail::shape_string(want));
       }
     }
     if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
@@ -217,7 +390,9 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < locals.size(); ++i) {
       const LocalParam& lp = locals[i];
-      const TensorEntry& e = *by_param.at(lp.name);
+      const auto [file, entry] = by_param.at(lp.name);
+      const SafetensorsReader& reader = *file;
+      const TensorEntry& e = *entry;
       const at::ScalarType file_type = to_scalar_type(e.dtype);
       const at::Tensor dst = lp.rows_view(lp.param.detach());
       const bool verify =

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <models/gpt2/gpt2.h>
 #include <models/gpt2/gpt2_memory.h>
+#include <models/model.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -165,6 +166,7 @@ struct TrainerCase {
   int grad_accum = 1;
   bool activation_checkpoint = false;
   int64_t global_batch = 8;
+  std::string model = "tiny";  // a registered model; its memory spec gives the estimate
 };
 
 // Runs fsdp-train and returns its output; the exit status goes to exit_code.
@@ -187,11 +189,11 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
   constexpr int64_t kSeqLen = 64;
   const std::string metrics = ::testing::TempDir() + "estimate_" + c.name + ".jsonl";
   int exit_code = -1;
-  const std::string output =
-      run_trainer("--nproc " + std::to_string(c.world) + " --model tiny --steps 2 --global-batch " +
-                      std::to_string(c.global_batch) + " --seq-len " + std::to_string(kSeqLen) +
-                      " --quiet " + c.flags + " --metrics " + metrics,
-                  exit_code);
+  const std::string output = run_trainer(
+      "--nproc " + std::to_string(c.world) + " --model " + c.model + " --steps 2 --global-batch " +
+          std::to_string(c.global_batch) + " --seq-len " + std::to_string(kSeqLen) + " --quiet " +
+          c.flags + " --metrics " + metrics,
+      exit_code);
   ASSERT_EQ(exit_code, 0) << output;
   std::ifstream in(metrics);
   std::string line, last;
@@ -202,9 +204,8 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
   MemoryEstimateOptions options = c.options;
   options.world_size(c.world).grad_accum(c.grad_accum);
   const at::ScalarType compute = options.param_dtype().value_or(at::kFloat);
-  const ModelMemorySpec spec =
-      models::gpt2_memory_spec(GPT2Config::tiny(), c.global_batch / c.world / c.grad_accum, kSeqLen,
-                               compute, c.activation_checkpoint);
+  const ModelMemorySpec spec = models::model_spec(c.model)->memory_spec(
+      c.global_batch / c.world / c.grad_accum, kSeqLen, compute, c.activation_checkpoint);
   const MemoryEstimate e = estimate_memory(spec, options);
   // A communication buffer the runtime has released can stay allocated a moment longer, until
   // the process group's thread drops the finished collective, and so be counted as left alive
@@ -284,7 +285,14 @@ INSTANTIATE_TEST_SUITE_P(
         TrainerCase{"bf16", 2, "--param-dtype bf16 --reduce-dtype fp32",
                     MemoryEstimateOptions().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat)},
         TrainerCase{"no_sync_accumulation", 2, "--grad-accum 2 --accum-mode no-sync",
-                    MemoryEstimateOptions().accumulation(AccumulationMode::kNoSync), 2}),
+                    MemoryEstimateOptions().accumulation(AccumulationMode::kNoSync), 2},
+        // Llama (grouped-query attention, untied lm_head) through the same interface.
+        TrainerCase{"llama_full_shard", 2, "", MemoryEstimateOptions(), 1, false, 8, "llama-tiny"},
+        TrainerCase{"llama_checkpointed", 2, "--activation-checkpoint", MemoryEstimateOptions(), 1,
+                    true, 8, "llama-tiny"},
+        TrainerCase{"llama_bf16", 2, "--param-dtype bf16 --reduce-dtype fp32",
+                    MemoryEstimateOptions().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat), 1,
+                    false, 8, "llama-tiny"}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

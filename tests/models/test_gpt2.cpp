@@ -91,10 +91,16 @@ TEST(GPT2, LmHeadIsTiedToTokenEmbedding) {
 TEST(GPT2, ParameterCountsMatchAnalyticCount) {
   EXPECT_EQ(num_parameters(GPT2Config::tiny()), 35712);
   EXPECT_EQ(num_parameters(GPT2Config::small()), 14393088);
-  EXPECT_EQ(num_parameters(GPT2Config::gpt2()), 124439808);  // HF's gpt2
+  EXPECT_EQ(num_parameters(GPT2Config::gpt2()), 124439808);     // HF's gpt2
+  EXPECT_EQ(num_parameters(GPT2Config::medium()), 354823168);   // HF's gpt2-medium
+  EXPECT_EQ(num_parameters(GPT2Config::large()), 774030080);    // HF's gpt2-large
+  EXPECT_EQ(num_parameters(GPT2Config::xl()), 1557611200);      // HF's gpt2-xl
   for (const std::string& name : GPT2Config::names()) {
     SCOPED_TRACE(name);
     GPT2Config config = GPT2Config::by_name(name);
+    // The larger ones are counted above from their published figures; building them would
+    // take gigabytes.
+    if (num_parameters(config) > 200000000) continue;
     GPT2LMHead model(config);
     EXPECT_EQ(distinct_numel(*model), num_parameters(config));
     // LibTorch lists the tied tensor under both names; the count above must not.
@@ -112,7 +118,8 @@ TEST(GPT2, ConfigByNameRejectsUnknownNames) {
   } catch (const c10::Error& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("'gpt3'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("tiny, small, gpt2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("tiny, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl"), std::string::npos)
+        << msg;
   }
   GPT2Config bad = GPT2Config::tiny();
   bad.n_head = 3;

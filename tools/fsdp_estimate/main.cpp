@@ -8,8 +8,7 @@
 // peaks. See include/fsdp/memory_estimate.h for the definitions.
 #include <c10/util/Exception.h>
 #include <fsdp/memory_estimate.h>
-#include <models/gpt2/gpt2.h>
-#include <models/gpt2/gpt2_memory.h>
+#include <models/model.h>
 
 #include <common/cli_checks.h>
 
@@ -31,7 +30,7 @@ at::ScalarType parse_dtype(const std::string& flag, const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"fsdp-estimate: predict one rank's memory for an FSDP GPT-2 training step"};
+  CLI::App app{"fsdp-estimate: predict one rank's memory for an FSDP training step"};
   std::string model = "tiny";
   int64_t vocab_size = 0, n_positions = 0, n_embd = 0, n_layer = 0, n_head = 0;
   int world = 2, replicate = 1, prefetch = 1, grad_accum = 1;
@@ -39,15 +38,21 @@ int main(int argc, char** argv) {
   std::string strategy = "full_shard", param_dtype, reduce_dtype, master_dtype = "fp32";
   int64_t global_batch = 16, seq_len = 64;
   bool activation_checkpoint = false, no_fsdp = false, pretty = false, timeline = false;
-  app.add_option("--model", model, "GPT-2 config to start from: tiny, small or gpt2")
-      ->check(CLI::IsMember(fsdp::models::GPT2Config::names()))
+  app.add_option("--model", model,
+                 "Model config to start from: " + fsdp::models::model_names_joined())
+      ->check(CLI::IsMember(fsdp::models::model_names()))
       ->capture_default_str();
-  app.add_option("--vocab-size", vocab_size, "Override the config's vocab_size")->check(fsdp::tools::integer_at_least(1));
-  app.add_option("--n-positions", n_positions, "Override the config's n_positions")->check(fsdp::tools::integer_at_least(1));
-  app.add_option("--n-embd", n_embd, "Override the config's n_embd")->check(fsdp::tools::integer_at_least(1));
-  app.add_option("--n-layer", n_layer, "Override the config's n_layer")->check(fsdp::tools::integer_at_least(1));
-  app.add_option("--n-head", n_head, "Override the config's n_head")->check(fsdp::tools::integer_at_least(1));
-  app.add_option("--world-size,--nproc", world, "Ranks")->check(fsdp::tools::integer_at_least(1))->capture_default_str();
+  const auto positive = fsdp::tools::integer_at_least(1);
+  app.add_option("--vocab-size", vocab_size, "Override the config's vocab_size")->check(positive);
+  app.add_option(
+         "--n-positions", n_positions,
+         "Override the config's longest sequence (GPT-2 n_positions, Llama max_position_embeddings)")
+      ->check(positive);
+  app.add_option("--n-embd", n_embd, "Override the config's width (GPT-2 n_embd, Llama hidden_size)")
+      ->check(positive);
+  app.add_option("--n-layer", n_layer, "Override the config's number of layers")->check(positive);
+  app.add_option("--n-head", n_head, "Override the config's attention heads")->check(positive);
+  app.add_option("--world-size,--nproc", world, "Ranks")->check(positive)->capture_default_str();
   app.add_option("--strategy", strategy, "full_shard, shard_grad_op, no_shard or hybrid_shard")
       ->check(CLI::IsMember({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}))
       ->capture_default_str();
@@ -91,17 +96,21 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    fsdp::models::GPT2Config config = fsdp::models::GPT2Config::by_name(model);
-    if (vocab_size > 0) config.vocab_size = vocab_size;
-    if (n_positions > 0) config.n_positions = n_positions;
-    if (n_embd > 0) config.n_embd = n_embd;
-    if (n_layer > 0) config.n_layer = n_layer;
-    if (n_head > 0) config.n_head = n_head;
-    TORCH_CHECK(config.n_embd % config.n_head == 0, "--n-embd ", config.n_embd,
-                " is not divisible by --n-head ", config.n_head);
-    config.validate();
-    TORCH_CHECK(seq_len <= config.n_positions, "--seq-len ", seq_len, " is outside [1, ",
-                config.n_positions, "], the positions model '", model, "' has");
+    fsdp::models::SizeOverrides overrides;
+    overrides.vocab_size = vocab_size;
+    overrides.max_seq_len = n_positions;
+    overrides.dim = n_embd;
+    overrides.n_layers = n_layer;
+    overrides.n_heads = n_head;
+    std::shared_ptr<const fsdp::models::ModelSpec> spec;
+    try {
+      spec = fsdp::models::model_spec(model)->with_overrides(overrides);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "--n-embd, --n-head, --n-layer, --vocab-size or --n-positions: ",
+                  e.what_without_backtrace());
+    }
+    TORCH_CHECK(seq_len <= spec->max_seq_len(), "--seq-len ", seq_len, " is outside [1, ",
+                spec->max_seq_len(), "], the positions model '", model, "' has");
     if (no_fsdp) world = 1;
     TORCH_CHECK(world >= 1, "--world-size must be at least 1, got ", world);
     TORCH_CHECK(grad_accum >= 1, "--grad-accum must be at least 1, got ", grad_accum);
@@ -136,26 +145,19 @@ int main(int argc, char** argv) {
     const at::ScalarType compute =
         no_fsdp ? options.master_dtype() : options.param_dtype().value_or(options.master_dtype());
     const int64_t micro_batch = global_batch / world / grad_accum;  // sequences per pass
-    fsdp::ModelMemorySpec spec;
+    fsdp::ModelMemorySpec memory;
     try {
-      spec = fsdp::models::gpt2_memory_spec(config, micro_batch, seq_len, compute,
-                                            activation_checkpoint);
+      memory = spec->memory_spec(micro_batch, seq_len, compute, activation_checkpoint);
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, "--global-batch ", global_batch, " and --seq-len ", seq_len, " on ",
-                  world, " ranks with --n-embd ", config.n_embd, " and --n-layer ",
-                  config.n_layer, ": ", e.what_without_backtrace());
+                  world, " ranks: ", e.what_without_backtrace());
     }
-    const fsdp::MemoryEstimate e = fsdp::estimate_memory(spec, options);
+    const fsdp::MemoryEstimate e = fsdp::estimate_memory(memory, options);
 
     nlohmann::json out = nlohmann::json::parse(e.to_json());
     out["settings"] = {
         {"model", model},
-        {"vocab_size", config.vocab_size},
-        {"n_positions", config.n_positions},
-        {"n_embd", config.n_embd},
-        {"n_layer", config.n_layer},
-        {"n_head", config.n_head},
-        {"parameters", fsdp::models::num_parameters(config)},
+        {"parameters", spec->num_parameters()},
         {"world_size", world},
         {"strategy", no_fsdp ? std::string("none") : strategy},
         {"replicate", replicate},
@@ -170,6 +172,7 @@ int main(int argc, char** argv) {
         {"prefetch", prefetch},
         {"grad_accum", grad_accum},
         {"accum_mode", accum_mode}};
+    for (const auto& [key, value] : spec->sizes()) out["settings"][key] = value;
     if (timeline) {
       out["timeline"] = nlohmann::json::array();
       for (const auto& [phase, bytes] : e.timeline)

@@ -4,8 +4,7 @@
 #include <fsdp_train/machine_fit.h>
 
 #include <fsdp/memory_estimate.h>
-#include <models/gpt2/gpt2.h>
-#include <models/gpt2/gpt2_memory.h>
+#include <models/model.h>
 
 #include <c10/util/Exception.h>
 
@@ -49,9 +48,8 @@ int64_t local_ranks_bytes(const TrainerOptions& o, int world, int local_ranks) {
   const MemoryEstimateOptions options = estimate_options(o, world);
   const at::ScalarType compute = options.param_dtype().value_or(at::kFloat);
   const int64_t micro_batch = o.global_batch / world / o.grad_accum;
-  const ModelMemorySpec spec = models::gpt2_memory_spec(
-      models::GPT2Config::by_name(o.model), micro_batch, o.seq_len, compute,
-      o.activation_checkpoint);
+  const ModelMemorySpec spec = model_spec_of(o)->memory_spec(micro_batch, o.seq_len, compute,
+                                                             o.activation_checkpoint);
   return int64_t{local_ranks} * (kProcessFootprintBytes + estimate_memory(spec, options).total_bytes);
 }
 

@@ -6,7 +6,7 @@
 #include <fsdp_train/launcher.h>
 #include <fsdp_train/machine_fit.h>
 #include <fsdp_train/trainer.h>
-#include <models/gpt2/gpt2.h>
+#include <models/model.h>
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -34,8 +34,8 @@ void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, int& nproc, double
   const auto non_negative = fsdp::tools::integer_at_least(0);
   app.add_option("--nproc", nproc, "Launch this many local ranks (default 2 unless RANK/WORLD_SIZE are set)")
       ->check(positive);
-  app.add_option("--model", o.model, "Model config: tiny, small or gpt2")
-      ->check(CLI::IsMember(fsdp::models::GPT2Config::names()))->capture_default_str();
+  app.add_option("--model", o.model, "Model config: " + fsdp::models::model_names_joined())
+      ->check(CLI::IsMember(fsdp::models::model_names()))->capture_default_str();
   app.add_option("--steps", o.steps, "Optimizer steps")->check(non_negative)->capture_default_str();
   app.add_option("--global-batch", o.global_batch, "Sequences per step over all ranks")
       ->check(positive)->capture_default_str();
@@ -100,7 +100,7 @@ void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, int& nproc, double
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"fsdp-train: train GPT-2 with fully sharded data parallelism on LibTorch"};
+  CLI::App app{"fsdp-train: train a transformer with fully sharded data parallelism on LibTorch"};
   fsdp::train::TrainerOptions o;
   int nproc = 0;
   double timeout_s = 300;

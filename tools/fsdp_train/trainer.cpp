@@ -4,8 +4,8 @@
 // - every process builds the same global batch for a step (data.h) and rank r trains on rows
 //   [r*B/W, (r+1)*B/W) of it, so the ranks' micro-batches concatenated in rank order are the
 //   reference's batch;
-// - every parameter's initial value depends only on its name and the seed (models/gpt2), so
-//   the sharded model, built and sharded block by block, starts where the reference starts;
+// - every parameter's initial value depends only on its name and the seed (models/model.h), so
+//   the sharded model, built and sharded unit by unit, starts where the reference starts;
 // - the reported loss is the mean over ranks of the micro-batch losses, which equals the
 //   reference's loss on the global batch because micro-batches have equal sizes.
 #include <fsdp_train/trainer.h>
@@ -17,8 +17,7 @@
 #include <fsdp/util/memory_counter.h>
 #include <fsdp_train/corpus.h>
 #include <fsdp_train/data.h>
-#include <models/gpt2/gpt2.h>
-#include <models/gpt2/hf.h>
+#include <models/model.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -188,7 +187,20 @@ void report_resume_mismatches(const TrainerOptions& o, const std::string& user_j
   }
 }
 
+// The byte-level data feeds token ids 0..255.
+constexpr int64_t kByteVocab = 256;
+
 }  // namespace
+
+// --model, with --vocab-size's override (TrainerOptions::vocab_size) applied.
+std::shared_ptr<const models::ModelSpec> model_spec_of(const TrainerOptions& o) {
+  const auto spec = models::model_spec(o.model);
+  if (o.vocab_size == 0) return spec;
+  TORCH_CHECK(o.vocab_size > 0, "vocab_size must be positive, got ", o.vocab_size);
+  models::SizeOverrides overrides;
+  overrides.vocab_size = o.vocab_size;
+  return spec->with_overrides(overrides);
+}
 
 std::optional<at::ScalarType> dtype_flag(const std::string& flag, const std::string& value) {
   if (value.empty()) return std::nullopt;
@@ -236,10 +248,13 @@ void validate(const TrainerOptions& o, int world) {
   TORCH_CHECK(!o.no_fsdp || (o.param_dtype == "fp32" && o.reduce_dtype.empty()),
               "--no-fsdp trains in fp32; --param-dtype ", o.param_dtype, " and --reduce-dtype '",
               o.reduce_dtype, "' need FSDP");
-  const auto config = models::GPT2Config::by_name(o.model);
-  TORCH_CHECK(o.seq_len >= 1 && o.seq_len <= config.n_positions, "--seq-len ", o.seq_len,
-              " is outside [1, ", config.n_positions, "], the positions model '", o.model,
+  const auto spec = model_spec_of(o);
+  TORCH_CHECK(o.seq_len >= 1 && o.seq_len <= spec->max_seq_len(), "--seq-len ", o.seq_len,
+              " is outside [1, ", spec->max_seq_len(), "], the positions model '", o.model,
               "' has");
+  TORCH_CHECK(spec->vocab_size() >= kByteVocab, "model '", o.model, "' has vocab_size ",
+              spec->vocab_size(), ", fewer than the ", kByteVocab,
+              " byte-level token ids the trainer feeds");
   TORCH_CHECK(o.save_every >= 0, "--save-every must be non-negative, got ", o.save_every);
   TORCH_CHECK(o.save_every == 0 || !o.save_dir.empty(), "--save-every needs --save DIR");
   TORCH_CHECK(o.export_dtype == "fp32" || o.export_dtype == "bf16",
@@ -265,7 +280,7 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
   std::optional<CountAllocations> count_thread;
   if (count_memory) count_thread.emplace(thread_memory);
 
-  const models::GPT2Config config = models::GPT2Config::by_name(o.model);
+  const std::shared_ptr<const models::ModelSpec> spec = model_spec_of(o);
   std::optional<DeviceMesh> mesh;
   if (group) {
     const int replicate = o.strategy == "no_shard" ? world
@@ -276,12 +291,12 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
   MixedPrecisionPolicy mp_policy;
   if (o.param_dtype != "fp32") mp_policy.param_dtype(dtype_flag("--param-dtype", o.param_dtype));
   mp_policy.reduce_dtype(dtype_flag("--reduce-dtype", o.reduce_dtype));
-  models::GPT2Options model_options(config);
+  models::BuildOptions model_options;
   model_options.seed(o.seed);
   model_options.activation_checkpoint(o.activation_checkpoint);
   if (mesh) {
-    // Deferred initialization: each block is sharded as soon as it is built, so a rank never
-    // holds more than the root's parameters plus one block in full.
+    // Deferred initialization: each unit is sharded as soon as it is built, so a rank never
+    // holds more than the root's parameters plus one unit in full.
     FullyShardOptions unit_options;
     // ZeRO-2 keeps every block's parameters from its forward to its backward.
     if (o.strategy == "shard_grad_op") {
@@ -293,12 +308,13 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
     }
     unit_options.mp_policy(mp_policy);
     // unit_options by value: the model is built after this block ends.
-    model_options.on_block_built(
+    model_options.on_unit_built(
         [&mesh, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
           fully_shard(block, *mesh, unit_options);
         });
   }
-  models::GPT2LMHead model(model_options);
+  const std::unique_ptr<models::Model> built = spec->build(model_options);
+  const std::shared_ptr<torch::nn::Module> model = built->root();
   std::optional<FSDPModule> root;
   if (mesh) {
     root = fully_shard(model, *mesh, FullyShardOptions().mp_policy(mp_policy));
@@ -332,17 +348,18 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
       std::string_view(reinterpret_cast<const char*>(data.tokens().data_ptr<uint8_t>()),
                        static_cast<size_t>(data.size())));
   if (printing) {
-    fmt::print("fsdp-train: model {} ({:.2f}M parameters), {} on {} rank{}, {} steps of {} x {} tokens, "
-               "data: {} ({} bytes, unigram entropy {:.3f} nats)\n",
-               o.model, models::num_parameters(config) / 1e6, o.no_fsdp ? "no FSDP" : "FSDP", world,
-               world == 1 ? "" : "s", o.steps, o.global_batch, o.seq_len, data.source(), data.size(),
-               summary.unigram_entropy);
+    fmt::print(
+        "fsdp-train: model {} ({:.2f}M parameters), {} on {} rank{}, {} steps of {} x {} tokens, "
+        "data: {} ({} bytes, unigram entropy {:.3f} nats)\n",
+        o.model, spec->num_parameters() / 1e6, o.no_fsdp ? "no FSDP" : "FSDP", world,
+        world == 1 ? "" : "s", o.steps, o.global_batch, o.seq_len, data.source(), data.size(),
+        summary.unigram_entropy);
     std::fflush(stdout);
   }
 
   int64_t first_step = 0;
   if (!o.init_from.empty()) {
-    checkpoint::load_full(o.init_from, *model, group.get(), models::gpt2_hf_layout());
+    checkpoint::load_full(o.init_from, *model, group.get(), spec->hf_layout());
     if (printing) fmt::print("fsdp-train: initialized from {}\n", o.init_from);
   }
   if (!o.resume_dir.empty()) {
@@ -419,9 +436,8 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
           root->set_reshard_after_backward(last);
         }
       }
-      at::Tensor micro =
-          models::loss(fsdp::forward(model, inputs.narrow(0, k * slice, slice)),
-                       targets.narrow(0, k * slice, slice));
+      at::Tensor micro = built->loss(built->forward(inputs.narrow(0, k * slice, slice)),
+                                     targets.narrow(0, k * slice, slice));
       if (o.grad_accum > 1) micro = micro / o.grad_accum;
       if (k == 0) {
         // What forward left alive is what autograd saved, apart from gathered parameters (the
@@ -497,7 +513,8 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
   }
   if (!o.export_path.empty()) {
     checkpoint::ExportOptions export_options;
-    export_options.layout(models::gpt2_hf_layout());
+    export_options.layout(spec->hf_layout());
+    export_options.max_shard_bytes(o.export_max_shard_bytes);
     if (o.export_dtype == "bf16") export_options.dtype(at::kBFloat16);
     const auto exported = checkpoint::save_full(o.export_path, *model, group.get(), export_options);
     if (rank == 0) {
@@ -506,7 +523,7 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
       const std::string config_path =
           (slash == std::string::npos ? "" : o.export_path.substr(0, slash + 1)) + "config.json";
       std::ofstream config_file(config_path, std::ios::out | std::ios::trunc);
-      config_file << models::gpt2_hf_config_json(config);
+      config_file << spec->hf_config_json(export_options.dtype().value_or(at::kFloat));
       config_file.close();
       TORCH_CHECK(config_file.good(), "cannot write '", config_path, "'");
       if (printing) {

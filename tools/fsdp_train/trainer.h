@@ -1,6 +1,7 @@
-// The training loop of fsdp-train: GPT-2 on byte-level text, sharded with fully_shard (one
-// unit per transformer block plus the root) or, with no_fsdp, plain single-process LibTorch
-// on the same global batch, which is the reference every sharded run must reproduce.
+// The training loop of fsdp-train: any registered model (models/model.h) on byte-level text,
+// sharded with fully_shard along the model's shard plan (one unit per transformer block plus
+// the root) or, with no_fsdp, plain single-process LibTorch on the same global batch, which is
+// the reference every sharded run must reproduce.
 #pragma once
 
 #include <fsdp/comm/process_group.h>
@@ -13,10 +14,15 @@
 #include <string>
 #include <vector>
 
+namespace fsdp::models {
+class ModelSpec;
+}  // namespace fsdp::models
+
 namespace fsdp::train {
 
 struct TrainerOptions {
-  std::string model = "tiny";       // GPT2Config name: tiny, small, gpt2
+  std::string model = "tiny";       // a registered model name (models::model_names())
+  int64_t vocab_size = 0;           // 0: the model's own; else overrides it (e.g. a tokenizer's)
   int64_t steps = 2000;
   int64_t global_batch = 16;        // sequences per optimizer step, over all ranks
   int64_t seq_len = 64;
@@ -45,9 +51,15 @@ struct TrainerOptions {
   std::string save_dir;             // sharded checkpoints under this root, at the end of training
   int64_t save_every = 0;           // and every N steps (0: only at the end)
   std::string resume_dir;           // continue from this checkpoint (or root with `latest`)
-  std::string export_path;          // write the final model here, Hugging Face GPT-2 safetensors
+  std::string export_path;          // write the final model here, Hugging Face safetensors
   std::string export_dtype = "fp32";  // fp32 or bf16
-  std::string init_from;            // initialize from a Hugging Face GPT-2 safetensors file
+  // > 0: split the export as transformers' save_pretrained(max_shard_size) does, into
+  // model-<k>-of-<n>.safetensors files of at most this many tensor bytes beside export_path,
+  // plus model.safetensors.index.json (ExportOptions::max_shard_bytes). 0: one file.
+  int64_t export_max_shard_bytes = 0;
+  // Initialize from Hugging Face safetensors: a file, a directory (model.safetensors or a
+  // sharded model.safetensors.index.json) or an index file.
+  std::string init_from;
   // Rank 0 writes every batch trained on here, for reference runners (bench/reference/) that
   // must train on exactly our tokens. Empty: off. The file, all integers little-endian int64:
   //   header: 8 bytes "FSDPBAT1", B, T, K: B sequences of T tokens per micro-batch over all
@@ -107,12 +119,15 @@ struct TrainSummary {
 // (the total), and the losses and parameters are those of an uninterrupted run: bit for bit at
 // the same world size, to float rounding across world sizes (batches depend only on the seed
 // and the step). export_path also gets a config.json beside it, so that the directory loads
-// with transformers' GPT2LMHeadModel.from_pretrained.
+// with the model's transformers class (GPT2LMHeadModel, LlamaForCausalLM).from_pretrained.
 TrainSummary train(const TrainerOptions& options, const std::shared_ptr<ProcessGroup>& group);
 
 // Validates options that need no data (positive sizes, a known model, the global batch
 // divisible by world). Throws naming the flag and its value.
 void validate(const TrainerOptions& options, int world);
+
+// The model --model names, with TrainerOptions::vocab_size's override applied.
+std::shared_ptr<const models::ModelSpec> model_spec_of(const TrainerOptions& options);
 
 // The dtype a --param-dtype / --reduce-dtype value names (fp32, bf16, fp16); nullopt for "".
 // Throws naming flag and value otherwise.

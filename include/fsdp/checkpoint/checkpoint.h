@@ -125,6 +125,14 @@ struct ExportOptions {
   TORCH_ARG(FullLayout, layout) = {};
   // Extra __metadata__ entries ("format": "pt" is always written).
   TORCH_ARG(StringMap, metadata) = {};
+  // Split the file as transformers' save_pretrained(max_shard_size) does: parameters, in order,
+  // into files of at most this many bytes of tensor data (a larger tensor alone in its file),
+  // model-<k>-of-<n>.safetensors in path's directory, with model.safetensors.index.json; path
+  // itself is then removed if it exists. 0, or a model that fits in one file, writes path alone
+  // (and removes the directory's model.safetensors.index.json if path is its model.safetensors,
+  // so that a directory load finds the new file).
+  // (optional) defaults to 0.
+  TORCH_ARG(int64_t, max_shard_bytes) = 0;
 };
 
 struct ExportResult {
@@ -133,15 +141,21 @@ struct ExportResult {
 };
 
 // Writes every distinct parameter of model, unsharded, to the safetensors file path (via a
-// temporary file, fsync and rename), on rank 0, with per-tensor checksums in its metadata.
+// temporary file, fsync and rename), on rank 0, with per-tensor checksums in its metadata; or,
+// with max_shard_bytes, to Hugging Face's sharded files and index beside path.
 ExportResult save_full(const std::string& path, const torch::nn::Module& model, ProcessGroup* group,
                        const ExportOptions& options = {});
 
 // Sets every parameter of model (sharded or not) from the safetensors file path, converting
 // dtypes and undoing the layout's transposes; each rank reads only its own rows, plus, when the
 // file stores checksums, whole tensors i with i % world == rank, whose checksums it verifies.
-// Throws listing missing, unexpected and mis-shaped keys with their shapes when the file does
-// not match the model.
+// path may also be a Hugging Face sharded checkpoint: its index file (*.index.json, whose
+// weight_map names the file of every tensor, beside the index) or a directory holding
+// model.safetensors (or else model.safetensors.index.json, transformers' order); each rank then
+// opens every shard
+// file but reads only its rows of each tensor. Throws listing missing, unexpected and
+// mis-shaped keys with their shapes when the files do not match the model, and naming the
+// file when an index disagrees with the files' contents.
 void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* group,
                const FullLayout& layout = {});
 
