@@ -15,7 +15,8 @@ case "$mode" in train|test|build) ;; *) echo "usage: $0 train|test|build [args..
 
 TORCH_VERSION=2.11.0
 DEBIAN_PACKAGES=(cmake g++ make python3 python3-venv python3-pip libgtest-dev libgmock-dev
-                 libbenchmark-dev libgloo-dev libcli11-dev nlohmann-json3-dev libxxhash-dev time)
+                 libbenchmark-dev libgloo-dev libcli11-dev nlohmann-json3-dev libxxhash-dev time
+                 libpcre2-dev fortunes)
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -59,13 +60,16 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >/d
 cmake --build build -j"$(nproc)"
 
 # The checkpoint interop test loads our export with transformers (tests/checkpoint/hf_interop.py),
-# in the python that has our torch; it fails, saying so, when they are missing.
+# in the python that has our torch; it fails, saying so, when they are missing. The tokenizer
+# differential test (tests/data/tokenizer_reference.py) needs tokenizers in the same python.
 if [ "$mode" = test ]; then
   PYTHON="${PYTHON:-python3}"
-  if [ "${FSDP_SKIP_INSTALL:-0}" != 1 ] && ! "$PYTHON" -c "import transformers, safetensors" 2>/dev/null; then
-    echo "== installing transformers and safetensors into $PYTHON (checkpoint interop test)"
-    "$PYTHON" -m pip install -q "transformers==5.23.0" "safetensors==0.8.0"
+  if [ "${FSDP_SKIP_INSTALL:-0}" != 1 ] && ! "$PYTHON" -c "import transformers, safetensors, tokenizers" 2>/dev/null; then
+    echo "== installing transformers, safetensors and tokenizers into $PYTHON (checkpoint interop and tokenizer tests)"
+    "$PYTHON" -m pip install -q "transformers==5.23.0" "safetensors==0.8.0" "tokenizers==0.23.3"
   fi
+  FSDP_TOKENIZERS_PYTHON="$(cd "$(dirname "$(command -v "$PYTHON")")" && pwd)/$(basename "$PYTHON")"
+  export FSDP_TOKENIZERS_PYTHON
   export FSDP_PYTHON="$PYTHON"
 fi
 

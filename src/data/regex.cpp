@@ -28,6 +28,61 @@ struct Regex::State {
 };
 
 namespace {
+
+// Unicode's White_Space property, which is Oniguruma's \s. PCRE2's \s under UCP also matches
+// U+180E (MONGOLIAN VOWEL SEPARATOR, a space before Unicode 6.3), so \s and \S are spelled
+// out as classes.
+constexpr char kWhiteSpace[] =
+    "\\t-\\r\\x20\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}"
+    "\\x{205f}\\x{3000}";
+
+// Rewrites \s and \S of an Oniguruma pattern for PCRE2 (see kWhiteSpace); everything else is
+// passed through, with escapes and classes (including POSIX [:name:] inside them) skipped
+// intact so that no "\\s" or "[\s]" is misread.
+std::string translate_oniguruma(const std::string& pattern) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[++i];
+      if (e == 's') {
+        out += in_class ? std::string(kWhiteSpace) : "[" + std::string(kWhiteSpace) + "]";
+      } else if (e == 'S') {
+        FSDP_DATA_CHECK(!in_class, "regex pattern '", pattern,
+                        "' uses \\S inside a character class; unsupported");
+        out += "[^" + std::string(kWhiteSpace) + "]";
+      } else {
+        FSDP_DATA_CHECK(e != 'Q', "regex pattern '", pattern, "' uses \\Q...\\E; unsupported");
+        out += c;
+        out += e;
+      }
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal member.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t end = pattern.find(":]", i + 2);
+      if (end != std::string::npos) {
+        out.append(pattern, i, end + 2 - i);
+        i = end + 1;
+        continue;
+      }
+    }
+    FSDP_DATA_CHECK(!(in_class && c == '['), "regex pattern '", pattern,
+                    "' nests character classes; unsupported");
+    if (in_class && c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buf[256];
   pcre2_get_error_message(code, buf, sizeof(buf));
@@ -40,10 +95,11 @@ Regex::Regex(const std::string& pattern, bool literal) : state_(std::make_unique
   int err = 0;
   PCRE2_SIZE err_offset = 0;
   uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-  state_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+  const std::string translated = literal ? pattern : translate_oniguruma(pattern);
+  state_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
                                options, &err, &err_offset, nullptr);
   FSDP_DATA_CHECK(state_->code != nullptr, "regex pattern '", pattern,
-                  "' does not compile at offset ", err_offset, ": ", pcre2_message(err));
+                  "' does not compile (as '", translated, "') at offset ", err_offset, ": ", pcre2_message(err));
   state_->jit = pcre2_jit_compile(state_->code, PCRE2_JIT_COMPLETE) == 0;
   state_->match = pcre2_match_data_create_from_pattern(state_->code, nullptr);
   state_->context = pcre2_match_context_create(nullptr);
