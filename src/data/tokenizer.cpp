@@ -253,6 +253,7 @@ struct Tokenizer::Impl {
   AddedMatcher added_raw, added_normalized;
   bool byte_level_decoder = false;
   std::optional<uint32_t> bos, eos;
+  uint64_t token_count = 0, max_id = 0;
 
   // Cache of pre-token bytes -> ids, and the merge loop's scratch.
   std::deque<std::string> cache_keys;
@@ -277,8 +278,10 @@ struct Tokenizer::Impl {
 };
 
 void Tokenizer::Impl::set_token(uint32_t id, const std::string& token) {
-  FSDP_DATA_CHECK(id < (1u << 31), source, ": token id ", id, " of '", token,
-                  "' is too large (ids must be below 2^31)");
+  // Ids index dense tables; a vocabulary with far more holes than tokens is refused rather
+  // than allocated.
+  FSDP_DATA_CHECK(id < max_id, source, ": token id ", id, " of '", token, "' is too large for ",
+                  "a vocabulary of ", token_count, " tokens (ids must be below 2 x tokens + 1024)");
   if (id >= id_token.size()) {
     id_token.resize(id + 1);
     id_used.resize(id + 1, 0);
@@ -300,7 +303,11 @@ void Tokenizer::Impl::load(const json& root) {
                   type_of(root["normalizer"], source + ": normalizer"),
                   "' is unsupported (only null)");
   const json* model = field(root, "model");
-  FSDP_DATA_CHECK(model != nullptr, source, " has no model");
+  FSDP_DATA_CHECK(model != nullptr && model->is_object(), source, " has no model object");
+  const json* vocab = field(*model, "vocab");
+  const json* added = field(root, "added_tokens");
+  token_count = (vocab != nullptr ? vocab->size() : 0) + (added != nullptr ? added->size() : 0);
+  max_id = 2 * token_count + 1024;
   load_model(*model);
 
   const json* pre = field(root, "pre_tokenizer");
@@ -320,7 +327,7 @@ void Tokenizer::Impl::load(const json& root) {
                source + ": decoder ByteLevel");
     byte_level_decoder = true;
   }
-  if (const json* added = field(root, "added_tokens")) load_added(*added);
+  if (added != nullptr) load_added(*added);
 
   id_bytes.resize(id_token.size());
   std::string bytes;
