@@ -62,8 +62,9 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("{\"bytes\": %zu, \"documents\": %zu, \"tokens\": %zu, \"one_string_mb_s\": %.2f, "
-              "\"documents_mb_s\": %.2f}\n",
-              text.size(), docs.size(), tokens, best_one, best_docs);
+  std::printf(
+      "{\"bytes\": %zu, \"documents\": %zu, \"tokens\": %zu, \"one_string_mb_s\": %.2f, "
+      "\"documents_mb_s\": %.2f}\n",
+      text.size(), docs.size(), tokens, best_one, best_docs);
   return 0;
 }

@@ -80,8 +80,8 @@ void load_jsonl(const std::string& path, const std::string& text, const CorpusOp
     FSDP_DATA_CHECK(doc.is_object(), path, ":", line_no, ": a JSON-lines document must be an ",
                     "object, not ", doc.type_name());
     auto it = doc.find(options.text_field);
-    FSDP_DATA_CHECK(it != doc.end() && it->is_string(), path, ":", line_no,
-                    ": no string field '", options.text_field, "' (set the text field)");
+    FSDP_DATA_CHECK(it != doc.end() && it->is_string(), path, ":", line_no, ": no string field '",
+                    options.text_field, "' (set the text field)");
     const size_t first = out.size();
     out.push_back(sep);
     options.tokenizer->encode(it->get_ref<const std::string&>(), out);

@@ -98,8 +98,8 @@ Regex::Regex(const std::string& pattern, bool literal) : state_(std::make_unique
   const std::string translated = literal ? pattern : translate_oniguruma(pattern);
   state_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
                                options, &err, &err_offset, nullptr);
-  FSDP_DATA_CHECK(state_->code != nullptr, "regex pattern '", pattern,
-                  "' does not compile (as '", translated, "') at offset ", err_offset, ": ", pcre2_message(err));
+  FSDP_DATA_CHECK(state_->code != nullptr, "regex pattern '", pattern, "' does not compile (as '",
+                  translated, "') at offset ", err_offset, ": ", pcre2_message(err));
   state_->jit = pcre2_jit_compile(state_->code, PCRE2_JIT_COMPLETE) == 0;
   state_->match = pcre2_match_data_create_from_pattern(state_->code, nullptr);
   state_->context = pcre2_match_context_create(nullptr);
@@ -122,8 +122,8 @@ bool Regex::find(std::string_view text, size_t start, size_t& match_begin, size_
   auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   int rc = state_->jit ? pcre2_jit_match(state_->code, subject, text.size(), start, 0,
                                          state_->match, state_->context)
-                       : pcre2_match(state_->code, subject, text.size(), start,
-                                     PCRE2_NO_UTF_CHECK, state_->match, state_->context);
+                       : pcre2_match(state_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK,
+                                     state_->match, state_->context);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   FSDP_DATA_CHECK(rc >= 0, "regex '", state_->pattern, "' failed on a text of ", text.size(),
                   " bytes at offset ", start, ": ", pcre2_message(rc));

@@ -39,8 +39,8 @@ class Regex {
 
 template <typename Emit>
 void Regex::split_isolated(std::string_view text, Emit&& emit) {
-  size_t prev = 0;      // end of the last piece emitted
-  size_t search = 0;    // where the next search starts
+  size_t prev = 0;    // end of the last piece emitted
+  size_t search = 0;  // where the next search starts
   bool have_last = false;
   size_t last_match_end = 0;
   while (search <= text.size()) {

@@ -38,14 +38,15 @@ ShardHeader parse_shard_header(const uint8_t* data, size_t size, const std::stri
     header.format = ShardFormat::kUint32;
     header.token_bytes = 4;
   } else {
-    detail::throw_data_error(source, ": magic ", h[0], " at offset 0 is not an llm.c token shard's (",
-                             kShardMagicUint16, " or ", kShardMagicUint32, ")");
+    detail::throw_data_error(source, ": magic ", h[0],
+                             " at offset 0 is not an llm.c token shard's (", kShardMagicUint16,
+                             " or ", kShardMagicUint32, ")");
   }
   FSDP_DATA_CHECK(h[2] >= 0, source, ": negative token count ", h[2], " at offset 8");
   header.tokens = static_cast<uint64_t>(h[2]);
   const uint64_t expected = kShardHeaderBytes + header.tokens * header.token_bytes;
-  FSDP_DATA_CHECK(size == expected, source, ": ", size, " bytes, but the header's ",
-                  header.tokens, " tokens of ", header.token_bytes, " bytes need ", expected,
+  FSDP_DATA_CHECK(size == expected, source, ": ", size, " bytes, but the header's ", header.tokens,
+                  " tokens of ", header.token_bytes, " bytes need ", expected,
                   size < expected ? " (truncated)" : " (trailing bytes)");
   return header;
 }
@@ -113,8 +114,7 @@ std::vector<uint8_t> encode_shard(const std::vector<uint32_t>& tokens, ShardForm
   return bytes;
 }
 
-void write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
-                 ShardFormat format) {
+void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, ShardFormat format) {
   const std::vector<uint8_t> bytes = encode_shard(tokens, format);
   const std::string tmp = path + ".tmp";
   {
@@ -125,8 +125,8 @@ void write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
     out.close();
     FSDP_DATA_CHECK(out.good(), "cannot write ", bytes.size(), " bytes to '", tmp, "'");
   }
-  FSDP_DATA_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '", tmp,
-                  "' to '", path, "': ", std::strerror(errno));
+  FSDP_DATA_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '", tmp, "' to '",
+                  path, "': ", std::strerror(errno));
 }
 
 }  // namespace fsdp::data

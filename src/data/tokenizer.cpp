@@ -29,8 +29,8 @@
 namespace fsdp::data {
 namespace {
 
-using nlohmann::json;
 using detail::Regex;
+using nlohmann::json;
 
 constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
 // GPT-2's pre-tokenizer pattern, which ByteLevel(use_regex=true) applies.
@@ -138,9 +138,8 @@ class AddedMatcher {
   void add(const std::string& content, uint32_t id) {
     auto& list = by_first_[static_cast<unsigned char>(content[0])];
     list.emplace_back(content, id);
-    std::stable_sort(list.begin(), list.end(), [](const auto& x, const auto& y) {
-      return x.first.size() > y.first.size();
-    });
+    std::stable_sort(list.begin(), list.end(),
+                     [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
     any_ = true;
   }
   bool empty() const { return !any_; }
@@ -183,9 +182,7 @@ struct HeapItem {
   uint32_t pos;
   uint32_t id;
   // std::push_heap builds a max-heap; the smallest (rank, pos) must come out first.
-  bool operator<(const HeapItem& o) const {
-    return rank != o.rank ? rank > o.rank : pos > o.pos;
-  }
+  bool operator<(const HeapItem& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
 };
 
 // JSON helpers that name the field in their errors.
@@ -238,8 +235,8 @@ std::string read_file(const std::string& path, const char* what) {
 struct Tokenizer::Impl {
   std::string source;
   // Vocabulary.
-  std::vector<std::string> id_token;   // tokenizer.json's spelling; "" for unused ids
-  std::vector<std::string> id_bytes;   // what decode() gives for each id
+  std::vector<std::string> id_token;  // tokenizer.json's spelling; "" for unused ids
+  std::vector<std::string> id_bytes;  // what decode() gives for each id
   std::vector<uint8_t> id_used, id_special;
   std::unordered_map<std::string, uint32_t> token_ids;  // spelling -> id (added tokens win)
   std::deque<std::string> byte_keys;                    // stable storage for bytes_vocab keys
@@ -352,8 +349,8 @@ void Tokenizer::Impl::load_model(const json& model) {
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     const json* v = field(model, key);
-    FSDP_DATA_CHECK(v == nullptr || (v->is_string() && v->get<std::string>().empty()), where,
-                    ".", key, " is ", v == nullptr ? "" : v->dump(),
+    FSDP_DATA_CHECK(v == nullptr || (v->is_string() && v->get<std::string>().empty()), where, ".",
+                    key, " is ", v == nullptr ? "" : v->dump(),
                     "; unsupported (only null or empty)");
   }
   FSDP_DATA_CHECK(!opt_bool(model, "byte_fallback", false, where), where,
@@ -403,15 +400,14 @@ void Tokenizer::Impl::load_model(const json& model) {
     if (m.is_string()) {
       const std::string s = m.get<std::string>();
       const size_t sp = s.find(' ');
-      FSDP_DATA_CHECK(sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos,
-                      where, ".merges[", rank, "] = ", m.dump(),
+      FSDP_DATA_CHECK(sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos, where,
+                      ".merges[", rank, "] = ", m.dump(),
                       " is not two tokens separated by one space");
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     } else {
-      FSDP_DATA_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(),
-                      where, ".merges[", rank, "] = ", m.dump(),
-                      " is neither \"a b\" nor [\"a\", \"b\"]");
+      FSDP_DATA_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(), where,
+                      ".merges[", rank, "] = ", m.dump(), " is neither \"a b\" nor [\"a\", \"b\"]");
       a = m[0].get<std::string>();
       b = m[1].get<std::string>();
     }
@@ -451,8 +447,7 @@ void Tokenizer::Impl::load_pre_tokenizer(const json& pre, const std::string& whe
     const std::string behavior = req_string(pre, "behavior", where);
     FSDP_DATA_CHECK(behavior == "Isolated", where, ".behavior '", behavior,
                     "' is unsupported (only Isolated)");
-    FSDP_DATA_CHECK(!opt_bool(pre, "invert", false, where), where,
-                    ".invert is true; unsupported");
+    FSDP_DATA_CHECK(!opt_bool(pre, "invert", false, where), where, ".invert is true; unsupported");
     const json* pattern = field(pre, "pattern");
     FSDP_DATA_CHECK(pattern != nullptr && pattern->is_object() && pattern->size() == 1, where,
                     ".pattern must be {\"Regex\": ...} or {\"String\": ...}");
@@ -568,9 +563,8 @@ void Tokenizer::Impl::pre_tokenize(std::string_view piece, size_t step,
     pre_tokenize(piece, step + 1, out);
     return;
   }
-  s.regex->split_isolated(piece, [&](size_t b, size_t e) {
-    pre_tokenize(piece.substr(b, e - b), step + 1, out);
-  });
+  s.regex->split_isolated(
+      piece, [&](size_t b, size_t e) { pre_tokenize(piece.substr(b, e - b), step + 1, out); });
 }
 
 void Tokenizer::Impl::bpe(std::string_view word, std::vector<uint32_t>& out) {
@@ -700,9 +694,8 @@ std::string Tokenizer::decode(const std::vector<uint32_t>& ids, bool skip_specia
   std::string out;
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t id = ids[i];
-    FSDP_DATA_CHECK(id < impl_->id_used.size() && impl_->id_used[id], "decode: ids[", i, "] = ",
-                    id, " is not a token of ", impl_->source, " (vocab size ", vocab_size(),
-                    ")");
+    FSDP_DATA_CHECK(id < impl_->id_used.size() && impl_->id_used[id], "decode: ids[", i, "] = ", id,
+                    " is not a token of ", impl_->source, " (vocab size ", vocab_size(), ")");
     if (skip_special_tokens && impl_->id_special[id]) continue;
     out += impl_->id_bytes[id];
   }

@@ -39,15 +39,23 @@ inline nlohmann::json tiny_tokenizer() {
   vocab[sp + "t"] = 256;
   vocab["he"] = 257;
   vocab[sp + "the"] = 258;
-  nlohmann::json model = {{"type", "BPE"},      {"dropout", nullptr},
-                          {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
-                          {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                          {"byte_fallback", false}, {"ignore_merges", false},
+  nlohmann::json model = {{"type", "BPE"},
+                          {"dropout", nullptr},
+                          {"unk_token", nullptr},
+                          {"continuing_subword_prefix", nullptr},
+                          {"end_of_word_suffix", nullptr},
+                          {"fuse_unk", false},
+                          {"byte_fallback", false},
+                          {"ignore_merges", false},
                           {"vocab", vocab}};
   model["merges"] = nlohmann::json::array({sp + " t", "h e", sp + "t he"});
   nlohmann::json added = nlohmann::json::array();
-  added.push_back({{"id", 259}, {"content", "<|endoftext|>"}, {"single_word", false},
-                   {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+  added.push_back({{"id", 259},
+                   {"content", "<|endoftext|>"},
+                   {"single_word", false},
+                   {"lstrip", false},
+                   {"rstrip", false},
+                   {"normalized", false},
                    {"special", true}});
   return {{"version", "1.0"},
           {"truncation", nullptr},
@@ -55,11 +63,15 @@ inline nlohmann::json tiny_tokenizer() {
           {"added_tokens", added},
           {"normalizer", nullptr},
           {"pre_tokenizer",
-           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", false},
+            {"trim_offsets", true},
             {"use_regex", true}}},
           {"post_processor", nullptr},
           {"decoder",
-           {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true},
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", true},
+            {"trim_offsets", true},
             {"use_regex", true}}},
           {"model", model}};
 }

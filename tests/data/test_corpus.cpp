@@ -110,9 +110,9 @@ TEST(FsdpTokenize, WritesTheShardTheLibraryGives) {
   write_file(dir.file("tokenizer_config.json"), R"({"eos_token": "<|endoftext|>"})");
   write_file(dir.file("a.txt"), "the other theme");
   write_file(dir.file("b.jsonl"), "{\"text\": \" then\"}\n{\"text\": \"\"}\n");
-  auto [rc, err] = run_tokenize("--tokenizer " + dir.file("tokenizer.json") + " --output " +
-                                dir.file("out.bin") + " " + dir.file("a.txt") + " '" +
-                                dir.path() + "/*.jsonl'");
+  auto [rc, err] =
+      run_tokenize("--tokenizer " + dir.file("tokenizer.json") + " --output " +
+                   dir.file("out.bin") + " " + dir.file("a.txt") + " '" + dir.path() + "/*.jsonl'");
   ASSERT_EQ(rc, 0) << err;
   EXPECT_NE(err.find("MB/s"), std::string::npos) << err;
   std::vector<uint32_t> shard;

@@ -22,8 +22,8 @@
 namespace fsdp::data {
 namespace {
 
-using test::tiny_tokenizer;
 using nlohmann::json;
+using test::tiny_tokenizer;
 
 Tokenizer load(const json& j, const std::string& config = "") {
   return Tokenizer::from_json(j.dump(), config, "test tokenizer.json");
@@ -82,8 +82,9 @@ TEST(Tokenizer, RefusesUnsupportedComponentsNamingThem) {
   j["pre_tokenizer"] = {{"type", "Whitespace"}};
   expect_refused(j, {"pre_tokenizer", "Whitespace"});
   j = tiny_tokenizer();
-  j["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers", json::array({{{"type", "Digits"}, {"individual_digits", true}}})}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers", json::array({{{"type", "Digits"}, {"individual_digits", true}}})}};
   expect_refused(j, {"pretokenizers[0]", "Digits"});
   j = tiny_tokenizer();
   j["decoder"] = {{"type", "Metaspace"}};
@@ -104,14 +105,18 @@ TEST(Tokenizer, RefusesUnsupportedComponentsNamingThem) {
   j["added_tokens"][0]["lstrip"] = true;
   expect_refused(j, {"added_tokens[0]", "lstrip"});
   j = tiny_tokenizer();
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}},
-                        {"behavior", "Removed"}, {"invert", false}};
+  j["pre_tokenizer"] = {{"type", "Split"},
+                        {"pattern", {{"Regex", "\\s+"}}},
+                        {"behavior", "Removed"},
+                        {"invert", false}};
   expect_refused(j, {"behavior", "Removed"});
   j["pre_tokenizer"]["behavior"] = "Isolated";
   expect_refused(j, {"must end with ByteLevel"});
   j = tiny_tokenizer();
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}},
-                        {"behavior", "Isolated"}, {"invert", false}};
+  j["pre_tokenizer"] = {{"type", "Split"},
+                        {"pattern", {{"Regex", "(unclosed"}}},
+                        {"behavior", "Isolated"},
+                        {"invert", false}};
   expect_refused(j, {"(unclosed", "does not compile"});
   j = tiny_tokenizer();
   j["model"]["merges"].push_back("x y");
@@ -131,11 +136,15 @@ TEST(Tokenizer, ReplacesInvalidUtf8ByMaximalSubparts) {
   };
   const Case cases[] = {
       {"ok", ""},
-      {"a\xff" "b", "a" + fffd + "b"},
-      {"\xe0\x80\xaf", fffd + fffd + fffd},        // overlong: E0 needs A0..BF next
-      {"\xed\xa0\x80", fffd + fffd + fffd},        // surrogate
-      {"\xf0\x9f\x98", fffd},                      // truncated 4-byte: one maximal subpart
-      {"\xf0\x9f\x98" "a", fffd + "a"},
+      {"a\xff"
+       "b",
+       "a" + fffd + "b"},
+      {"\xe0\x80\xaf", fffd + fffd + fffd},  // overlong: E0 needs A0..BF next
+      {"\xed\xa0\x80", fffd + fffd + fffd},  // surrogate
+      {"\xf0\x9f\x98", fffd},                // truncated 4-byte: one maximal subpart
+      {"\xf0\x9f\x98"
+       "a",
+       fffd + "a"},
       {"\xf4\x90\x80\x80", fffd + fffd + fffd + fffd},  // above U+10FFFF
       {"\xc3", fffd},
       {"\xe2\x28\xa1", fffd + "(" + fffd},
@@ -177,15 +186,14 @@ TEST(TokenizerDifferential, SameIdsAsHuggingFaceTokenizers) {
   std::filesystem::create_directories(out_dir);
   const int rc = std::system(cmd.c_str());
   ASSERT_EQ(rc, 0) << "the reference script failed (" << cmd << "):\n"
-                   << read_bytes(out_dir + ".log")
-                   << "\nIt needs Python's tokenizers in " << python()
-                   << ": install it with `" << python()
+                   << read_bytes(out_dir + ".log") << "\nIt needs Python's tokenizers in "
+                   << python() << ": install it with `" << python()
                    << " -m pip install tokenizers==0.23.3` (or set FSDP_TOKENIZERS_PYTHON to a "
                       "python that has it), and Debian's fortunes (`apt-get install fortunes`).";
 
   const std::array<const char*, 12> categories = {
-      "fortunes", "code", "digits", "whitespace", "emoji", "cjk", "scripts", "contractions",
-      "special", "invalid_utf8", "random_unicode", "mixed"};
+      "fortunes", "code",         "digits",  "whitespace",   "emoji",          "cjk",
+      "scripts",  "contractions", "special", "invalid_utf8", "random_unicode", "mixed"};
   const std::string docs = read_bytes(out_dir + "/docs.bin");
   std::vector<std::pair<int, std::string_view>> documents;
   for (size_t pos = 0; pos < docs.size();) {
@@ -224,8 +232,8 @@ TEST(TokenizerDifferential, SameIdsAsHuggingFaceTokenizers) {
           while (k < ids.size() && k < expected.size() && ids[k] == expected[k]) ++k;
           ADD_FAILURE() << name << ": document " << i << " (" << categories.at(documents[i].first)
                         << ", " << documents[i].second.size() << " bytes) differs at token " << k
-                        << ": ours " << (k < ids.size() ? std::to_string(ids[k]) : "end")
-                        << " '" << (k < ids.size() ? t.decode({ids[k]}) : "") << "', tokenizers "
+                        << ": ours " << (k < ids.size() ? std::to_string(ids[k]) : "end") << " '"
+                        << (k < ids.size() ? t.decode({ids[k]}) : "") << "', tokenizers "
                         << (k < expected.size() ? std::to_string(expected[k]) : "end") << " '"
                         << (k < expected.size() ? t.decode({expected[k]}) : "") << "'";
         }
@@ -241,10 +249,11 @@ TEST(TokenizerDifferential, SameIdsAsHuggingFaceTokenizers) {
     EXPECT_EQ(pos, ref.size());
     std::ostringstream cats;
     for (const auto& [c, n] : by_category) cats << " " << c << "=" << n;
-    std::printf("[differential] %s: %zu documents, %.2f MB, %zu tokens, %zu mismatches%s, "
-                "%zu decode round-trip failures\n",
-                name, documents.size(), total_bytes / 1e6, tokens, mismatches, cats.str().c_str(),
-                roundtrip_failures);
+    std::printf(
+        "[differential] %s: %zu documents, %.2f MB, %zu tokens, %zu mismatches%s, "
+        "%zu decode round-trip failures\n",
+        name, documents.size(), total_bytes / 1e6, tokens, mismatches, cats.str().c_str(),
+        roundtrip_failures);
     EXPECT_EQ(mismatches, 0u) << cats.str();
     EXPECT_EQ(roundtrip_failures, 0u);
   }

@@ -11,8 +11,9 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace fsdp::data;
-  const std::optional<uint64_t> vocab =
-      size > 0 && data[size - 1] > 0x80 ? std::optional<uint64_t>(data[size - 1] * 300) : std::nullopt;
+  const std::optional<uint64_t> vocab = size > 0 && data[size - 1] > 0x80
+                                            ? std::optional<uint64_t>(data[size - 1] * 300)
+                                            : std::nullopt;
   std::vector<uint32_t> tokens;
   try {
     decode_shard(data, size, "fuzz.bin", vocab, tokens);

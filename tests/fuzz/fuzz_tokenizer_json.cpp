@@ -13,7 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
   try {
     Tokenizer t = Tokenizer::from_json(input, "", "fuzz");
-    const std::vector<uint32_t> ids = t.encode("Hello, world! It's 2024 \xff <|endoftext|> \xe4\xb8\xad");
+    const std::vector<uint32_t> ids =
+        t.encode("Hello, world! It's 2024 \xff <|endoftext|> \xe4\xb8\xad");
     for (uint32_t id : ids) {
       if (id >= t.vocab_size()) __builtin_trap();
     }

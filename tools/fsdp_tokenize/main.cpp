@@ -35,8 +35,8 @@ void check_input_file(const std::string& flag, const std::string& path) {
 }
 
 void check_output(const std::string& path) {
-  FSDP_DATA_CHECK(path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0,
-                  "--output '", path, "' must end in .bin (an llm.c token shard)");
+  FSDP_DATA_CHECK(path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0, "--output '",
+                  path, "' must end in .bin (an llm.c token shard)");
   struct stat st {};
   FSDP_DATA_CHECK(::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode), "--output '", path,
                   "' exists and is not a regular file");
@@ -79,8 +79,9 @@ int main(int argc, char** argv) {
     check_input_file("--tokenizer", tokenizer_path);
     if (config_path.empty()) {
       const size_t slash = tokenizer_path.rfind('/');
-      const std::string beside = (slash == std::string::npos ? std::string() :
-                                  tokenizer_path.substr(0, slash + 1)) + "tokenizer_config.json";
+      const std::string beside =
+          (slash == std::string::npos ? std::string() : tokenizer_path.substr(0, slash + 1)) +
+          "tokenizer_config.json";
       struct stat st {};
       if (::stat(beside.c_str(), &st) == 0 && S_ISREG(st.st_mode)) config_path = beside;
     } else {
@@ -104,10 +105,10 @@ int main(int argc, char** argv) {
         format == "uint16"   ? fsdp::data::ShardFormat::kUint16
         : format == "uint32" ? fsdp::data::ShardFormat::kUint32
                              : fsdp::data::shard_format_for(tokenizer.vocab_size());
-    FSDP_DATA_CHECK(shard_format == fsdp::data::ShardFormat::kUint32 ||
-                        tokenizer.vocab_size() <= 65536,
-                    "--format uint16 cannot hold the vocabulary of ", tokenizer.vocab_size(),
-                    " tokens of --tokenizer '", tokenizer_path, "'");
+    FSDP_DATA_CHECK(
+        shard_format == fsdp::data::ShardFormat::kUint32 || tokenizer.vocab_size() <= 65536,
+        "--format uint16 cannot hold the vocabulary of ", tokenizer.vocab_size(),
+        " tokens of --tokenizer '", tokenizer_path, "'");
 
     fsdp::data::CorpusOptions options;
     options.tokenizer = &tokenizer;
@@ -123,8 +124,8 @@ int main(int argc, char** argv) {
       total_bytes += bytes;
       if (!quiet) {
         const double s = seconds_since(t0);
-        std::fprintf(stderr, "[%zu/%zu] %s: %.2f MB, %zu tokens, %.1f MB/s\n", i + 1,
-                     files.size(), files[i].c_str(), bytes / 1e6, tokens.size() - before,
+        std::fprintf(stderr, "[%zu/%zu] %s: %.2f MB, %zu tokens, %.1f MB/s\n", i + 1, files.size(),
+                     files[i].c_str(), bytes / 1e6, tokens.size() - before,
                      s > 0 ? bytes / 1e6 / s : 0.0);
       }
     }

@@ -29,7 +29,7 @@ template <typename... Args>
 }  // namespace fsdp::data
 
 // Throws DataError with the streamed arguments as its message unless cond holds.
-#define FSDP_DATA_CHECK(cond, ...)                       \
-  do {                                                   \
+#define FSDP_DATA_CHECK(cond, ...)                                    \
+  do {                                                                \
     if (!(cond)) ::fsdp::data::detail::throw_data_error(__VA_ARGS__); \
   } while (0)

@@ -27,8 +27,8 @@ constexpr int32_t kShardVersionUint32 = 7;
 
 struct ShardHeader {
   ShardFormat format;
-  uint64_t tokens;       // token count
-  size_t token_bytes;    // 2 or 4
+  uint64_t tokens;     // token count
+  size_t token_bytes;  // 2 or 4
 };
 
 // The smallest format that holds ids below vocab_size: kUint16 up to 65,536, else kUint32.
@@ -53,7 +53,6 @@ std::vector<uint8_t> encode_shard(const std::vector<uint32_t>& tokens, ShardForm
 
 // Writes encode_shard(tokens, format) to path (through a temporary file renamed into place,
 // so a reader never sees half a shard). Throws naming the path on an I/O error.
-void write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
-                 ShardFormat format);
+void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, ShardFormat format);
 
 }  // namespace fsdp::data
