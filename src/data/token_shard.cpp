@@ -64,7 +64,7 @@ void decode_shard(const uint8_t* data, size_t size, const std::string& source,
       out[first + i] = v;
     }
   } else {
-    std::memcpy(out.data() + first, p, h.tokens * 4);
+    if (h.tokens > 0) std::memcpy(out.data() + first, p, h.tokens * 4);
   }
   if (vocab_size) {
     for (uint64_t i = 0; i < h.tokens; ++i) {
@@ -109,7 +109,7 @@ std::vector<uint8_t> encode_shard(const std::vector<uint32_t>& tokens, ShardForm
       std::memcpy(p + 2 * i, &v, 2);
     }
   } else {
-    std::memcpy(p, tokens.data(), tokens.size() * 4);
+    if (!tokens.empty()) std::memcpy(p, tokens.data(), tokens.size() * 4);
   }
   return bytes;
 }
