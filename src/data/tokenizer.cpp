@@ -251,6 +251,9 @@ struct Tokenizer::Impl {
   bool byte_level_decoder = false;
   std::optional<uint32_t> bos, eos;
   uint64_t token_count = 0, max_id = 0;
+  uint64_t model_vocab_count = 0;  // entries of model.vocab
+  uint32_t max_added = 0;          // largest added-token id so far (when any_added)
+  bool any_added = false;
 
   // Cache of pre-token bytes -> ids, and the merge loop's scratch.
   std::deque<std::string> cache_keys;
@@ -362,6 +365,7 @@ void Tokenizer::Impl::load_model(const json& model) {
   FSDP_DATA_CHECK(vocab != nullptr && vocab->is_object(), where, ".vocab must be an object");
   std::unordered_map<std::string, uint32_t> model_ids;
   model_ids.reserve(vocab->size());
+  model_vocab_count = vocab->size();
   std::string bytes;
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     FSDP_DATA_CHECK(it->is_number_unsigned(), where, ".vocab['", it.key(),
@@ -490,6 +494,22 @@ void Tokenizer::Impl::load_added(const json& added) {
     const uint64_t id64 = id->get<uint64_t>();
     FSDP_DATA_CHECK(id64 < (1u << 31), where, ".id ", id64, " is too large");
     const auto tid = static_cast<uint32_t>(id64);
+    // tokenizers ignores the file's ids: an added token takes its id from the vocabulary (or an
+    // earlier added token) when its content is there, else the next id after the model's
+    // vocabulary and the added tokens so far. A file that says otherwise is refused, since
+    // `tokenizers` would give different ids than the file shows.
+    const auto vocab_count = static_cast<uint32_t>(model_vocab_count);
+    uint32_t assigned = vocab_count;
+    if (auto it = token_ids.find(content); it != token_ids.end()) {
+      assigned = it->second;
+    } else if (any_added && (max_added >= vocab_count || vocab_count == 0)) {
+      assigned = max_added + 1;
+    }
+    FSDP_DATA_CHECK(tid == assigned, where, " '", content, "' has id ", tid,
+                    ", but `tokenizers` would give it id ", assigned, " (the model vocabulary has ",
+                    model_vocab_count, " tokens); refusing an inconsistent file");
+    max_added = any_added ? std::max(max_added, tid) : tid;
+    any_added = true;
     set_token(tid, content);
     id_special[tid] = special ? 1 : 0;
     token_ids[content] = tid;

@@ -16,6 +16,10 @@ Tokenizers (all byte-level BPE, as GPT-2, Llama 3 and Qwen2 ship):
   gpt2         ByteLevel pre-tokenizer with GPT-2's regex, merges as ["a", "b"] pairs,
                special <|endoftext|>, added (non-special, normalized) "<|sep|>" and " Fortune"
   gpt2_prefix  the same with add_prefix_space=true and merges as "a b" strings
+  gpt2_unk     gpt2 without the byte tokens 0x80..0x9f (and every token and merge holding one),
+               with unk_token <unk> and fuse_unk: those bytes become <unk>, runs of them one
+  gpt2_shuffled  gpt2 with its merges in a random order (ranks unlike any trainer's), which
+               tells `tokenizers`' merge loop from GPT-2's "merge every best pair" loop
   llama3       Sequence[Split(Llama 3's regex, Isolated), ByteLevel(use_regex=false)],
                ignore_merges=true, specials <|begin_of_text|>, <|end_of_text|>, <|reserved_0|>,
                <|reserved_01|> (a longer token sharing a prefix), added "<|res"
@@ -86,6 +90,18 @@ def write_tokenizer(out_dir, name, tok_json, config):
     with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f)
     return Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+
+
+def byte_chars():
+    """GPT-2's bytes_to_unicode: byte -> the character that stands for it."""
+    table, n = {}, 0
+    for b in range(256):
+        if 33 <= b <= 126 or 161 <= b <= 172 or b >= 174:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
 
 
 def rand_unicode(rng, n, ranges):
@@ -218,6 +234,27 @@ def main():
     gp["pre_tokenizer"]["add_prefix_space"] = True
     gp["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in gp["model"]["merges"]]
     tok["gpt2_prefix"] = write_tokenizer(args.out_dir, "gpt2_prefix", gp, {"eos_token": "<|endoftext|>"})
+    table = byte_chars()
+    dropped = {table[b] for b in range(0x80, 0xA0)}
+    gu = json.loads(gpt2.to_str())
+    gu["model"]["vocab"] = {k: v for k, v in gu["model"]["vocab"].items() if not set(k) & dropped}
+    gu["model"]["merges"] = [m for m in gu["model"]["merges"] if not set(m[0] + m[1]) & dropped]
+    # Dense ids again (tokenizers numbers added tokens from the vocabulary's size on).
+    kept = sorted(gu["model"]["vocab"].items(), key=lambda kv: kv[1])
+    gu["model"]["vocab"] = {k: i for i, (k, _) in enumerate(kept)}
+    gu["model"]["vocab"]["<unk>"] = len(kept)
+    next_id = len(kept) + 1
+    for a in gu["added_tokens"]:
+        if a["content"] in gu["model"]["vocab"]:
+            a["id"] = gu["model"]["vocab"][a["content"]]
+        else:
+            a["id"], next_id = next_id, next_id + 1
+    gu["model"]["unk_token"] = "<unk>"
+    gu["model"]["fuse_unk"] = True
+    tok["gpt2_unk"] = write_tokenizer(args.out_dir, "gpt2_unk", gu, {"eos_token": "<|endoftext|>"})
+    gs = json.loads(gpt2.to_str())
+    random.Random(7).shuffle(gs["model"]["merges"])
+    tok["gpt2_shuffled"] = write_tokenizer(args.out_dir, "gpt2_shuffled", gs, {"eos_token": "<|endoftext|>"})
     llama = train(texts, "llama3")
     tok["llama3"] = write_tokenizer(args.out_dir, "llama3", json.loads(llama.to_str()),
                                     {"bos_token": {"content": "<|begin_of_text|>"},

@@ -13,7 +13,9 @@
 // - post_processor: ignored; encode() is `tokenizers`' encode(text, add_special_tokens=False).
 // - added_tokens: split out of the text before pre-tokenization, leftmost-longest, first the
 //   tokens with normalized=false, then those with normalized=true, as `tokenizers` does;
-//   lstrip, rstrip and single_word must be false.
+//   lstrip, rstrip and single_word must be false. `tokenizers` ignores the ids the file gives
+//   added tokens and numbers them itself (the vocabulary's id when the content is there, else
+//   on from the vocabulary's size); a file whose ids disagree with that is refused.
 //
 // Text is bytes. Invalid UTF-8 is replaced before tokenizing, each maximal ill-formed
 // subsequence by U+FFFD (the Unicode "maximal subpart" rule that Python's
