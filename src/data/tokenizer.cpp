@@ -265,6 +265,9 @@ struct Tokenizer::Impl {
 
   void load(const json& root);
   void load_model(const json& model);
+  std::unordered_map<std::string, uint32_t> load_vocab(const json& vocab, const std::string& where);
+  void load_merges(const json& list, const std::unordered_map<std::string, uint32_t>& model_ids,
+                   const std::string& where);
   void load_pre_tokenizer(const json& pre, const std::string& where, bool top);
   void load_added(const json& added);
   void load_config(const json& config);
@@ -274,6 +277,8 @@ struct Tokenizer::Impl {
   void encode_normalized_pass(std::string_view text, std::vector<uint32_t>& out);
   void pre_tokenize(std::string_view piece, size_t step, std::vector<uint32_t>& out);
   void bpe(std::string_view word, std::vector<uint32_t>& out);
+  // The word's bytes as linked symbols and the heap of their adjacent merges.
+  void init_symbols(std::string_view word);
   void merge_word(std::string_view word, std::vector<uint32_t>& out);
 };
 
@@ -363,11 +368,26 @@ void Tokenizer::Impl::load_model(const json& model) {
 
   const json* vocab = field(model, "vocab");
   FSDP_DATA_CHECK(vocab != nullptr && vocab->is_object(), where, ".vocab must be an object");
+  const std::unordered_map<std::string, uint32_t> model_ids = load_vocab(*vocab, where);
+  if (const json* unk = field(model, "unk_token")) {
+    FSDP_DATA_CHECK(unk->is_string(), where, ".unk_token must be a string or null");
+    auto it = model_ids.find(unk->get<std::string>());
+    FSDP_DATA_CHECK(it != model_ids.end(), where, ".unk_token '", unk->get<std::string>(),
+                    "' is not in the vocabulary");
+    unk_id = it->second;
+  }
+  const json* list = field(model, "merges");
+  FSDP_DATA_CHECK(list != nullptr && list->is_array(), where, ".merges must be an array");
+  load_merges(*list, model_ids, where);
+}
+
+std::unordered_map<std::string, uint32_t> Tokenizer::Impl::load_vocab(const json& vocab,
+                                                                      const std::string& where) {
   std::unordered_map<std::string, uint32_t> model_ids;
-  model_ids.reserve(vocab->size());
-  model_vocab_count = vocab->size();
+  model_ids.reserve(vocab.size());
+  model_vocab_count = vocab.size();
   std::string bytes;
-  for (auto it = vocab->begin(); it != vocab->end(); ++it) {
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     FSDP_DATA_CHECK(it->is_number_unsigned(), where, ".vocab['", it.key(),
                     "'] must be a non-negative integer id, not ", it->dump());
     const uint64_t id64 = it->get<uint64_t>();
@@ -387,19 +407,15 @@ void Tokenizer::Impl::load_model(const json& model) {
     auto it = bytes_vocab.find(std::string_view(reinterpret_cast<const char*>(&b), 1));
     if (it != bytes_vocab.end()) byte_id[b] = it->second;
   }
-  if (const json* unk = field(model, "unk_token")) {
-    FSDP_DATA_CHECK(unk->is_string(), where, ".unk_token must be a string or null");
-    auto it = model_ids.find(unk->get<std::string>());
-    FSDP_DATA_CHECK(it != model_ids.end(), where, ".unk_token '", unk->get<std::string>(),
-                    "' is not in the vocabulary");
-    unk_id = it->second;
-  }
+  return model_ids;
+}
 
-  const json* list = field(model, "merges");
-  FSDP_DATA_CHECK(list != nullptr && list->is_array(), where, ".merges must be an array");
-  merges.reserve(list->size());
-  for (size_t rank = 0; rank < list->size(); ++rank) {
-    const json& m = (*list)[rank];
+void Tokenizer::Impl::load_merges(const json& list,
+                                  const std::unordered_map<std::string, uint32_t>& model_ids,
+                                  const std::string& where) {
+  merges.reserve(list.size());
+  for (size_t rank = 0; rank < list.size(); ++rank) {
+    const json& m = list[rank];
     std::string a, b;
     if (m.is_string()) {
       const std::string s = m.get<std::string>();
@@ -607,14 +623,7 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<uint32_t>& out) {
   cache_ids.insert(cache_ids.end(), out.begin() + before, out.end());
 }
 
-void Tokenizer::Impl::merge_word(std::string_view word, std::vector<uint32_t>& out) {
-  if (ignore_merges) {
-    auto it = bytes_vocab.find(word);
-    if (it != bytes_vocab.end()) {
-      out.push_back(it->second);
-      return;
-    }
-  }
+void Tokenizer::Impl::init_symbols(std::string_view word) {
   symbols.clear();
   bool last_unk = false;
   for (const char ch : word) {
@@ -639,6 +648,17 @@ void Tokenizer::Impl::merge_word(std::string_view word, std::vector<uint32_t>& o
       heap.push_back(HeapItem{m->rank, static_cast<uint32_t>(i), m->id});
     }
   }
+}
+
+void Tokenizer::Impl::merge_word(std::string_view word, std::vector<uint32_t>& out) {
+  if (ignore_merges) {
+    auto it = bytes_vocab.find(word);
+    if (it != bytes_vocab.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  init_symbols(word);
   std::make_heap(heap.begin(), heap.end());
   while (!heap.empty()) {
     std::pop_heap(heap.begin(), heap.end());
@@ -666,7 +686,9 @@ void Tokenizer::Impl::merge_word(std::string_view word, std::vector<uint32_t>& o
       }
     }
   }
-  for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
+  for (int32_t i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next) {
+    out.push_back(symbols[i].id);
+  }
 }
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

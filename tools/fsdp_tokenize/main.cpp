@@ -46,6 +46,38 @@ void check_output(const std::string& path) {
                   "': directory '", dir, "' does not exist");
 }
 
+// Checks every flag before any work; fills in the default --tokenizer-config. Returns the
+// input files, the specs expanded.
+std::vector<std::string> validate_flags(const std::string& tokenizer_path, std::string& config_path,
+                                        const std::string& output, const std::string& text_field,
+                                        const std::string& format,
+                                        const std::vector<std::string>& inputs) {
+  check_input_file("--tokenizer", tokenizer_path);
+  if (config_path.empty()) {
+    const size_t slash = tokenizer_path.rfind('/');
+    const std::string beside =
+        (slash == std::string::npos ? std::string() : tokenizer_path.substr(0, slash + 1)) +
+        "tokenizer_config.json";
+    struct stat st {};
+    if (::stat(beside.c_str(), &st) == 0 && S_ISREG(st.st_mode)) config_path = beside;
+  } else {
+    check_input_file("--tokenizer-config", config_path);
+  }
+  check_output(output);
+  FSDP_DATA_CHECK(!text_field.empty(), "--text-field must not be empty");
+  FSDP_DATA_CHECK(format == "auto" || format == "uint16" || format == "uint32", "--format '",
+                  format, "' is not auto, uint16 or uint32");
+  std::vector<std::string> files;
+  for (const auto& spec : inputs) {
+    try {
+      for (auto& f : fsdp::data::expand_data_spec(spec)) files.push_back(std::move(f));
+    } catch (const DataError& e) {
+      throw DataError(std::string("input: ") + e.what());
+    }
+  }
+  return files;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -76,29 +108,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    check_input_file("--tokenizer", tokenizer_path);
-    if (config_path.empty()) {
-      const size_t slash = tokenizer_path.rfind('/');
-      const std::string beside =
-          (slash == std::string::npos ? std::string() : tokenizer_path.substr(0, slash + 1)) +
-          "tokenizer_config.json";
-      struct stat st {};
-      if (::stat(beside.c_str(), &st) == 0 && S_ISREG(st.st_mode)) config_path = beside;
-    } else {
-      check_input_file("--tokenizer-config", config_path);
-    }
-    check_output(output);
-    FSDP_DATA_CHECK(!text_field.empty(), "--text-field must not be empty");
-    FSDP_DATA_CHECK(format == "auto" || format == "uint16" || format == "uint32", "--format '",
-                    format, "' is not auto, uint16 or uint32");
-    std::vector<std::string> files;
-    for (const auto& spec : inputs) {
-      try {
-        for (auto& f : fsdp::data::expand_data_spec(spec)) files.push_back(std::move(f));
-      } catch (const DataError& e) {
-        throw DataError(std::string("input: ") + e.what());
-      }
-    }
+    const std::vector<std::string> files =
+        validate_flags(tokenizer_path, config_path, output, text_field, format, inputs);
 
     fsdp::data::Tokenizer tokenizer = fsdp::data::Tokenizer::from_file(tokenizer_path, config_path);
     fsdp::data::ShardFormat shard_format =
