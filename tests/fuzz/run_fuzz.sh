@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Bounded libFuzzer runs of the checkpoint parsers (src/checkpoint/format.cpp, which needs no
-# LibTorch): the safetensors header parser and the sharded checkpoint's index parser, built
-# with clang's -fsanitize=fuzzer,address,undefined.
+# Bounded libFuzzer runs of the parsers that need no LibTorch, built with clang's
+# -fsanitize=fuzzer,address,undefined: the checkpoint formats (src/checkpoint/format.cpp: the
+# safetensors header parser and the sharded checkpoint's index parser) and the data library
+# (src/data/: the tokenizer.json loader, encoding arbitrary bytes with two built-in
+# tokenizers, and the llm.c token shard parser).
 #
 #   bash tests/fuzz/run_fuzz.sh [SECONDS_PER_TARGET]   (default 60)
 #
@@ -16,7 +18,7 @@ work="${FSDP_FUZZ_DIR:-/tmp/fsdp_fuzz}"
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()
-for p in clang libclang-rt-14-dev libxxhash-dev nlohmann-json3-dev; do
+for p in clang libclang-rt-14-dev libxxhash-dev nlohmann-json3-dev libpcre2-dev; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -28,6 +30,12 @@ rm -rf "$work" && mkdir -p "$work"
 for target in safetensors index; do
   clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -Iinclude -Isrc tests/fuzz/fuzz_$target.cpp src/checkpoint/format.cpp -lxxhash \
+    -o "$work/fuzz_$target"
+  mkdir -p "$work/corpus_$target"
+done
+for target in tokenizer_json tokenizer_encode token_shard; do
+  clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    -Iinclude -Isrc -Itests tests/fuzz/fuzz_$target.cpp src/data/*.cpp -lpcre2-8 \
     -o "$work/fuzz_$target"
   mkdir -p "$work/corpus_$target"
 done
@@ -60,11 +68,54 @@ fi
 echo '{"format":"fsdp-sharded-checkpoint","version":1,"world_size":1,"step":0,"files":[{"name":"rank_00000-of-00001.safetensors","bytes":8,"xxh3_64":"0000000000000000"}],"tensors":{},"xxh3_64":"0000000000000000"}' \
   > "$work/corpus_index/minimal"
 
+# Data seeds: small byte-level tokenizers (GPT-2 and Llama 3 style, both merge forms, added
+# tokens), text with invalid UTF-8, and shards of both formats.
+python3 - "$work" <<'PY'
+import json, struct, sys
+work = sys.argv[1]
+def ch(b):
+    n, table = 0, {}
+    for x in range(256):
+        if 33 <= x <= 126 or 161 <= x <= 172 or x >= 174: table[x] = chr(x)
+        else: table[x] = chr(256 + n); n += 1
+    return table[b]
+vocab = {ch(b): b for b in range(256)}
+vocab.update({ch(32) + "t": 256, "he": 257, ch(32) + "the": 258})
+model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+         "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+         "vocab": vocab, "merges": [ch(32) + " t", "h e", ch(32) + "t he"]}
+added = [{"id": 259, "content": "<|endoftext|>", "single_word": False, "lstrip": False, "rstrip": False,
+          "normalized": False, "special": True}]
+bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+gpt2 = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": bl, "post_processor": None, "decoder": bl, "model": model}
+open(f"{work}/corpus_tokenizer_json/gpt2", "w").write(json.dumps(gpt2))
+llama = json.loads(json.dumps(gpt2))
+llama["model"]["merges"] = [m.split(" ") for m in model["merges"]]
+llama["model"]["ignore_merges"] = True
+llama["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
+     "behavior": "Isolated", "invert": False},
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+llama["added_tokens"].append({"id": 260, "content": "<|res", "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": True, "special": False})
+open(f"{work}/corpus_tokenizer_json/llama3", "w").write(json.dumps(llama))
+for i, text in enumerate([b"\x00Hello world, it's 2024!   \n\n\tdon'T", b"\x01The\xff\xe4\xb8\xad\xf0\x9f\x98 x  \r\n y",
+                          b"\x00" + " ".join(["the"] * 50).encode()]):
+    open(f"{work}/corpus_tokenizer_encode/seed{i}", "wb").write(text)
+def shard(magic, version, fmt, toks):
+    return struct.pack("<3i", magic, version, len(toks)) + bytes(1012) + struct.pack(f"<{len(toks)}{fmt}", *toks)
+open(f"{work}/corpus_token_shard/u16", "wb").write(shard(20240520, 1, "H", [1, 2, 50256, 7]))
+open(f"{work}/corpus_token_shard/u32", "wb").write(shard(20240801, 7, "I", [1, 128000, 5]))
+PY
+
 status=0
-for target in safetensors index; do
+for target in safetensors index tokenizer_json tokenizer_encode token_shard; do
   log="$work/fuzz_$target.log"
+  dict=()
+  case "$target" in safetensors|index|tokenizer_json) dict=(-dict="$PWD/tests/fuzz/json.dict") ;; esac
   ( cd "$work" && ./fuzz_$target -max_total_time="$seconds" -max_len=65536 -timeout=10 \
-      -rss_limit_mb=2048 -dict="$OLDPWD/tests/fuzz/json.dict" -print_final_stats=1 \
+      -rss_limit_mb=2048 "${dict[@]}" -print_final_stats=1 \
       -artifact_prefix="$work/crash_${target}_" "corpus_$target" ) >"$log" 2>&1 || status=1
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
   crashes=$(find "$work" -maxdepth 1 -name "crash_${target}_*" | wc -l)
