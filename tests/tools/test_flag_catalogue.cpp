@@ -143,6 +143,20 @@ const BadFlag kCatalogue[] = {
     {"fsdp-estimate", "--no-fsdp", "--no-fsdp=maybe"},
     {"fsdp-estimate", "--pretty", "--pretty=maybe"},
     {"fsdp-estimate", "--timeline", "--timeline=maybe"},
+    // --- fsdp-tokenize (a tokenizer file is read only after every flag passed) ---
+    {"fsdp-tokenize", "--tokenizer", "--tokenizer /nonexistent.json --output /tmp/x.bin /etc/hostname"},
+    {"fsdp-tokenize", "--tokenizer", "--tokenizer / --output /tmp/x.bin /etc/hostname"},
+    {"fsdp-tokenize", "--tokenizer", "--tokenizer /etc/hostname --output /tmp/fsdp_flag_x.bin /etc/hostname"},
+    {"fsdp-tokenize", "--tokenizer", "--output /tmp/x.bin /etc/hostname"},  // required
+    {"fsdp-tokenize", "--tokenizer-config", "--tokenizer /etc/hostname --tokenizer-config /nonexistent --output /tmp/x.bin /etc/hostname"},
+    {"fsdp-tokenize", "--tokenizer-config", "--tokenizer /etc/hostname --tokenizer-config / --output /tmp/x.bin /etc/hostname"},
+    {"fsdp-tokenize", "--output", "--tokenizer /etc/hostname --output / /etc/hostname"},
+    {"fsdp-tokenize", "--output", "--tokenizer /etc/hostname --output /nonexistent/x.bin /etc/hostname"},
+    {"fsdp-tokenize", "--text-field", "--tokenizer /etc/hostname --output /tmp/x.bin --text-field '' /etc/hostname"},
+    {"fsdp-tokenize", "--format", "--tokenizer /etc/hostname --output /tmp/x.bin --format int8 /etc/hostname"},
+    {"fsdp-tokenize", "--quiet", "--tokenizer /etc/hostname --output /tmp/x.bin --quiet=maybe /etc/hostname"},
+    {"fsdp-tokenize", "input", "--tokenizer /etc/hostname --output /tmp/x.bin /nonexistent/corpus.txt"},
+    {"fsdp-tokenize", "input", "--tokenizer /etc/hostname --output /tmp/x.bin"},  // none given
 };
 // clang-format on
 

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,7 +112,13 @@ int main(int argc, char** argv) {
     const std::vector<std::string> files =
         validate_flags(tokenizer_path, config_path, output, text_field, format, inputs);
 
-    fsdp::data::Tokenizer tokenizer = fsdp::data::Tokenizer::from_file(tokenizer_path, config_path);
+    std::optional<fsdp::data::Tokenizer> loaded;
+    try {
+      loaded.emplace(fsdp::data::Tokenizer::from_file(tokenizer_path, config_path));
+    } catch (const DataError& e) {
+      throw DataError(std::string("--tokenizer: ") + e.what());
+    }
+    fsdp::data::Tokenizer& tokenizer = *loaded;
     fsdp::data::ShardFormat shard_format =
         format == "uint16"   ? fsdp::data::ShardFormat::kUint16
         : format == "uint32" ? fsdp::data::ShardFormat::kUint32
