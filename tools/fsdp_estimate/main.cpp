@@ -150,7 +150,8 @@ int main(int argc, char** argv) {
       memory = spec->memory_spec(micro_batch, seq_len, compute, activation_checkpoint);
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, "--global-batch ", global_batch, " and --seq-len ", seq_len, " on ",
-                  world, " ranks: ", e.what_without_backtrace());
+                  world, " ranks of model '", model, "' (sizes from --n-embd, --n-layer, "
+                  "--vocab-size): ", e.what_without_backtrace());
     }
     const fsdp::MemoryEstimate e = fsdp::estimate_memory(memory, options);
 
