@@ -162,9 +162,9 @@ class FSDPModule {
   // complete in a later backward); true (the default) completes them before it returns.
   void set_is_last_backward(bool last);
 
-  detail::ParamGroup& group() const { return *group_; }
-
  private:
+  static std::vector<detail::ParamGroup*> groups_of(const std::vector<FSDPModule>& modules);
+
   std::shared_ptr<detail::ParamGroup> group_;
 };
 

@@ -349,7 +349,6 @@ void ParamGroup::pre_backward() {
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
     p.stashed_grad = p.param().grad();
-    p.grad_stashed = true;
     p.param().mutable_grad() = at::Tensor();
   }
   state_ = UnitState::kBackward;
@@ -383,7 +382,6 @@ void ParamGroup::post_backward() {
       grad = at::Tensor();
     }
     p.stashed_grad = at::Tensor();
-    p.grad_stashed = false;
     p.param().mutable_grad() = at::Tensor();
     if (grad.defined()) full_grad_bytes += grad.nbytes();
     trainable.push_back(&p);

@@ -59,7 +59,6 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void issue_unshard();
   // Completes the unshard (issuing it first if needed): blocks on the all-gather, copies out.
   void wait_unshard();
-  void unshard() { wait_unshard(); }
   // Frees the unsharded parameters; completes and drops an all-gather still in flight.
   void reshard();
   // Completes and drops an all-gather still in flight, keeping unsharded parameters.
