@@ -11,7 +11,10 @@
 //        --post_backward (autograd node on the inputs, or the root's end-of-backward callback
 //          for units whose node never ran; also from kAwaitingBackward)--> kIdle
 //   Every state may go back to kIdle (an aborted forward, a step that had no backward), and to
-//   kForward (a unit called again in the same forward, or from inside a backward).
+//   kForward (a unit called again in the same forward, or from inside a backward). kPreBackward
+//   is FSDP2's PRE_BACKWARD (gathered for backward, gradients accumulating); FSDP2 goes back to
+//   IDLE after forward, where this unit waits in kAwaitingBackward so that its pre-backward
+//   hook and the end-of-backward callback know whether its backward is still to come.
 //
 // ShardedState, what the unit's parameters hold:
 //   kSharded --issue_unshard--> kGathering --wait_unshard--> kUnsharded --reshard--> kSharded
