@@ -109,18 +109,19 @@ class ParamGroup;
 // Handle on an unshard issued with async_op: wait() completes it. Waiting twice is harmless.
 class UnshardHandle {
  public:
-  explicit UnshardHandle(std::shared_ptr<detail::ParamGroup> group) : group_(std::move(group)) {}
   void wait();
 
  private:
+  friend class FSDPModule;
+  explicit UnshardHandle(std::shared_ptr<detail::ParamGroup> group) : group_(std::move(group)) {}
+
   std::shared_ptr<detail::ParamGroup> group_;
 };
 
-// Handle on a sharded module (FSDP2's FSDPModule methods). Cheap to copy.
+// Handle on a sharded module (FSDP2's FSDPModule methods). Cheap to copy. Obtained from
+// fully_shard, fsdp_module_of or fsdp_modules_under.
 class FSDPModule {
  public:
-  explicit FSDPModule(std::shared_ptr<detail::ParamGroup> group) : group_(std::move(group)) {}
-
   // Path of this unit's module under the outermost sharded module, "" for that module itself
   // (so a parameter's full name is path + "." + its name, or its name alone).
   const std::string& path() const;
@@ -162,9 +163,13 @@ class FSDPModule {
   // complete in a later backward); true (the default) completes them before it returns.
   void set_is_last_backward(bool last);
 
-  detail::ParamGroup& group() const { return *group_; }
-
  private:
+  friend FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
+                                const DeviceMesh& mesh, const FullyShardOptions& options);
+  friend std::optional<FSDPModule> fsdp_module_of(const torch::nn::Module& module);
+  explicit FSDPModule(std::shared_ptr<detail::ParamGroup> group) : group_(std::move(group)) {}
+  static std::vector<detail::ParamGroup*> groups_of(const std::vector<FSDPModule>& modules);
+
   std::shared_ptr<detail::ParamGroup> group_;
 };
 

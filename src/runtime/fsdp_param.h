@@ -68,8 +68,6 @@ class FSDPParam {
   at::Tensor unsynced_grad;
   // Sharded gradient saved while the full gradient of the current backward accumulates.
   at::Tensor stashed_grad;
-  // True once pre-backward moved any sharded gradient into stashed_grad this backward.
-  bool grad_stashed = false;
 
  private:
   std::string name_;

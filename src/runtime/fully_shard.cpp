@@ -164,13 +164,11 @@ void FSDPModule::reshard() { group_->reshard(); }
 bool FSDPModule::is_unsharded() const { return group_->is_unsharded(); }
 bool FSDPModule::gather_in_flight() const { return group_->gather_in_flight(); }
 
-namespace {
-std::vector<ParamGroup*> groups_of(const std::vector<FSDPModule>& modules) {
+std::vector<ParamGroup*> FSDPModule::groups_of(const std::vector<FSDPModule>& modules) {
   std::vector<ParamGroup*> groups;
-  for (const auto& m : modules) groups.push_back(&m.group());
+  for (const auto& m : modules) groups.push_back(m.group_.get());
   return groups;
 }
-}  // namespace
 
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
   group_->set_forward_prefetch(groups_of(modules));

@@ -1,4 +1,11 @@
-// The FSDP unit state machine; see param_group.h for the lifecycle and the overlap scheme.
+// The FSDP unit state machine; see param_group.h for its two states and their transitions, and
+// the overlap scheme.
+//
+// Invariants: training_state_ and sharded_state_ change only in set_training_state and
+// set_sharded_state; pending_gather_ is set exactly in kGathering and post_forward_piece_
+// defined exactly in kPostForwardPiece. Every byte a unit allocates or frees for unsharded
+// parameters, full gradients and communication buffers is reported to the rank's stats as it
+// happens.
 //
 // Gradient flow of one unit in backward: autograd accumulates full gradients into the
 // (unsharded) parameters; post_backward copies them into one flat [W, S] buffer (S = the
@@ -14,53 +21,11 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <c10/util/strides.h>
-#include <torch/autograd.h>
-#include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
 
 namespace fsdp::detail {
 namespace {
-
-constexpr const char* kStateModuleName = "_fsdp_state";
-
-// Parameterless child module that carries a unit's state, so the state lives and dies with the
-// module and fsdp::forward can find it from the module alone.
-class FSDPStateHolder : public torch::nn::Module {
- public:
-  explicit FSDPStateHolder(std::shared_ptr<ParamGroup> group)
-      : torch::nn::Module("FSDPState"), group(std::move(group)) {}
-  std::shared_ptr<ParamGroup> group;
-};
-
-// Identity in forward (the inputs go in as a TensorList: autograd only tracks tensors passed as
-// Tensor or TensorList, and a std::vector would bind to its catch-all overload); its backward runs
-// once the gradients of all of a unit's inputs are computed, which is after every node of the
-// unit's backward, so the unit's parameter gradients are complete (FSDP2's
-// RegisterPostBackwardFunction). Carries a weak reference to the unit through
-// AutogradContext::saved_data (an IValue capsule owns it, so nothing leaks when the graph is
-// dropped without a backward).
-struct GroupRef : torch::CustomClassHolder {
-  explicit GroupRef(std::weak_ptr<ParamGroup> g) : group(std::move(g)) {}
-  std::weak_ptr<ParamGroup> group;
-};
-
-struct PostBackwardFunction : public torch::autograd::Function<PostBackwardFunction> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const std::shared_ptr<ParamGroup>& group,
-                                                at::TensorList inputs) {
-    ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupRef>(group));
-    return torch::autograd::variable_list(inputs.begin(), inputs.end());
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto ref = c10::static_intrusive_pointer_cast<GroupRef>(ctx->saved_data["group"].toCapsule());
-    if (std::shared_ptr<ParamGroup> group = ref->group.lock()) group->post_backward();
-    // One gradient per forward argument: none for the group, then the inputs' own.
-    grads.insert(grads.begin(), at::Tensor());
-    return grads;
-  }
-};
 
 // A tensor over [offset, offset + numel(shape)) of flat's storage that is not an autograd
 // view of flat: optimizers detach_() gradients in zero_grad, which views do not allow.
@@ -71,19 +36,62 @@ at::Tensor alias_of(const at::Tensor& flat, int64_t offset, c10::IntArrayRef sha
   return alias;
 }
 
-}  // namespace
-
-ParamGroup* param_group_of(const torch::nn::Module& module) {
-  for (const auto& child : module.named_children()) {
-    if (child.key() == kStateModuleName) {
-      return static_cast<FSDPStateHolder&>(*child.value()).group.get();
-    }
+bool is_legal(TrainingState from, TrainingState to) {
+  switch (to) {
+    case TrainingState::kIdle:
+      return true;  // the clean-up paths (abort, a step without backward) come from anywhere
+    case TrainingState::kForward:
+      return from != TrainingState::kForward;
+    case TrainingState::kAwaitingBackward:
+      return from == TrainingState::kForward;
+    case TrainingState::kPreBackward:
+      return from == TrainingState::kAwaitingBackward;
   }
-  return nullptr;
+  return false;
 }
 
-void attach_param_group(torch::nn::Module& module, std::shared_ptr<ParamGroup> group) {
-  module.register_module(kStateModuleName, std::make_shared<FSDPStateHolder>(std::move(group)));
+bool is_legal(ShardedState from, ShardedState to) {
+  switch (from) {
+    case ShardedState::kSharded:
+      return to == ShardedState::kGathering || to == ShardedState::kUnsharded;
+    case ShardedState::kGathering:
+      return to == ShardedState::kUnsharded || to == ShardedState::kSharded;
+    case ShardedState::kUnsharded:
+      return to == ShardedState::kSharded || to == ShardedState::kPostForwardPiece;
+    case ShardedState::kPostForwardPiece:
+      return to == ShardedState::kGathering || to == ShardedState::kSharded;
+  }
+  return false;
+}
+
+}  // namespace
+
+const char* to_string(TrainingState state) {
+  switch (state) {
+    case TrainingState::kIdle:
+      return "kIdle";
+    case TrainingState::kForward:
+      return "kForward";
+    case TrainingState::kAwaitingBackward:
+      return "kAwaitingBackward";
+    case TrainingState::kPreBackward:
+      return "kPreBackward";
+  }
+  return "?";
+}
+
+const char* to_string(ShardedState state) {
+  switch (state) {
+    case ShardedState::kSharded:
+      return "kSharded";
+    case ShardedState::kGathering:
+      return "kGathering";
+    case ShardedState::kUnsharded:
+      return "kUnsharded";
+    case ShardedState::kPostForwardPiece:
+      return "kPostForwardPiece";
+  }
+  return "?";
 }
 
 ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params, DeviceMesh mesh,
@@ -113,19 +121,45 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
   }
 }
 
-void ParamGroup::set_path(std::string path, bool is_top) {
-  path_ = std::move(path);
+// ---- The two states ----
+
+void ParamGroup::set_training_state(TrainingState to) {
+  TORCH_INTERNAL_ASSERT(is_legal(training_state_, to), "fsdp: unit '", label_,
+                        "' cannot go from training state ", to_string(training_state_), " to ",
+                        to_string(to));
+  training_state_ = to;
+}
+
+void ParamGroup::set_sharded_state(ShardedState to) {
+  TORCH_INTERNAL_ASSERT(is_legal(sharded_state_, to), "fsdp: unit '", label_,
+                        "' cannot go from sharded state ", to_string(sharded_state_), " to ",
+                        to_string(to));
+  TORCH_INTERNAL_ASSERT((pending_gather_ != nullptr) == (to == ShardedState::kGathering),
+                        "fsdp: unit '", label_, "' enters ", to_string(to),
+                        pending_gather_ != nullptr ? " with" : " without",
+                        " an all-gather in flight");
+  TORCH_INTERNAL_ASSERT(post_forward_piece_.defined() == (to == ShardedState::kPostForwardPiece),
+                        "fsdp: unit '", label_, "' enters ", to_string(to),
+                        post_forward_piece_.defined() ? " with" : " without",
+                        " a post-forward piece");
+  sharded_state_ = to;
+}
+
+// ---- Naming, settings and the tree ----
+
+void ParamGroup::set_path(const std::string& path, bool is_top) {
+  path_ = path;
   label_ = is_top ? module_->name() + " (root)" : path_;
+}
+
+void ParamGroup::join_tree(RootState* root, const std::string& path, bool is_top) {
+  root_ = root;
+  set_path(path, is_top);
 }
 
 bool ParamGroup::reshard_after_forward() const {
   const auto& option = options_.reshard_after_forward();
   return option.has_value() ? option->frees_after_forward() : !is_root();
-}
-
-void ParamGroup::set_implicit_prefetch(int count) {
-  TORCH_CHECK(count >= 0, "fsdp: the implicit prefetch count must be >= 0, got ", count);
-  implicit_prefetch_ = count;
 }
 
 std::vector<ParamGroup*> ParamGroup::units_under() const {
@@ -139,9 +173,7 @@ std::vector<ParamGroup*> ParamGroup::units_under() const {
 void ParamGroup::check_not_in_backward(const char* setting) const {
   // From the root's training forward to the end of its backward, units act on these settings
   // at different times; a change in between would leave ranks or units disagreeing.
-  const ParamGroup* root = root_ != nullptr ? root_ : this;
-  TORCH_CHECK(root->state_ == UnitState::kIdle && !root->end_of_backward_queued_, "fsdp: ", setting,
-              " called on unit '", label_,
+  TORCH_CHECK(!tree().step_in_progress(), "fsdp: ", setting, " called on unit '", label_,
               "' while a backward pass is running (or pending after forward); change it before "
               "the forward of the micro-batch it applies to");
 }
@@ -167,11 +199,7 @@ void ParamGroup::set_reshard_after_forward(bool reshard) {
 
 void ParamGroup::set_is_last_backward(bool last) {
   check_not_in_backward(last ? "set_is_last_backward(true)" : "set_is_last_backward(false)");
-  is_last_backward_ = last;
-}
-
-int ParamGroup::implicit_prefetch() const {
-  return root_ != nullptr ? root_->implicit_prefetch_ : implicit_prefetch_;
+  own_root_.set_is_last_backward(last);
 }
 
 void ParamGroup::rethrow_with_context(const char* what, const std::exception& e) const {
@@ -190,47 +218,34 @@ void ParamGroup::wait_for(const WorkHandle& work, const char* what) {
       std::chrono::duration<double>(Tracer::Clock::now() - start).count());
 }
 
-void ParamGroup::lazy_init_as_root() {
-  root_ = this;
-  units_.clear();
-  for (const auto& item : module_->named_modules()) {
-    ParamGroup* group = param_group_of(*item.value());
-    if (group == nullptr) continue;
-    group->root_ = this;
-    group->set_path(item.key(), group == this);
-    units_.push_back(group);
+void ParamGroup::reset_for_step() {
+  if (training_state_ != TrainingState::kIdle) {
+    reshard();
+    set_training_state(TrainingState::kIdle);
   }
+  last_forward_index_ = -1;
+  forward_index_ = -1;
 }
 
-void ParamGroup::begin_step() {
-  // A forward that was never followed by a backward (evaluation with grad enabled, or an
-  // aborted step) leaves units unsharded: start the new step from a clean slate.
-  for (ParamGroup* unit : units_) {
-    if (unit->state_ != UnitState::kIdle) {
-      unit->reshard();
-      unit->state_ = UnitState::kIdle;
-    }
-    unit->last_forward_index_ = -1;
-    unit->forward_index_ = -1;
+void ParamGroup::finish_backward() {
+  if (reshard_after_backward_) {
+    reshard();  // also completes gathers prefetched for units that never ran
+  } else {
+    drop_pending_gather();
   }
-  if (!forward_order_.empty()) last_forward_order_ = std::move(forward_order_);
-  for (size_t i = 0; i < last_forward_order_.size(); ++i) {
-    if (last_forward_order_[i]->last_forward_index_ < 0) {
-      last_forward_order_[i]->last_forward_index_ = static_cast<int>(i);
-    }
-  }
-  forward_order_.clear();
-  end_of_backward_queued_ = false;
+  set_training_state(TrainingState::kIdle);
 }
+
+// ---- Prefetching ----
 
 void ParamGroup::prefetch_forward() {
   if (!forward_prefetch_.empty()) {
     for (ParamGroup* unit : forward_prefetch_) unit->issue_unshard();
     return;
   }
-  const int count = implicit_prefetch();
+  const int count = tree().implicit_prefetch();
   if (count == 0 || last_forward_index_ < 0) return;
-  const auto& order = root_->last_forward_order_;
+  const auto& order = root_->last_forward_order();
   for (int k = 1; k <= count && last_forward_index_ + k < static_cast<int>(order.size()); ++k) {
     order[last_forward_index_ + k]->issue_unshard();
   }
@@ -241,27 +256,29 @@ void ParamGroup::prefetch_backward() {
     for (ParamGroup* unit : backward_prefetch_) unit->issue_unshard();
     return;
   }
-  const int count = implicit_prefetch();
+  const int count = tree().implicit_prefetch();
   if (count == 0 || forward_index_ < 0) return;
-  const auto& order = root_->forward_order_;
+  const auto& order = root_->forward_order();
   for (int k = 1; k <= count && forward_index_ - k >= 0; ++k) {
     ParamGroup* unit = order[forward_index_ - k];
     // Only units whose backward is still to come; the root gathers once, in forward.
-    if (unit->state_ == UnitState::kForwardDone) unit->issue_unshard();
+    if (unit->training_state_ == TrainingState::kAwaitingBackward) unit->issue_unshard();
   }
 }
 
+// ---- Forward ----
+
 void ParamGroup::pre_forward() {
-  if (root_ == nullptr) lazy_init_as_root();
-  if (is_root()) begin_step();
-  TORCH_CHECK(state_ != UnitState::kForward, "fsdp: unit '", label_,
+  if (root_ == nullptr) own_root_.lazy_init();
+  if (is_root()) root_->begin_step();
+  TORCH_CHECK(training_state_ != TrainingState::kForward, "fsdp: unit '", label_,
               "' was called again from inside its own forward");
-  if (forward_index_ < 0) forward_index_ = static_cast<int>(root_->forward_order_.size());
-  root_->forward_order_.push_back(this);
+  const int position = root_->record_forward(this);
+  if (forward_index_ < 0) forward_index_ = position;
   issue_unshard();
   prefetch_forward();
   wait_unshard();
-  state_ = UnitState::kForward;
+  set_training_state(TrainingState::kForward);
   compute_begin_ = Tracer::Clock::now();
 }
 
@@ -273,14 +290,7 @@ void ParamGroup::post_forward(std::vector<at::Tensor>& outputs) {
     }
   }
   const bool training = at::GradMode::is_enabled();
-  if (training) {
-    std::shared_ptr<ParamGroup> self = shared_from_this();
-    for (const auto& out : outputs) {
-      if (out.defined() && out.requires_grad()) {
-        out.register_hook([self](const at::Tensor&) { self->pre_backward(); });
-      }
-    }
-  }
+  if (training) register_pre_backward(*this, outputs);
   if (!training) {
     reshard();
   } else if (reshard_after_forward()) {
@@ -290,33 +300,7 @@ void ParamGroup::post_forward(std::vector<at::Tensor>& outputs) {
       reshard();
     }
   }
-  state_ = training ? UnitState::kForwardDone : UnitState::kIdle;
-}
-
-void ParamGroup::reshard_to_post_forward_group() {
-  const int64_t shards = mesh_.shard_size() / post_forward_group_->size();
-  const int64_t first = post_forward_group_->rank() * shards;
-  const int64_t numel = flat_shards_.numel();
-  at::Tensor piece = at::empty({shards * numel}, flat_shards_.options().dtype(compute_dtype_));
-  {
-    TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
-    at::NoGradGuard no_grad;
-    const at::Tensor piece_2d = piece.view({shards, numel});
-    int64_t column = 0;
-    for (auto& p : params_) {
-      p.copy_chunks_into(p.param(), piece_2d.narrow(1, column, p.padded_numel()), first);
-      column += p.padded_numel();
-    }
-  }
-  reshard();
-  post_forward_piece_ = std::move(piece);
-  mesh_.stats().add_unsharded_params(post_forward_piece_.nbytes());
-}
-
-void ParamGroup::drop_post_forward_piece() {
-  if (!post_forward_piece_.defined()) return;
-  mesh_.stats().add_unsharded_params(-post_forward_piece_.nbytes());
-  post_forward_piece_ = at::Tensor();
+  set_training_state(training ? TrainingState::kAwaitingBackward : TrainingState::kIdle);
 }
 
 void ParamGroup::cast_forward_inputs(std::vector<at::Tensor>& inputs) const {
@@ -329,141 +313,153 @@ void ParamGroup::cast_forward_inputs(std::vector<at::Tensor>& inputs) const {
 
 void ParamGroup::abort_forward() {
   reshard();
-  state_ = UnitState::kIdle;
+  set_training_state(TrainingState::kIdle);
 }
 
-void ParamGroup::queue_end_of_backward() {
-  ParamGroup* root = root_ != nullptr ? root_ : this;
-  if (root->end_of_backward_queued_) return;
-  root->end_of_backward_queued_ = true;
-  std::shared_ptr<ParamGroup> keep = root->shared_from_this();
-  torch::autograd::Engine::get_default_engine().queue_callback([keep] { keep->end_of_backward(); });
-}
+// ---- Backward ----
 
 void ParamGroup::pre_backward() {
-  if (state_ != UnitState::kForwardDone) return;  // a later output's hook, or no forward
-  queue_end_of_backward();
+  // A later output's hook, or no forward.
+  if (training_state_ != TrainingState::kAwaitingBackward) return;
+  tree().queue_end_of_backward();
   issue_unshard();
   prefetch_backward();
   wait_unshard();
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
     p.stashed_grad = p.param().grad();
-    p.grad_stashed = true;
     p.param().mutable_grad() = at::Tensor();
   }
-  state_ = UnitState::kBackward;
+  set_training_state(TrainingState::kPreBackward);
   compute_begin_ = Tracer::Clock::now();
 }
 
 void ParamGroup::post_backward() {
-  if (state_ != UnitState::kForwardDone && state_ != UnitState::kBackward) return;
-  const bool in_backward = state_ == UnitState::kBackward;
-  if (in_backward) {
+  if (training_state_ != TrainingState::kAwaitingBackward &&
+      training_state_ != TrainingState::kPreBackward) {
+    return;
+  }
+  const bool backward_ran = training_state_ == TrainingState::kPreBackward;
+  if (backward_ran) {
     mesh_.tracer().complete("compute", "backward", compute_begin_, Tracer::Clock::now(), label_);
   }
-  const int world = mesh_.shard_size();
+  UnitGrads grads = take_grads(backward_ran);
+  // The unit's full gradients are alive together with its full parameters at this point, the
+  // unit's peak: record it, then release both.
   RankStats& stats = mesh_.stats();
+  stats.add_unsharded_grads(grads.full_bytes);
+  if (reshard_after_backward_) reshard();
+  stats.add_unsharded_grads(-grads.full_bytes);
+  set_training_state(TrainingState::kIdle);
+  if (grads.params.empty()) return;
 
-  // Take each trainable parameter's full gradient of this backward (undefined if it got none)
-  // and the sharded gradient it held before (undefined after zero_grad).
-  std::vector<FSDPParam*> trainable;
-  std::vector<at::Tensor> full_grads;
-  std::vector<at::Tensor> previous;
-  int64_t reduce_numel = 0;
-  int64_t full_grad_bytes = 0;
+  add_unsynced_grads(grads);
+  if (!requires_gradient_sync_) {
+    keep_unsynced_grads(grads);
+  } else if (mesh_.shard_size() == 1 && mesh_.replicate_group() == nullptr) {
+    assign_single_rank_grads(grads);
+  } else {
+    root_->add_reduce(issue_reduce(std::move(grads)));
+  }
+}
+
+ParamGroup::UnitGrads ParamGroup::take_grads(bool backward_ran) {
+  UnitGrads grads;
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
     at::Tensor grad = p.param().grad();
     at::Tensor before = std::move(p.stashed_grad);
-    if (!in_backward) {
+    if (!backward_ran) {
       // Pre-backward never ran, so this unit got no gradient this backward: whatever
       // gradient the parameter holds is a sharded one from before.
       before = std::move(grad);
       grad = at::Tensor();
     }
     p.stashed_grad = at::Tensor();
-    p.grad_stashed = false;
     p.param().mutable_grad() = at::Tensor();
-    if (grad.defined()) full_grad_bytes += grad.nbytes();
-    trainable.push_back(&p);
-    full_grads.push_back(std::move(grad));
-    previous.push_back(std::move(before));
-    reduce_numel += p.padded_numel();
+    if (grad.defined()) grads.full_bytes += grad.nbytes();
+    grads.params.push_back(&p);
+    grads.full.push_back(std::move(grad));
+    grads.previous.push_back(std::move(before));
+    grads.reduce_numel += p.padded_numel();
   }
-  // The unit's full gradients are alive together with its full parameters at this point, the
-  // unit's peak: record it, then release both.
-  stats.add_unsharded_grads(full_grad_bytes);
-  if (reshard_after_backward_) reshard();
-  stats.add_unsharded_grads(-full_grad_bytes);
-  state_ = UnitState::kIdle;
-  if (trainable.empty()) return;
+  return grads;
+}
 
+void ParamGroup::add_unsynced_grads(UnitGrads& grads) {
   // Gradients of earlier backward passes that did not sync are added first, so the sum is
   // formed in the same order as autograd's accumulation in a single process.
-  for (size_t i = 0; i < trainable.size(); ++i) {
-    FSDPParam& p = *trainable[i];
+  RankStats& stats = mesh_.stats();
+  for (size_t i = 0; i < grads.params.size(); ++i) {
+    FSDPParam& p = *grads.params[i];
     if (!p.unsynced_grad.defined()) continue;
     stats.add_unsharded_grads(-p.unsynced_grad.nbytes());
-    if (full_grads[i].defined()) p.unsynced_grad.add_(full_grads[i]);
-    full_grads[i] = std::move(p.unsynced_grad);
+    if (grads.full[i].defined()) p.unsynced_grad.add_(grads.full[i]);
+    grads.full[i] = std::move(p.unsynced_grad);
     p.unsynced_grad = at::Tensor();
   }
-  if (!requires_gradient_sync_) {
-    // No reduction this time: keep the full gradients (in the reduce dtype) for the backward
-    // that syncs, and give the parameters back the sharded gradients they had.
-    for (size_t i = 0; i < trainable.size(); ++i) {
-      FSDPParam& p = *trainable[i];
-      if (full_grads[i].defined()) {
-        p.unsynced_grad = full_grads[i].to(reduce_dtype_).contiguous();
-        stats.add_unsharded_grads(p.unsynced_grad.nbytes());
-      }
-      p.param().mutable_grad() = previous[i];
-    }
-    return;
-  }
+}
 
+void ParamGroup::keep_unsynced_grads(UnitGrads& grads) {
+  // No reduction this time: keep the full gradients (in the reduce dtype) for the backward
+  // that syncs, and give the parameters back the sharded gradients they had.
+  for (size_t i = 0; i < grads.params.size(); ++i) {
+    FSDPParam& p = *grads.params[i];
+    if (grads.full[i].defined()) {
+      p.unsynced_grad = grads.full[i].to(reduce_dtype_).contiguous();
+      mesh_.stats().add_unsharded_grads(p.unsynced_grad.nbytes());
+    }
+    p.param().mutable_grad() = grads.previous[i];
+  }
+}
+
+void ParamGroup::assign_single_rank_grads(UnitGrads& grads) {
+  // One rank: the full gradient is the sharded gradient; nothing to copy or reduce. (Rounding
+  // through the reduce dtype is kept, as a one-rank reduction in it would do.)
+  const at::ScalarType master_dtype = flat_shards_.scalar_type();
+  for (size_t i = 0; i < grads.params.size(); ++i) {
+    FSDPParam& p = *grads.params[i];
+    const auto shape = p.layout().padded_shape(p.global_shape());
+    at::Tensor grad =
+        grads.full[i].defined()
+            ? alias_of(grads.full[i].to(reduce_dtype_).to(master_dtype).contiguous(), 0, shape)
+            : at::zeros(shape, flat_shards_.options());
+    if (grads.previous[i].defined()) grad.add_(grads.previous[i]);
+    p.param().mutable_grad() = grad;
+  }
+}
+
+at::Tensor ParamGroup::pack_reduce_input(UnitGrads& grads) {
+  const int world = mesh_.shard_size();
+  at::Tensor input =
+      at::empty({world * grads.reduce_numel}, flat_shards_.options().dtype(reduce_dtype_));
+  TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
+  const at::Tensor input_2d = input.view({world, grads.reduce_numel});
+  int64_t column = 0;
+  for (size_t i = 0; i < grads.params.size(); ++i) {
+    FSDPParam& p = *grads.params[i];
+    const at::Tensor slot = input_2d.narrow(1, column, p.padded_numel());
+    if (grads.full[i].defined()) {
+      p.copy_chunks_into(grads.full[i], slot);
+    } else {
+      slot.zero_();  // an unused parameter contributes a zero gradient
+    }
+    grads.full[i] = at::Tensor();
+    column += p.padded_numel();
+  }
+  return input;
+}
+
+PendingReduce ParamGroup::issue_reduce(UnitGrads grads) {
+  const int world = mesh_.shard_size();
   ProcessGroup* replicas = mesh_.replicate_group();
-  if (world == 1 && replicas == nullptr) {
-    // One rank: the full gradient is the sharded gradient; nothing to copy or reduce. (Rounding
-    // through the reduce dtype is kept, as a one-rank reduction in it would do.)
-    const at::ScalarType master_dtype = flat_shards_.scalar_type();
-    for (size_t i = 0; i < trainable.size(); ++i) {
-      FSDPParam& p = *trainable[i];
-      const auto shape = p.layout().padded_shape(p.global_shape());
-      at::Tensor grad =
-          full_grads[i].defined()
-              ? alias_of(full_grads[i].to(reduce_dtype_).to(master_dtype).contiguous(), 0, shape)
-              : at::zeros(shape, flat_shards_.options());
-      if (previous[i].defined()) grad.add_(previous[i]);
-      p.param().mutable_grad() = grad;
-    }
-    return;
-  }
-
   PendingReduce reduce;
   reduce.unit = this;
-  reduce.params = std::move(trainable);
-  reduce.previous = std::move(previous);
-  reduce.input = at::empty({world * reduce_numel}, flat_shards_.options().dtype(reduce_dtype_));
+  reduce.input = pack_reduce_input(grads);
+  reduce.params = std::move(grads.params);
+  reduce.previous = std::move(grads.previous);
   reduce.replicate_after = replicas != nullptr && world > 1;
-  {
-    TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
-    const at::Tensor input_2d = reduce.input.view({world, reduce_numel});
-    int64_t column = 0;
-    for (size_t i = 0; i < reduce.params.size(); ++i) {
-      FSDPParam& p = *reduce.params[i];
-      const at::Tensor slot = input_2d.narrow(1, column, p.padded_numel());
-      if (full_grads[i].defined()) {
-        p.copy_chunks_into(full_grads[i], slot);
-      } else {
-        slot.zero_();  // an unused parameter contributes a zero gradient
-      }
-      full_grads[i] = at::Tensor();
-      column += p.padded_numel();
-    }
-  }
-  stats.add_comm_buffers(reduce.input.nbytes());
+  mesh_.stats().add_comm_buffers(reduce.input.nbytes());
   reduce.issued = Tracer::Clock::now();
   try {
     if (world == 1) {
@@ -473,48 +469,42 @@ void ParamGroup::post_backward() {
       reduce.op = "all-reduce";
       reduce.work = replicas->all_reduce(reduce.output, ReduceOp::kSum);
     } else {
-      reduce.output = at::empty({reduce_numel}, flat_shards_.options().dtype(reduce_dtype_));
+      reduce.output = at::empty({grads.reduce_numel}, flat_shards_.options().dtype(reduce_dtype_));
       reduce.work =
           mesh_.shard_group().reduce_scatter_tensor(reduce.output, reduce.input, ReduceOp::kSum);
     }
   } catch (const std::exception& e) {
-    stats.add_comm_buffers(-reduce.input.nbytes());
+    mesh_.stats().add_comm_buffers(-reduce.input.nbytes());
     rethrow_with_context("reduce-scatter of gradients", e);
   }
-  root_->pending_reduces_.push_back(std::move(reduce));
-  // Two in flight let one unit's reduce-scatter run during the next unit's backward while
-  // bounding the gradient buffers held to two units' worth.
-  root_->finish_reduces(/*keep=*/2);
-}
-
-void ParamGroup::finish_reduces(size_t keep) {
-  while (pending_reduces_.size() > keep) {
-    PendingReduce reduce = std::move(pending_reduces_.front());
-    pending_reduces_.pop_front();
-    finish_reduce(reduce);
-  }
+  return reduce;
 }
 
 void ParamGroup::finish_reduce(PendingReduce& reduce) {
-  ParamGroup& unit = *reduce.unit;
-  const DeviceMesh& mesh = unit.mesh_;
-  unit.wait_for(reduce.work, "reduction of gradients");
+  TORCH_INTERNAL_ASSERT(reduce.unit == this, "fsdp: unit '", label_,
+                        "' asked to finish another unit's reduction");
+  wait_for(reduce.work, "reduction of gradients");
   const int64_t input_bytes = reduce.input.nbytes();
-  mesh.tracer().complete("comm", reduce.op, reduce.issued, reduce.work->finished_at(), unit.label_,
-                         input_bytes, "comm");
-  mesh.stats().add_comm_buffers(-input_bytes);
+  mesh_.tracer().complete("comm", reduce.op, reduce.issued, reduce.work->finished_at(), label_,
+                          input_bytes, "comm");
+  mesh_.stats().add_comm_buffers(-input_bytes);
   reduce.input = at::Tensor();
-  if (reduce.replicate_after) {
-    // HSDP: this rank's reduced shard, summed over the replicas holding the same shard.
-    const auto issued = Tracer::Clock::now();
-    WorkHandle across = mesh.replicate_group()->all_reduce(reduce.output, ReduceOp::kSum);
-    unit.wait_for(across, "all-reduce of gradients across replicas");
-    mesh.tracer().complete("comm", "all-reduce", issued, across->finished_at(), unit.label_,
-                           reduce.output.nbytes(), "comm");
-  }
-  reduce.output.div_(mesh.shard_size() * mesh.replicate_size());
+  if (reduce.replicate_after) all_reduce_across_replicas(reduce.output);
+  reduce.output.div_(mesh_.shard_size() * mesh_.replicate_size());
   // Sharded gradients live in the master (sharded parameter) dtype.
-  const at::Tensor reduced = reduce.output.to(unit.flat_shards_.scalar_type());
+  assign_sharded_grads(reduce.output.to(flat_shards_.scalar_type()), reduce);
+}
+
+void ParamGroup::all_reduce_across_replicas(const at::Tensor& reduced) {
+  // HSDP: this rank's reduced shard, summed over the replicas holding the same shard.
+  const auto issued = Tracer::Clock::now();
+  WorkHandle across = mesh_.replicate_group()->all_reduce(reduced, ReduceOp::kSum);
+  wait_for(across, "all-reduce of gradients across replicas");
+  mesh_.tracer().complete("comm", "all-reduce", issued, across->finished_at(), label_,
+                          reduced.nbytes(), "comm");
+}
+
+void ParamGroup::assign_sharded_grads(const at::Tensor& reduced, const PendingReduce& reduce) {
   int64_t offset = 0;
   for (size_t i = 0; i < reduce.params.size(); ++i) {
     FSDPParam& p = *reduce.params[i];
@@ -525,37 +515,21 @@ void ParamGroup::finish_reduce(PendingReduce& reduce) {
   }
 }
 
-void ParamGroup::end_of_backward() {
-  end_of_backward_queued_ = false;
-  for (auto it = forward_order_.rbegin(); it != forward_order_.rend(); ++it) {
-    (*it)->post_backward();
-  }
-  if (is_last_backward_) finish_reduces(/*keep=*/0);
-  for (ParamGroup* unit : units_) {
-    if (unit->reshard_after_backward_) {
-      unit->reshard();  // also completes gathers prefetched for units that never ran
-    } else {
-      unit->drop_pending_gather();
-    }
-    unit->state_ = UnitState::kIdle;
-  }
-}
+// ---- Unshard and reshard ----
 
 void ParamGroup::issue_unshard() {
-  if (unsharded_ || pending_gather_ != nullptr) return;
+  if (sharded_state_ == ShardedState::kUnsharded || sharded_state_ == ShardedState::kGathering) {
+    return;
+  }
   const int world = mesh_.shard_size();
   const bool cast = compute_dtype_ != flat_shards_.scalar_type();
   if (params_.empty() || (world == 1 && !cast)) {
-    // Nothing to gather: with one rank the shard is the parameter, so no bytes are added (and
-    // none are counted).
-    for (auto& p : params_) p.unshard_single_rank();
-    unsharded_ = true;
-    mesh_.stats().add_unsharded_units(1);
+    unshard_without_gather();
     return;
   }
   auto pending = std::make_unique<PendingGather>();
   ProcessGroup* group = &mesh_.shard_group();
-  if (post_forward_piece_.defined()) {
+  if (sharded_state_ == ShardedState::kPostForwardPiece) {
     // hpZ: gather the pieces of this rank's post-forward group, whose [N, W/N * S] output is
     // the same [W, S] buffer a gather over the shard group would give.
     group = post_forward_group_.get();
@@ -575,46 +549,61 @@ void ParamGroup::issue_unshard() {
         pending->buffer, pending->input.defined() ? pending->input : flat_shards_);
   } catch (const std::exception& e) {
     uncount_gather(*pending, /*gathered=*/false);
+    // A piece handed to the failed gather is gone with it.
+    if (sharded_state_ == ShardedState::kPostForwardPiece) {
+      set_sharded_state(ShardedState::kSharded);
+    }
     rethrow_with_context("all-gather of parameters", e);
   }
   pending_gather_ = std::move(pending);
+  set_sharded_state(ShardedState::kGathering);
+}
+
+void ParamGroup::unshard_without_gather() {
+  // Nothing to gather: with one rank the shard is the parameter, so no bytes are added (and
+  // none are counted).
+  for (auto& p : params_) p.unshard_single_rank();
+  set_sharded_state(ShardedState::kUnsharded);
+  mesh_.stats().add_unsharded_units(1);
 }
 
 void ParamGroup::wait_unshard() {
-  if (unsharded_) return;
+  if (sharded_state_ == ShardedState::kUnsharded) return;
   issue_unshard();
-  if (unsharded_) return;
+  if (sharded_state_ == ShardedState::kUnsharded) return;
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
-  RankStats& stats = mesh_.stats();
-  const int64_t buffer_bytes = pending->buffer.nbytes();
   try {
     wait_for(pending->work, "all-gather of parameters");
   } catch (...) {
     uncount_gather(*pending, /*gathered=*/false);
+    set_sharded_state(ShardedState::kSharded);
     throw;
   }
   mesh_.tracer().complete("comm", "all-gather", pending->issued, pending->work->finished_at(),
-                          label_, buffer_bytes, "comm");
-  {
-    TraceScope trace(mesh_.tracer(), "copy", "copy-out", label_);
-    const at::Tensor gathered_2d = pending->buffer.view({mesh_.shard_size(), flat_shards_.numel()});
-    int64_t column = 0;
-    for (auto& p : params_) {
-      p.unshard_from(gathered_2d, column);
-      stats.add_unsharded_params(p.unsharded_bytes());
-      column += p.padded_numel();
-    }
-  }
+                          label_, pending->buffer.nbytes(), "comm");
+  copy_out(pending->buffer);
   uncount_gather(*pending, /*gathered=*/true);
-  unsharded_ = true;
+  set_sharded_state(ShardedState::kUnsharded);
+}
+
+void ParamGroup::copy_out(const at::Tensor& gathered) {
+  TraceScope trace(mesh_.tracer(), "copy", "copy-out", label_);
+  const at::Tensor gathered_2d = gathered.view({mesh_.shard_size(), flat_shards_.numel()});
+  int64_t column = 0;
+  for (auto& p : params_) {
+    p.unshard_from(gathered_2d, column);
+    mesh_.stats().add_unsharded_params(p.unsharded_bytes());
+    column += p.padded_numel();
+  }
 }
 
 void ParamGroup::drop_pending_gather() {
-  if (pending_gather_ == nullptr) return;
+  if (sharded_state_ != ShardedState::kGathering) return;
   // A prefetched all-gather whose unit did not run: complete it (every rank issued it) and
   // drop the result.
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
   uncount_gather(*pending, /*gathered=*/false);
+  set_sharded_state(ShardedState::kSharded);
   wait_for(pending->work, "all-gather of parameters");
 }
 
@@ -629,47 +618,46 @@ void ParamGroup::uncount_gather(const PendingGather& pending, bool gathered) {
 void ParamGroup::reshard() {
   drop_pending_gather();
   drop_post_forward_piece();
-  if (!unsharded_) return;
+  if (sharded_state_ != ShardedState::kUnsharded) return;
+  free_unsharded_params();
+  set_sharded_state(ShardedState::kSharded);
+}
+
+void ParamGroup::free_unsharded_params() {
   const bool counted = mesh_.shard_size() > 1;
   for (auto& p : params_) {
     if (p.is_unsharded() && counted) mesh_.stats().add_unsharded_params(-p.unsharded_bytes());
     p.reshard();
   }
-  unsharded_ = false;
   mesh_.stats().add_unsharded_units(-1);
 }
 
-// ---- ForwardScope (include/fsdp/detail/forward_impl.h) ----
-
-ForwardScope::ForwardScope(ParamGroup& group) : group_(group) {}
-
-ForwardScope::~ForwardScope() {
-  if (!finished_) group_.abort_forward();
-}
-
-std::vector<at::Tensor> ForwardScope::pre_forward(std::vector<at::Tensor> inputs) {
-  group_.pre_forward();
-  group_.cast_forward_inputs(inputs);
-  if (!at::GradMode::is_enabled()) return inputs;
-  torch::autograd::variable_list needing_grad;
-  std::vector<size_t> positions;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].defined() && inputs[i].requires_grad()) {
-      needing_grad.push_back(inputs[i]);
-      positions.push_back(i);
+void ParamGroup::reshard_to_post_forward_group() {
+  const int64_t shards = mesh_.shard_size() / post_forward_group_->size();
+  const int64_t first = post_forward_group_->rank() * shards;
+  const int64_t numel = flat_shards_.numel();
+  at::Tensor piece = at::empty({shards * numel}, flat_shards_.options().dtype(compute_dtype_));
+  {
+    TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
+    at::NoGradGuard no_grad;
+    const at::Tensor piece_2d = piece.view({shards, numel});
+    int64_t column = 0;
+    for (auto& p : params_) {
+      p.copy_chunks_into(p.param(), piece_2d.narrow(1, column, p.padded_numel()), first);
+      column += p.padded_numel();
     }
   }
-  if (needing_grad.empty()) return inputs;
-  std::shared_ptr<ParamGroup> group = group_.shared_from_this();
-  torch::autograd::variable_list routed =
-      PostBackwardFunction::apply(group, at::TensorList(needing_grad));
-  for (size_t k = 0; k < positions.size(); ++k) inputs[positions[k]] = routed[k];
-  return inputs;
+  free_unsharded_params();
+  post_forward_piece_ = std::move(piece);
+  set_sharded_state(ShardedState::kPostForwardPiece);
+  mesh_.stats().add_unsharded_params(post_forward_piece_.nbytes());
 }
 
-void ForwardScope::finish(std::vector<at::Tensor>& outputs) {
-  group_.post_forward(outputs);
-  finished_ = true;
+void ParamGroup::drop_post_forward_piece() {
+  if (sharded_state_ != ShardedState::kPostForwardPiece) return;
+  mesh_.stats().add_unsharded_params(-post_forward_piece_.nbytes());
+  post_forward_piece_ = at::Tensor();
+  set_sharded_state(ShardedState::kSharded);
 }
 
 }  // namespace fsdp::detail

@@ -1,51 +1,68 @@
-// ParamGroup: the state of one FSDP unit (one fully_shard call), FSDP2's FSDPParamGroup plus,
-// on the root unit, FSDP2's FSDPState bookkeeping for the whole tree.
+// ParamGroup: the communication state of one FSDP unit (one fully_shard call), FSDP2's
+// FSDPParamGroup. The tree-wide state (forward order, reductions in flight, end of backward)
+// is the root's RootState (root_state.h); the hooks that call into a unit are in hooks.cpp.
 //
-// Lifecycle of a unit within one training step:
-//   kIdle --pre_forward--> kForward --post_forward--> kForwardDone
-//        --pre_backward (hook on an output's grad)--> kBackward
-//        --post_backward (autograd node on the inputs, or the root's end-of-backward
-//          callback for units whose node never ran)--> kIdle
+// A unit has two states, each an enum changed only by its set_*_state function, which asserts
+// that the transition is legal:
+//
+// TrainingState, where the unit is within one training step:
+//   kIdle --pre_forward--> kForward --post_forward--> kAwaitingBackward (grad mode on; else kIdle)
+//        --pre_backward (hook on an output's grad)--> kPreBackward
+//        --post_backward (autograd node on the inputs, or the root's end-of-backward callback
+//          for units whose node never ran; also from kAwaitingBackward)--> kIdle
+//   Every state may go back to kIdle (an aborted forward, a step that had no backward), and to
+//   kForward (a unit called again in the same forward, or from inside a backward). kPreBackward
+//   is FSDP2's PRE_BACKWARD (gathered for backward, gradients accumulating); FSDP2 goes back to
+//   IDLE after forward, where this unit waits in kAwaitingBackward so that its pre-backward
+//   hook and the end-of-backward callback know whether its backward is still to come.
+//
+// ShardedState, what the unit's parameters hold:
+//   kSharded --issue_unshard--> kGathering --wait_unshard--> kUnsharded --reshard--> kSharded
+//   kSharded --issue_unshard, nothing to gather (one rank)--> kUnsharded
+//   kGathering --drop_pending_gather (a prefetch whose unit never ran)--> kSharded
+//   kUnsharded --post_forward with reshard_after_forward = N (hpZ)--> kPostForwardPiece: this
+//     rank's 1/N piece of the unsharded parameters, kept until pre_backward gathers from it
+//     within a group of N (kPostForwardPiece --issue_unshard--> kGathering), or reshard drops it.
 // Parameters are unsharded from pre_forward to post_forward (and to the end of backward when
-// reshard_after_forward is false) and from pre_backward to post_backward. With
-// reshard_after_forward = N (hpZ), post_forward keeps this rank's 1/N piece of the unsharded
-// parameters (post_forward_piece_) until pre_backward gathers from it within a group of N.
+// reshard_after_forward is false) and from pre_backward to post_backward.
 //
 // Communication is asynchronous: an unshard is an all-gather issued on the process group's
 // progress thread (issue_unshard) and completed, with the copy-out, only when the parameters
 // are needed (wait_unshard). Prefetching issues the next unit's all-gather before the current
 // unit computes: in forward, the next unit in the previous step's forward order; in backward,
 // the unit before the current one in this step's forward order. A unit's reduce-scatter is
-// issued in post_backward and completed later (when too many are in flight, or at the end of
-// backward), so it overlaps the backward of the units before it.
+// issued in post_backward and completed by the root later (when too many are in flight, or at
+// the end of backward), so it overlaps the backward of the units before it.
 //
 // Every collective is issued by every rank in the same order, because every rank runs the same
-// forward and the same autograd graph, and prefetch decisions depend only on that order. Units
-// a rank's backward never reaches are finished, in reverse forward order, by the root's
-// end-of-backward callback on every rank; gathers prefetched for units that never ran are
-// completed and dropped there too.
+// forward and the same autograd graph, and prefetch decisions depend only on that order.
 #pragma once
 
 #include "runtime/fsdp_param.h"
+#include "runtime/hooks.h"
+#include "runtime/root_state.h"
 
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
 
-#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace fsdp::detail {
 
-enum class UnitState { kIdle, kForward, kForwardDone, kBackward };
+enum class TrainingState { kIdle, kForward, kAwaitingBackward, kPreBackward };
+enum class ShardedState { kSharded, kGathering, kUnsharded, kPostForwardPiece };
+
+const char* to_string(TrainingState state);
+const char* to_string(ShardedState state);
 
 class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
  public:
   ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params, DeviceMesh mesh,
              FullyShardOptions options);
 
-  // Hooks, called by ForwardScope and autograd.
+  // Hooks, called by ForwardScope and autograd (hooks.cpp).
   void pre_forward();
   // Casts outputs to the policy's output_dtype, hooks pre-backward onto them, reshards.
   void post_forward(std::vector<at::Tensor>& outputs);
@@ -53,13 +70,14 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void cast_forward_inputs(std::vector<at::Tensor>& inputs) const;
   void abort_forward();
   void pre_backward();
+  // Reduces this backward's gradients into sharded ones; a no-op unless forward or
+  // pre-backward ran since the last post-backward.
   void post_backward();
 
   // Starts the all-gather of this unit's parameters; no-op if unsharded or already in flight.
   void issue_unshard();
   // Completes the unshard (issuing it first if needed): blocks on the all-gather, copies out.
   void wait_unshard();
-  void unshard() { wait_unshard(); }
   // Frees the unsharded parameters; completes and drops an all-gather still in flight.
   void reshard();
   // Completes and drops an all-gather still in flight, keeping unsharded parameters.
@@ -74,32 +92,50 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
     backward_prefetch_ = std::move(units);
   }
   // How many units ahead the implicit prefetch gathers (0: off). Read from the root.
-  void set_implicit_prefetch(int count);
+  void set_implicit_prefetch(int count) { own_root_.set_implicit_prefetch(count); }
 
   // FSDP2's gradient-accumulation controls, for this unit only (FSDPModule recurses). Throw if
   // a backward pass is running.
   void set_requires_gradient_sync(bool sync);
   void set_reshard_after_backward(bool reshard);
   void set_reshard_after_forward(bool reshard);
-  // On the root: whether the next backward is the last before the optimizer step. If not, its
-  // reduce-scatters may still be in flight when backward returns.
+  // On the root: whether the next backward is the last before the optimizer step.
   void set_is_last_backward(bool last);
   // Every unit at or under this unit's module, in pre-order.
   std::vector<ParamGroup*> units_under() const;
+
+  // Called by the root's RootState.
+  // Joins the tree of root as the unit at path under the root's module.
+  void join_tree(RootState* root, const std::string& path, bool is_top);
+  // Start of a step: reshards a unit that a forward left without a backward, forgets the
+  // previous positions in the forward order.
+  void reset_for_step();
+  // The unit's first position in the previous step's forward order.
+  void note_last_forward_index(int index) {
+    if (last_forward_index_ < 0) last_forward_index_ = index;
+  }
+  // End of backward: reshards (or, with reshard_after_backward false, only completes a
+  // prefetched all-gather) and goes idle.
+  void finish_backward();
+  // Completes a reduction issued by this unit's post_backward and hands each parameter its
+  // sharded gradient.
+  void finish_reduce(PendingReduce& reduce);
 
   // For error messages: the unit's path under the root, or the module's type name.
   const std::string& label() const { return label_; }
   // Path of the unit's module under the outermost fully_shard'ed module ("" for that one).
   const std::string& path() const { return path_; }
-  void set_path(std::string path, bool is_top);
+  void set_path(const std::string& path, bool is_top);
+  torch::nn::Module& module() const { return *module_; }
   std::vector<FSDPParam>& params() { return params_; }
   const std::vector<FSDPParam>& params() const { return params_; }
   const DeviceMesh& mesh() const { return mesh_; }
   const at::Tensor& flat_shards() const { return flat_shards_; }
-  bool is_unsharded() const { return unsharded_; }
-  bool gather_in_flight() const { return pending_gather_ != nullptr; }
-  bool is_root() const { return root_ == this; }
-  UnitState state() const { return state_; }
+  bool is_unsharded() const { return sharded_state_ == ShardedState::kUnsharded; }
+  bool gather_in_flight() const { return sharded_state_ == ShardedState::kGathering; }
+  bool is_root() const { return root_ == &own_root_; }
+  TrainingState training_state() const { return training_state_; }
+  ShardedState sharded_state() const { return sharded_state_; }
 
  private:
   struct PendingGather {
@@ -109,20 +145,33 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
     at::Tensor buffer;        // [W * shard numel]
     Tracer::Clock::time_point issued;
   };
-  struct PendingReduce {
-    ParamGroup* unit;
-    WorkHandle work;
-    at::Tensor input;   // [W * S]: kept alive until the op completes
-    at::Tensor output;  // [S]: becomes the sharded gradients
+  // What post_backward works on: each trainable parameter's full gradient of this backward
+  // (undefined if it got none) and the sharded gradient it held before (undefined after
+  // zero_grad).
+  struct UnitGrads {
     std::vector<FSDPParam*> params;
-    std::vector<at::Tensor> previous;  // sharded gradients to add (accumulation)
-    Tracer::Clock::time_point issued;
-    const char* op = "reduce-scatter";  // what work is: a reduce-scatter, or (no shard
-                                        // dimension) the all-reduce across replicas
-    bool replicate_after = false;       // all-reduce output across replicas once work is done
+    std::vector<at::Tensor> full;
+    std::vector<at::Tensor> previous;
+    int64_t reduce_numel = 0;  // S: the padded shard numel over params
+    int64_t full_bytes = 0;
   };
 
-  void lazy_init_as_root();
+  // The only writers of the two states: assert that from -> to is a legal transition (and that
+  // the gather and hpZ piece agree with the new sharded state).
+  void set_training_state(TrainingState to);
+  void set_sharded_state(ShardedState to);
+
+  const RootState& tree() const { return root_ != nullptr ? *root_ : own_root_; }
+  RootState& tree() { return root_ != nullptr ? *root_ : own_root_; }
+  bool reshard_after_forward() const;
+  void prefetch_forward();
+  void prefetch_backward();
+
+  // Unshard and reshard steps.
+  void unshard_without_gather();
+  void copy_out(const at::Tensor& gathered);
+  // Frees the unsharded parameters (the state change is the caller's).
+  void free_unsharded_params();
   // After forward, with reshard_after_forward = N (1 < N < W): keeps the piece of the unsharded
   // parameters that this rank serves within its post-forward group, then reshards.
   void reshard_to_post_forward_group();
@@ -130,16 +179,18 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // Takes a gather's buffer and hpZ piece off the books once they are released, and the unit's
   // count too unless the gather completed (gathered: the unit is now unsharded).
   void uncount_gather(const PendingGather& pending, bool gathered);
-  void begin_step();
-  void queue_end_of_backward();
-  void end_of_backward();
-  bool reshard_after_forward() const;
-  int implicit_prefetch() const;
-  void prefetch_forward();
-  void prefetch_backward();
-  // Completes the root's oldest in-flight reduce-scatters until at most keep remain.
-  void finish_reduces(size_t keep);
-  static void finish_reduce(PendingReduce& reduce);
+
+  // Post-backward steps, in order.
+  UnitGrads take_grads(bool backward_ran);
+  void add_unsynced_grads(UnitGrads& grads);
+  void keep_unsynced_grads(UnitGrads& grads);
+  void assign_single_rank_grads(UnitGrads& grads);
+  at::Tensor pack_reduce_input(UnitGrads& grads);
+  PendingReduce issue_reduce(UnitGrads grads);
+  // Finish-reduce steps.
+  void all_reduce_across_replicas(const at::Tensor& reduced);
+  static void assign_sharded_grads(const at::Tensor& reduced, const PendingReduce& reduce);
+
   // Blocks on work, counting the wait as exposed communication; rethrows with context.
   void wait_for(const WorkHandle& work, const char* what);
   void check_not_in_backward(const char* setting) const;
@@ -157,34 +208,22 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   bool reshard_after_backward_ = true;
   at::Tensor flat_shards_;  // every parameter's padded shard, concatenated
   // hpZ: the group of N ranks that gathers for backward (null unless reshard_after_forward
-  // is an N with 1 < N < W), and between forward and backward this rank's piece of the
-  // unsharded parameters: the W / N consecutive shards (in the all-gather's [W, S] layout)
-  // starting at shard (rank in that group) * W / N, in the compute dtype.
+  // is an N with 1 < N < W), and in kPostForwardPiece this rank's piece of the unsharded
+  // parameters: the W / N consecutive shards (in the all-gather's [W, S] layout) starting at
+  // shard (rank in that group) * W / N, in the compute dtype.
   std::shared_ptr<ProcessGroup> post_forward_group_;
   at::Tensor post_forward_piece_;
-  UnitState state_ = UnitState::kIdle;
-  bool unsharded_ = false;
-  std::unique_ptr<PendingGather> pending_gather_;
+  TrainingState training_state_ = TrainingState::kIdle;
+  ShardedState sharded_state_ = ShardedState::kSharded;
+  std::unique_ptr<PendingGather> pending_gather_;  // set exactly in kGathering
   std::vector<ParamGroup*> forward_prefetch_;
   std::vector<ParamGroup*> backward_prefetch_;
   int forward_index_ = -1;       // position in this step's forward order
   int last_forward_index_ = -1;  // position in the previous step's forward order
   Tracer::Clock::time_point compute_begin_;
 
-  ParamGroup* root_ = nullptr;
-  // Root only.
-  int implicit_prefetch_ = 1;
-  bool is_last_backward_ = true;
-  std::vector<ParamGroup*> units_;               // every unit under the root, pre-order
-  std::vector<ParamGroup*> forward_order_;       // units in the order their forward ran this step
-  std::vector<ParamGroup*> last_forward_order_;  // the same, for the previous step
-  std::deque<PendingReduce> pending_reduces_;
-  bool end_of_backward_queued_ = false;
+  RootState own_root_{*this};  // used when this unit is the root
+  RootState* root_ = nullptr;  // the tree's, set by its lazy_init
 };
-
-// The group attached to module by fully_shard, or nullptr.
-ParamGroup* param_group_of(const torch::nn::Module& module);
-// Attaches group to module (as a parameterless child module, so no global registry exists).
-void attach_param_group(torch::nn::Module& module, std::shared_ptr<ParamGroup> group);
 
 }  // namespace fsdp::detail

@@ -1,0 +1,100 @@
+// RootState: the tree-wide state of one fully_shard'ed tree (FSDP2's FSDPState on the root,
+// with its FSDPStateContext), kept apart from the per-unit communication state (ParamGroup).
+//
+// Every unit owns one, since any unit may turn out to be the root; only the root's is used, and
+// a unit's settings that act tree-wide (implicit prefetch count, is_last_backward) are read from
+// the root's. On the root's first forward, lazy_init makes every unit at or under the root's
+// module point here.
+//
+// Within one training step the root:
+//   - starts the step (begin_step, in the root's pre-forward): units that a forward left
+//     unsharded without a backward are resharded, and this step's forward order becomes the
+//     previous step's, which forward prefetching follows;
+//   - records the order in which units run forward (backward prefetching walks it in reverse);
+//   - holds every unit's reduce-scatter in flight, oldest first, completing the oldest when more
+//     than kReducesInFlight are issued;
+//   - at the end of backward (an autograd engine callback queued by the first pre-backward),
+//     runs post-backward, in reverse forward order, for units whose post-backward node never
+//     ran, completes the reductions if this is the last backward before the optimizer step,
+//     and reshards every unit.
+#pragma once
+
+#include <fsdp/comm/process_group.h>
+#include <fsdp/runtime/trace.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <deque>
+#include <vector>
+
+namespace fsdp::detail {
+
+class FSDPParam;
+class ParamGroup;
+
+// A unit's gradient reduction in flight: a reduce-scatter over the shard group or, with no
+// shard dimension (DDP-style replication), an all-reduce across replicas.
+struct PendingReduce {
+  ParamGroup* unit = nullptr;
+  WorkHandle work;
+  at::Tensor input;   // [W * S]: kept alive until the op completes
+  at::Tensor output;  // [S]: becomes the sharded gradients
+  std::vector<FSDPParam*> params;
+  std::vector<at::Tensor> previous;  // sharded gradients to add (accumulation)
+  Tracer::Clock::time_point issued;
+  const char* op = "reduce-scatter";  // what work is, for the trace
+  bool replicate_after = false;       // HSDP: all-reduce output across replicas once work is done
+};
+
+class RootState {
+ public:
+  explicit RootState(ParamGroup& root) : root_(root) {}
+  RootState(const RootState&) = delete;
+  RootState& operator=(const RootState&) = delete;
+
+  // How many units ahead the implicit prefetch gathers (0: off).
+  void set_implicit_prefetch(int count);
+  int implicit_prefetch() const { return implicit_prefetch_; }
+  // Whether the next backward is the last before the optimizer step. If not, its
+  // reduce-scatters may still be in flight when backward returns.
+  void set_is_last_backward(bool last) { is_last_backward_ = last; }
+
+  // Makes every unit at or under the root's module (the root included) a unit of this tree and
+  // names it by its path under the root.
+  void lazy_init();
+  // Called by the root's pre-forward: starts a training step from a clean slate.
+  void begin_step();
+  // Appends unit to this step's forward order and returns its position there.
+  int record_forward(ParamGroup* unit);
+  const std::vector<ParamGroup*>& forward_order() const { return forward_order_; }
+  const std::vector<ParamGroup*>& last_forward_order() const { return last_forward_order_; }
+  // From the root's forward to the end of its backward: settings must not change then, since
+  // units act on them at different times.
+  bool step_in_progress() const;
+
+  // Queues end_of_backward with the autograd engine, once per backward pass.
+  void queue_end_of_backward();
+  // Takes a unit's reduction in flight, completing the oldest beyond kReducesInFlight.
+  void add_reduce(PendingReduce reduce);
+
+ private:
+  // Two in flight let one unit's reduce-scatter run during the next unit's backward while
+  // bounding the gradient buffers held to two units' worth.
+  static constexpr size_t kReducesInFlight = 2;
+
+  void end_of_backward();
+  // Completes the oldest reductions in flight until at most keep remain.
+  void finish_reduces(size_t keep);
+
+  ParamGroup& root_;  // owns this
+  int implicit_prefetch_ = 1;
+  bool is_last_backward_ = true;
+  std::vector<ParamGroup*> units_;               // every unit under the root, pre-order
+  std::vector<ParamGroup*> forward_order_;       // units in the order their forward ran this step
+  std::vector<ParamGroup*> last_forward_order_;  // the same, for the previous step
+  std::deque<PendingReduce> pending_reduces_;
+  bool end_of_backward_queued_ = false;
+};
+
+}  // namespace fsdp::detail
