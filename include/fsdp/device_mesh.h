@@ -12,8 +12,8 @@
 #pragma once
 
 #include <fsdp/comm/process_group.h>
-#include <fsdp/runtime/stats.h>
-#include <fsdp/runtime/trace.h>
+#include <fsdp/util/stats.h>
+#include <fsdp/util/trace.h>
 
 #include <map>
 #include <memory>

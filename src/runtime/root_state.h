@@ -20,7 +20,7 @@
 #pragma once
 
 #include <fsdp/comm/process_group.h>
-#include <fsdp/runtime/trace.h>
+#include <fsdp/util/trace.h>
 
 #include <ATen/core/Tensor.h>
 

@@ -1,5 +1,5 @@
-// Chrome trace-event output; see include/fsdp/runtime/trace.h.
-#include <fsdp/runtime/trace.h>
+// Chrome trace-event output; see include/fsdp/util/trace.h.
+#include <fsdp/util/trace.h>
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
