@@ -3,7 +3,10 @@
 # checked-in .clang-format) makes of it. Fix with: clang-format -i FILE...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v clang-format >/dev/null || { echo "check_format: clang-format is not installed" >&2; exit 2; }
+if ! command -v clang-format >/dev/null; then
+  echo "== installing clang-format"
+  if [ "$(id -u)" = 0 ]; then apt-get install -y -qq clang-format >/dev/null; else sudo apt-get install -y -qq clang-format >/dev/null; fi
+fi
 bad=()
 while IFS= read -r f; do
   clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || bad+=("$f")

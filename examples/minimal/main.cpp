@@ -45,7 +45,8 @@ int main() {
     loss.backward();  // reduce-scatters the gradients as it goes
     fsdp::clip_grad_norm_(params, 1.0, mesh);
     optimizer.step();
-    if (group->rank() == 0 && step % 10 == 0) std::printf("step %d loss %.4f\n", step, loss.item<float>());
+    if (group->rank() == 0 && (step == 1 || step % 10 == 0))
+      std::printf("step %d loss %.4f (rank 0's slice)\n", step, loss.item<float>());
   }
   return 0;
 }
