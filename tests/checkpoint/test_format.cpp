@@ -4,7 +4,7 @@
 #include <fsdp/checkpoint/format.h>
 #include <fsdp/checkpoint/safetensors.h>
 
-#include "checkpoint/checkpoint_test_util.h"
+#include "support/checkpoint_util.h"
 #include "support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -17,9 +17,9 @@ namespace fsdp::checkpoint {
 namespace {
 
 using ::testing::HasSubstr;
-using testing_util::read_bytes;
-using testing_util::temp_dir;
-using testing_util::write_bytes;
+using test::read_bytes;
+using test::temp_dir;
+using test::write_bytes;
 
 // A whole safetensors file: header JSON (as given, not re-encoded) plus data_bytes zero bytes.
 std::string file_with_header(const std::string& json, size_t data_bytes) {

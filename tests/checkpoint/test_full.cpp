@@ -10,7 +10,7 @@
 #include <models/gpt2/gpt2.h>
 #include <models/gpt2/hf.h>
 
-#include "checkpoint/checkpoint_test_util.h"
+#include "support/checkpoint_util.h"
 #include "support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -21,10 +21,10 @@ namespace fsdp::checkpoint {
 namespace {
 
 using ::testing::HasSubstr;
-using testing_util::make_gpt2;
-using testing_util::read_bytes;
-using testing_util::temp_dir;
-using testing_util::write_bytes;
+using test::make_gpt2;
+using test::read_bytes;
+using test::temp_dir;
+using test::write_bytes;
 
 ExportOptions hf_export() { return ExportOptions().layout(models::gpt2_hf_layout()); }
 

@@ -10,7 +10,7 @@
 #include <models/llama/hf.h>
 #include <models/llama/llama.h>
 
-#include "checkpoint/checkpoint_test_util.h"
+#include "support/checkpoint_util.h"
 #include "support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -36,9 +36,9 @@ using test::CommandResult;
 using test::fsdp_train_binary;
 using test::run_command;
 using ::testing::HasSubstr;
-using testing_util::exists;
-using testing_util::list_dir;
-using testing_util::temp_dir;
+using test::exists;
+using test::list_dir;
+using test::temp_dir;
 
 std::string python() { return test::reference_python(); }
 

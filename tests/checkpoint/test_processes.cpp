@@ -7,7 +7,7 @@
 #include <models/gpt2/gpt2.h>
 #include <models/gpt2/hf.h>
 
-#include "checkpoint/checkpoint_test_util.h"
+#include "support/checkpoint_util.h"
 #include "support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -30,10 +30,10 @@ using test::CommandResult;
 using test::fsdp_train_binary;
 using test::run_command;
 using ::testing::HasSubstr;
-using testing_util::exists;
-using testing_util::file_size;
-using testing_util::read_bytes;
-using testing_util::temp_dir;
+using test::exists;
+using test::file_size;
+using test::read_bytes;
+using test::temp_dir;
 
 std::map<int64_t, double> losses(const std::string& metrics_path) {
   std::map<int64_t, double> result;

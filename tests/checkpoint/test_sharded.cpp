@@ -12,7 +12,7 @@
 #include <fsdp_train/trainer.h>
 #include <models/gpt2/gpt2.h>
 
-#include "checkpoint/checkpoint_test_util.h"
+#include "support/checkpoint_util.h"
 #include "support/test_support.h"
 
 #include <ATen/ATen.h>
@@ -27,10 +27,10 @@ namespace fsdp::checkpoint {
 namespace {
 
 using ::testing::HasSubstr;
-using testing_util::exists;
-using testing_util::read_bytes;
-using testing_util::temp_dir;
-using testing_util::write_bytes;
+using test::exists;
+using test::read_bytes;
+using test::temp_dir;
+using test::write_bytes;
 
 constexpr int kNoFsdp = 0;  // "world size" of the single-process reference
 
@@ -192,7 +192,7 @@ TEST(ShardedCheckpoint, MovesBetweenShardingStrategies) {
 // --- the library directly ---
 
 models::GPT2LMHead make_model(const models::GPT2Config& config, const DeviceMesh* mesh) {
-  return testing_util::make_gpt2(config, /*seed=*/5, mesh);
+  return test::make_gpt2(config, /*seed=*/5, mesh);
 }
 
 torch::optim::AdamW make_optimizer(const torch::nn::Module& model) {
@@ -306,7 +306,7 @@ TEST(ShardedCheckpoint, AnotherConfigListsMissingUnexpectedAndMisshapedKeys) {
 
 std::string copy_checkpoint(const std::string& ckpt, const std::string& name) {
   const std::string dir = temp_dir(name) + "/copy";
-  testing_util::copy_flat_dir(resolve_checkpoint(ckpt), dir);
+  test::copy_flat_dir(resolve_checkpoint(ckpt), dir);
   return dir;
 }
 

@@ -4,7 +4,7 @@
 #include <fsdp/data/error.h>
 #include <fsdp/data/token_shard.h>
 
-#include "data/data_test_util.h"
+#include "support/data_util.h"
 
 #include <gtest/gtest.h>
 

@@ -16,11 +16,11 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "runtime/gpt_case.h"
-#include "runtime/harness.h"
+#include "support/gpt_case.h"
+#include "support/harness.h"
 #include "support/test_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::test {
 namespace {
 
 using models::GPT2Config;
@@ -296,4 +296,4 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return info.param.name; });
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::test

@@ -4,14 +4,14 @@
 // invalid-UTF-8 replacement: byte-level BPE loses nothing.
 #include <fsdp/data/tokenizer.h>
 
-#include "data/data_test_util.h"
+#include "support/data_util.h"
 
 #include <cstddef>
 #include <cstdint>
 
 namespace {
 fsdp::data::Tokenizer make(bool llama) {
-  nlohmann::json j = fsdp::data::test::tiny_tokenizer();
+  nlohmann::json j = fsdp::test::tiny_tokenizer();
   if (llama) {
     j["pre_tokenizer"] = {
         {"type", "Sequence"},

@@ -12,10 +12,10 @@
 
 #include <thread>
 
-#include "runtime/gpt_case.h"
-#include "runtime/harness.h"
+#include "support/gpt_case.h"
+#include "support/harness.h"
 
-namespace fsdp::testing {
+namespace fsdp::test {
 namespace {
 
 using models::GPT2LMHeadImpl;
@@ -234,4 +234,4 @@ TEST(MemoryCounter, CountsLiveAndPeakBytesPerThread) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::test

@@ -1,17 +1,15 @@
 // GPT-2 (tiny) trained with fully_shard over W thread-ranks against the single-process
 // reference: 10 AdamW steps with weight decay and clipping; loss and grad norm per step within
 // 1e-5 relative, every parameter within 1e-5; W = 1 bit-identical.
-#include "runtime/gpt_case.h"
-#include "runtime/harness.h"
+#include "support/gpt_case.h"
+#include "support/harness.h"
 
-#include <fsdp_train/corpus.h>
-#include <fsdp_train/data.h>
 #include <models/gpt2/gpt2.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-namespace fsdp::testing {
+namespace fsdp::test {
 namespace {
 
 using models::GPT2Config;
@@ -131,4 +129,4 @@ TEST(GptDeferredInit, ShardsEqualTheSingleProcessInitialValues) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::test

@@ -1,7 +1,7 @@
 // fully_shard on a model with awkward shapes (dims 7, 13 and 1, a 0-D parameter), a frozen
 // parameter, an unused parameter and a buffer, checked against single-process training, plus
 // the runtime's memory and communication accounting against analytic counts.
-#include "runtime/harness.h"
+#include "support/harness.h"
 
 #include <fsdp/fully_shard.h>
 
@@ -11,7 +11,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 
-namespace fsdp::testing {
+namespace fsdp::test {
 namespace {
 
 // One unit: y = tanh(fc(x)) * gain + frozen_bias. `unused` never takes part in forward.
@@ -254,4 +254,4 @@ TEST(FullyShardAccounting, NoUnshardedParametersBetweenUnitsAndCommBytesMatch) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::test

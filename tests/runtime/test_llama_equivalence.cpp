@@ -3,10 +3,9 @@
 // single-process reference: 8 AdamW steps with weight decay and clipping; W = 1 bit-identical,
 // W = 2, 3, 4 within 1e-5 (losses and grad norms relative, parameters absolute); tied
 // embeddings and activation checkpointing too.
-#include "runtime/harness.h"
+#include "support/test_support.h"
+#include "support/harness.h"
 
-#include <fsdp_train/corpus.h>
-#include <fsdp_train/data.h>
 #include <models/llama/llama.h>
 
 #include <ATen/ATen.h>
@@ -15,7 +14,7 @@
 #include <cmath>
 #include <iostream>
 
-namespace fsdp::testing {
+namespace fsdp::test {
 namespace {
 
 using models::LlamaConfig;
@@ -29,14 +28,13 @@ struct LlamaCaseOptions {
 };
 
 TrainCase llama_case(const LlamaCaseOptions& opt = {}) {
-  static const train::TokenDataset data(std::string(train::default_corpus()));
   TrainCase c;
   c.loss = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x,
               const at::Tensor& y) {
     LlamaForCausalLM model(std::static_pointer_cast<LlamaForCausalLMImpl>(m));
     return models::loss(fsdp::forward(model, x), y);
   };
-  c.batch = [](int64_t step) { return data.global_batch(step, 12, 16, 7); };
+  c.batch = [](int64_t step) { return text_batch(step, 12, 16, 7); };
   c.steps = 8;
   c.lr = 1e-3;
   c.weight_decay = 0.1;
@@ -121,4 +119,4 @@ TEST(LlamaEquivalence, ActivationCheckpointingMatchesThePlainReference) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::test

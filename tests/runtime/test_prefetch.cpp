@@ -2,7 +2,7 @@
 // units unsharded at once stays within the current unit plus the prefetch depth, a unit that
 // is prefetched but not run neither leaks nor hangs, and ranks whose compute is delayed at
 // random still agree with the single-process reference.
-#include "runtime/harness.h"
+#include "support/harness.h"
 
 #include <fsdp/fully_shard.h>
 
@@ -15,7 +15,7 @@
 #include <random>
 #include <thread>
 
-namespace fsdp::testing {
+namespace fsdp::test {
 namespace {
 
 // A stack of units: x -> x + tanh(W_i x + b_i), with an optional per-rank random delay in
@@ -234,4 +234,4 @@ TEST(Prefetch, RandomComputeDelaysPerRank) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::test

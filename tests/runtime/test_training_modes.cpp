@@ -1,8 +1,8 @@
 // Training modes against the single-process reference: mixed precision (bf16 compute from fp32
 // master weights) and the gradient-accumulation controls, with their communication counts, and
 // the errors for bad settings.
-#include "runtime/gpt_case.h"
-#include "runtime/harness.h"
+#include "support/gpt_case.h"
+#include "support/harness.h"
 #include "support/test_support.h"
 
 #include <fsdp/fully_shard.h>
@@ -13,7 +13,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
-namespace fsdp::testing {
+namespace fsdp::test {
 namespace {
 
 using ::testing::AllOf;
@@ -342,4 +342,4 @@ TEST(TrainingModeErrors, ChangingSyncSettingsDuringBackward) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::test

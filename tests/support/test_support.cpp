@@ -4,6 +4,7 @@
 
 #include <fsdp/util/error.h>
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <sys/wait.h>
 #include <nlohmann/json.hpp>
@@ -37,6 +38,48 @@ CommandResult run_command(const std::string& command, int limit_s) {
 std::string program_path(const std::string& name) {
   const char* dir = std::getenv("FSDP_BIN_DIR");
   return (dir != nullptr && *dir != '\0' ? std::string(dir) : std::string(".")) + "/" + name;
+}
+
+namespace {
+
+// Text the batches are cut from: plain prose with punctuation, digits and line breaks, so that
+// a byte-level model has something to learn in a few steps.
+constexpr char kText[] =
+    "A sharded model keeps one slice of every parameter on each rank. Before a block runs, the\n"
+    "ranks gather its slices into the full weights; after it ran, they free them again. In the\n"
+    "backward pass the same block is gathered once more, its gradients are computed, and a\n"
+    "reduce-scatter leaves each rank with the summed gradient of its own slice. The optimizer\n"
+    "then updates only that slice, so 4 ranks hold 1/4 of the weights, 1/4 of the gradients\n"
+    "and 1/4 of the optimizer state, at the price of 3 collectives per block and step.\n"
+    "Overlap hides most of that price: while block 7 computes, block 8 is already being\n"
+    "gathered, and while block 3 runs its backward, the gradients of block 4 travel.\n";
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> text_batch(int64_t step, int64_t batch, int64_t seq_len,
+                                             uint64_t seed) {
+  const int64_t size = static_cast<int64_t>(sizeof(kText)) - 1;
+  TORCH_CHECK(seq_len + 1 <= size, "text_batch: seq_len ", seq_len, " is longer than the text");
+  at::Tensor inputs = at::empty({batch, seq_len}, at::kLong);
+  at::Tensor targets = at::empty({batch, seq_len}, at::kLong);
+  uint64_t state = seed * 0x2545F4914F6CDD1DULL + static_cast<uint64_t>(step);
+  auto* in = inputs.data_ptr<int64_t>();
+  auto* out = targets.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t offset = static_cast<int64_t>(splitmix64(state) % (size - seq_len));
+    for (int64_t t = 0; t < seq_len; ++t) {
+      in[b * seq_len + t] = static_cast<unsigned char>(kText[offset + t]);
+      out[b * seq_len + t] = static_cast<unsigned char>(kText[offset + t + 1]);
+    }
+  }
+  return {inputs, targets};
 }
 
 std::string reference_python() {

@@ -4,9 +4,11 @@
 
 #include <fsdp/comm/rendezvous.h>
 
+#include <ATen/core/Tensor.h>
 #include <nlohmann/json_fwd.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -47,6 +49,13 @@ inline std::string fsdp_train_binary() { return program_path("fsdp-train"); }
 // path is absolute: ctest runs each test from the build directory, where a path relative to
 // the source tree names nothing.
 std::string reference_python();
+
+// A global batch of byte tokens for step `step`: (inputs, targets), each [batch, seq_len] int64,
+// targets shifted left by one, windows of a fixed English text at offsets drawn from (seed,
+// step) alone, so every rank and the single-process reference see the same batch. For the
+// runtime's equivalence tests, which need real-looking text but not the trainer.
+std::pair<at::Tensor, at::Tensor> text_batch(int64_t step, int64_t batch, int64_t seq_len,
+                                             uint64_t seed);
 
 // Every line of a JSON-lines file (fsdp-train's --metrics), parsed.
 std::vector<nlohmann::json> read_json_lines(const std::string& path);

@@ -2,13 +2,13 @@
 // vary. Global batch 12 x 16 tokens (divisible by W = 1..4), 10 AdamW steps.
 #pragma once
 
-#include "runtime/harness.h"
+#include "support/harness.h"
 
 #include <models/gpt2/gpt2.h>
 
 #include <optional>
 
-namespace fsdp::testing {
+namespace fsdp::test {
 
 struct GptCaseOptions {
   std::optional<ReshardAfterForward> reshard_after_forward;  // for the blocks
@@ -26,4 +26,4 @@ TrainCase gpt_case(const GptCaseOptions& opt = {});
 int64_t gpt2_bytes_kept_for_backward(const models::GPT2Config& config, int64_t batch, int64_t seq,
                                      bool activation_checkpoint);
 
-}  // namespace fsdp::testing
+}  // namespace fsdp::test

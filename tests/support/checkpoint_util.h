@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace fsdp::checkpoint::testing_util {
+namespace fsdp::test {
 
 // GPT-2 of config initialized from seed; with a mesh, every block is sharded as it is built,
 // then the root (fsdp-train's setup).
@@ -97,4 +97,4 @@ inline void copy_flat_dir(const std::string& from, const std::string& to) {
     write_bytes(to + "/" + name, read_bytes(from + "/" + name));
 }
 
-}  // namespace fsdp::checkpoint::testing_util
+}  // namespace fsdp::test

@@ -1,12 +1,11 @@
 // See gpt_case.h.
-#include "runtime/gpt_case.h"
+#include "support/test_support.h"
+#include "support/gpt_case.h"
 
 #include <fsdp/util/memory_counter.h>
-#include <fsdp_train/corpus.h>
-#include <fsdp_train/data.h>
 #include <models/gpt2/gpt2.h>
 
-namespace fsdp::testing {
+namespace fsdp::test {
 
 using models::GPT2Config;
 using models::GPT2LMHead;
@@ -27,7 +26,6 @@ int64_t gpt2_bytes_kept_for_backward(const GPT2Config& config, int64_t batch, in
 }
 
 TrainCase gpt_case(const GptCaseOptions& opt) {
-  static const train::TokenDataset data(std::string(train::default_corpus()));
   TrainCase c;
   const GPT2Config config = GPT2Config::tiny();
   c.loss = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x,
@@ -35,7 +33,7 @@ TrainCase gpt_case(const GptCaseOptions& opt) {
     GPT2LMHead model(std::static_pointer_cast<GPT2LMHeadImpl>(m));
     return models::loss(fsdp::forward(model, x), y);
   };
-  c.batch = [](int64_t step) { return data.global_batch(step, 12, 16, 7); };
+  c.batch = [](int64_t step) { return text_batch(step, 12, 16, 7); };
   c.accumulation = opt.accumulation;
   c.steps = 10;
   // lr 1e-3 keeps Adam's amplification of float32 rounding noise (in gradients that are
@@ -74,4 +72,4 @@ TrainCase gpt_case(const GptCaseOptions& opt) {
   return c;
 }
 
-}  // namespace fsdp::testing
+}  // namespace fsdp::test

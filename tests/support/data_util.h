@@ -10,7 +10,7 @@
 #include <fstream>
 #include <string>
 
-namespace fsdp::data::test {
+namespace fsdp::test {
 
 // GPT-2's byte -> char table, as UTF-8 strings.
 inline std::string byte_char(int b) {
@@ -99,4 +99,4 @@ inline void write_file(const std::string& path, const std::string& bytes) {
   out << bytes;
 }
 
-}  // namespace fsdp::data::test
+}  // namespace fsdp::test

@@ -1,12 +1,12 @@
 // Implementation of the equivalence harness; see harness.h.
-#include "runtime/harness.h"
+#include "support/harness.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
 
-namespace fsdp::testing {
+namespace fsdp::test {
 namespace {
 
 torch::optim::AdamW make_optimizer(const std::vector<at::Tensor>& params, const TrainCase& c) {
@@ -157,4 +157,4 @@ void expect_bit_identical(const TrainRecord& reference, const TrainRecord& rank0
   }
 }
 
-}  // namespace fsdp::testing
+}  // namespace fsdp::test

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-namespace fsdp::testing {
+namespace fsdp::test {
 
 struct TrainCase {
   // Builds the model with deterministic initial values (same on every call). mesh is null for
@@ -74,4 +74,4 @@ void expect_bit_identical(const TrainRecord& reference, const TrainRecord& rank0
 // A deterministic tensor in [-scale, scale) from its own generator.
 at::Tensor seeded_uniform(c10::IntArrayRef shape, uint64_t seed, double scale = 1.0);
 
-}  // namespace fsdp::testing
+}  // namespace fsdp::test
