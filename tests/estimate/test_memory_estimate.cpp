@@ -187,7 +187,7 @@ class TrainerMemory : public ::testing::TestWithParam<TrainerCase> {};
 TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
   const TrainerCase& c = GetParam();
   constexpr int64_t kSeqLen = 64;
-  const std::string metrics = ::testing::TempDir() + "estimate_" + c.name + ".jsonl";
+  const std::string metrics = temp_path("estimate_" + c.name + ".jsonl");
   int exit_code = -1;
   const std::string output = run_trainer(
       "--nproc " + std::to_string(c.world) + " --model " + c.model + " --steps 2 --global-batch " +
@@ -242,9 +242,9 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
 TEST(TrainerActivationCheckpoint, MatchesThePlainReferenceAndKeepsLess) {
   const std::string common =
       "--model tiny --steps 3 --global-batch 8 --seq-len 64 --quiet --seed 5";
-  const std::string ckpt = ::testing::TempDir() + "ckpt_w2.jsonl";
-  const std::string plain = ::testing::TempDir() + "plain_w2.jsonl";
-  const std::string reference = ::testing::TempDir() + "reference.jsonl";
+  const std::string ckpt = temp_path("ckpt_w2.jsonl");
+  const std::string plain = temp_path("plain_w2.jsonl");
+  const std::string reference = temp_path("reference.jsonl");
   int code = -1;
   std::string out =
       run_trainer("--nproc 2 --activation-checkpoint " + common + " --metrics " + ckpt, code);

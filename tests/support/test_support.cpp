@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <sys/wait.h>
+#include <unistd.h>
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
@@ -80,6 +82,12 @@ std::pair<at::Tensor, at::Tensor> text_batch(int64_t step, int64_t batch, int64_
     }
   }
   return {inputs, targets};
+}
+
+std::string temp_path(const std::string& name) {
+  std::string base = ::testing::TempDir();
+  if (!base.empty() && base.back() != '/') base += '/';
+  return base + "fsdp_" + std::to_string(::getpid()) + "_" + name;
 }
 
 std::string reference_python() {

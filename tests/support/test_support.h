@@ -57,6 +57,10 @@ std::string reference_python();
 std::pair<at::Tensor, at::Tensor> text_batch(int64_t step, int64_t batch, int64_t seq_len,
                                              uint64_t seed);
 
+// A path for a test's scratch file: gtest's temp directory, this process's id and name, so that
+// suites run at once (ctest -j, several builds on one machine) never share a file.
+std::string temp_path(const std::string& name);
+
 // Every line of a JSON-lines file (fsdp-train's --metrics), parsed.
 std::vector<nlohmann::json> read_json_lines(const std::string& path);
 

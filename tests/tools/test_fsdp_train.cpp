@@ -32,9 +32,7 @@ CommandResult run(const std::string& args, const std::string& env = "", int limi
   return run_command("env " + env + " " + fsdp_train_binary() + " " + args, limit_s);
 }
 
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "fsdp_train_" + name;
-}
+std::string temp_path(const std::string& name) { return test::temp_path("fsdp_train_" + name); }
 
 TEST(FsdpTrain, TwoProcessesMatchTheSingleProcessReference) {
   const std::string common =

@@ -37,7 +37,7 @@ TEST_P(FsdpTrainModel, MatchesTheSingleProcessReference) {
   const std::string common =
       "--model " + c.model + " --steps 3 --global-batch 4 --seq-len 16 --quiet --seed 5";
   const std::string base =
-      ::testing::TempDir() + "fsdp_train_" + c.model + "_" + std::to_string(c.world);
+      test::temp_path("fsdp_train_" + c.model + "_" + std::to_string(c.world));
   const CommandResult a = run_command(fsdp_train_binary() + " --nproc " + std::to_string(c.world) +
                                       " " + common + " --metrics " + base + ".jsonl");
   ASSERT_EQ(a.exit_code, 0) << a.output;
