@@ -22,6 +22,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <cmath>
+#include <optional>
 #include <unordered_set>
 #include <utility>
 
@@ -41,61 +42,67 @@ struct ParamSpec {
   double std = 0.0;
 };
 
+struct NamedSpec {
+  const char* name;
+  ParamSpec spec;
+};
+
+bool look_up(const std::vector<NamedSpec>& table, const std::string& name, ParamSpec& spec) {
+  for (const auto& entry : table) {
+    if (name == entry.name) {
+      spec = entry.spec;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The rest of name after "<prefix><layer>.", layer a decimal number without leading zeros,
+// below n_layers; nullopt when name has no such form.
+std::optional<std::string> layer_rest(const std::string& name, const std::string& prefix,
+                                      int64_t n_layers) {
+  if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const size_t pos = prefix.size();
+  const size_t dot = name.find('.', pos);
+  if (dot == std::string::npos || dot == pos || dot - pos > 9) return std::nullopt;
+  int64_t layer = 0;
+  for (size_t i = pos; i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  if ((dot - pos > 1 && name[pos] == '0') || layer >= n_layers) return std::nullopt;
+  return name.substr(dot + 1);
+}
+
 // Shape and initializer of the HF-named parameter name (lm_head.weight already mapped to wte),
 // or false if GPT2LMHead(config) has no such parameter.
 bool spec_of(const GPT2Config& c, const std::string& name, ParamSpec& spec) {
   const int64_t d = c.n_embd;
-  const std::string t = "transformer.";
-  if (name == t + "wte.weight") {
-    spec = {{c.vocab_size, d}, InitKind::kNormal, kInitStd};
-    return true;
-  }
-  if (name == t + "wpe.weight") {
-    spec = {{c.n_positions, d}, InitKind::kNormal, kPositionInitStd};
-    return true;
-  }
-  if (name == t + "ln_f.weight" || name == t + "ln_f.bias") {
-    spec = {{d}, name.back() == 't' ? InitKind::kOnes : InitKind::kZeros};
-    return true;
-  }
-  const std::string h = t + "h.";
-  if (name.compare(0, h.size(), h) != 0) return false;
-  // "<layer>.<rest>", layer a decimal number without leading zeros, below n_layer.
-  size_t pos = h.size();
-  size_t dot = name.find('.', pos);
-  if (dot == std::string::npos || dot == pos || dot - pos > 9) return false;
-  int64_t layer = 0;
-  for (size_t i = pos; i < dot; ++i) {
-    if (name[i] < '0' || name[i] > '9') return false;
-    layer = layer * 10 + (name[i] - '0');
-  }
-  if ((dot - pos > 1 && name[pos] == '0') || layer >= c.n_layer) return false;
-  const std::string rest = name.substr(dot + 1);
+  const std::vector<NamedSpec> top = {
+      {"transformer.wte.weight", {{c.vocab_size, d}, InitKind::kNormal, kInitStd}},
+      {"transformer.wpe.weight", {{c.n_positions, d}, InitKind::kNormal, kPositionInitStd}},
+      {"transformer.ln_f.weight", {{d}, InitKind::kOnes}},
+      {"transformer.ln_f.bias", {{d}, InitKind::kZeros}},
+  };
+  if (look_up(top, name, spec)) return true;
+  const std::optional<std::string> rest = layer_rest(name, "transformer.h.", c.n_layer);
+  if (!rest) return false;
   const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.n_layer));
-  if (rest == "ln_1.weight" || rest == "ln_2.weight") {
-    spec = {{d}, InitKind::kOnes};
-  } else if (rest == "ln_1.bias" || rest == "ln_2.bias") {
-    spec = {{d}, InitKind::kZeros};
-  } else if (rest == "attn.c_attn.weight") {
-    spec = {{3 * d, d}, InitKind::kNormal, kInitStd};
-  } else if (rest == "attn.c_attn.bias") {
-    spec = {{3 * d}, InitKind::kZeros};
-  } else if (rest == "attn.c_proj.weight") {
-    spec = {{d, d}, InitKind::kNormal, proj_std};
-  } else if (rest == "attn.c_proj.bias") {
-    spec = {{d}, InitKind::kZeros};
-  } else if (rest == "mlp.c_fc.weight") {
-    spec = {{4 * d, d}, InitKind::kNormal, kInitStd};
-  } else if (rest == "mlp.c_fc.bias") {
-    spec = {{4 * d}, InitKind::kZeros};
-  } else if (rest == "mlp.c_proj.weight") {
-    spec = {{d, 4 * d}, InitKind::kNormal, proj_std};
-  } else if (rest == "mlp.c_proj.bias") {
-    spec = {{d}, InitKind::kZeros};
-  } else {
-    return false;
-  }
-  return true;
+  const std::vector<NamedSpec> layer = {
+      {"ln_1.weight", {{d}, InitKind::kOnes}},
+      {"ln_2.weight", {{d}, InitKind::kOnes}},
+      {"ln_1.bias", {{d}, InitKind::kZeros}},
+      {"ln_2.bias", {{d}, InitKind::kZeros}},
+      {"attn.c_attn.weight", {{3 * d, d}, InitKind::kNormal, kInitStd}},
+      {"attn.c_attn.bias", {{3 * d}, InitKind::kZeros}},
+      {"attn.c_proj.weight", {{d, d}, InitKind::kNormal, proj_std}},
+      {"attn.c_proj.bias", {{d}, InitKind::kZeros}},
+      {"mlp.c_fc.weight", {{4 * d, d}, InitKind::kNormal, kInitStd}},
+      {"mlp.c_fc.bias", {{4 * d}, InitKind::kZeros}},
+      {"mlp.c_proj.weight", {{d, 4 * d}, InitKind::kNormal, proj_std}},
+      {"mlp.c_proj.bias", {{d}, InitKind::kZeros}},
+  };
+  return look_up(layer, *rest, spec);
 }
 
 // Overwrites every parameter of module (named prefix + local name) with its initial value.

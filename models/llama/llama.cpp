@@ -18,6 +18,7 @@
 #include <models/llama/llama.h>
 
 #include <cmath>
+#include <optional>
 #include <unordered_set>
 
 namespace fsdp::models {
@@ -35,47 +36,63 @@ struct ParamSpec {
   double std = 0.0;
 };
 
+struct NamedSpec {
+  const char* name;
+  ParamSpec spec;
+};
+
+bool look_up(const std::vector<NamedSpec>& table, const std::string& name, ParamSpec& spec) {
+  for (const auto& entry : table) {
+    if (name == entry.name) {
+      spec = entry.spec;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The rest of name after "<prefix><layer>.", layer a decimal number without leading zeros,
+// below n_layers; nullopt when name has no such form.
+std::optional<std::string> layer_rest(const std::string& name, const std::string& prefix,
+                                      int64_t n_layers) {
+  if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const size_t pos = prefix.size();
+  const size_t dot = name.find('.', pos);
+  if (dot == std::string::npos || dot == pos || dot - pos > 9) return std::nullopt;
+  int64_t layer = 0;
+  for (size_t i = pos; i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  if ((dot - pos > 1 && name[pos] == '0') || layer >= n_layers) return std::nullopt;
+  return name.substr(dot + 1);
+}
+
 // Shape and initializer of the parameter called name, or false if there is none.
 bool spec_of(const LlamaConfig& c, const std::string& name, ParamSpec& spec) {
   const int64_t d = c.hidden_size, f = c.intermediate_size;
   const int64_t kv = c.num_key_value_heads * c.head_dim();
-  if (name == kEmbedName || name == kHeadName) {
-    spec = {{c.vocab_size, d}, InitKind::kNormal, kInitStd};
-    return true;
-  }
-  if (name == "model.norm.weight") {
-    spec = {{d}, InitKind::kOnes};
-    return true;
-  }
-  const std::string prefix = "model.layers.";
-  if (name.compare(0, prefix.size(), prefix) != 0) return false;
-  const size_t pos = prefix.size();
-  const size_t dot = name.find('.', pos);
-  if (dot == std::string::npos || dot == pos || dot - pos > 9) return false;
-  int64_t layer = 0;
-  for (size_t i = pos; i < dot; ++i) {
-    if (name[i] < '0' || name[i] > '9') return false;
-    layer = layer * 10 + (name[i] - '0');
-  }
-  if ((dot - pos > 1 && name[pos] == '0') || layer >= c.num_hidden_layers) return false;
-  const std::string rest = name.substr(dot + 1);
+  const std::vector<NamedSpec> top = {
+      {kEmbedName, {{c.vocab_size, d}, InitKind::kNormal, kInitStd}},
+      {kHeadName, {{c.vocab_size, d}, InitKind::kNormal, kInitStd}},
+      {"model.norm.weight", {{d}, InitKind::kOnes}},
+  };
+  if (look_up(top, name, spec)) return true;
+  const std::optional<std::string> rest = layer_rest(name, "model.layers.", c.num_hidden_layers);
+  if (!rest) return false;
   const double out_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.num_hidden_layers));
-  if (rest == "input_layernorm.weight" || rest == "post_attention_layernorm.weight") {
-    spec = {{d}, InitKind::kOnes};
-  } else if (rest == "self_attn.q_proj.weight") {
-    spec = {{d, d}, InitKind::kNormal, kInitStd};
-  } else if (rest == "self_attn.k_proj.weight" || rest == "self_attn.v_proj.weight") {
-    spec = {{kv, d}, InitKind::kNormal, kInitStd};
-  } else if (rest == "self_attn.o_proj.weight") {
-    spec = {{d, d}, InitKind::kNormal, out_std};
-  } else if (rest == "mlp.gate_proj.weight" || rest == "mlp.up_proj.weight") {
-    spec = {{f, d}, InitKind::kNormal, kInitStd};
-  } else if (rest == "mlp.down_proj.weight") {
-    spec = {{d, f}, InitKind::kNormal, out_std};
-  } else {
-    return false;
-  }
-  return true;
+  const std::vector<NamedSpec> layer = {
+      {"input_layernorm.weight", {{d}, InitKind::kOnes}},
+      {"post_attention_layernorm.weight", {{d}, InitKind::kOnes}},
+      {"self_attn.q_proj.weight", {{d, d}, InitKind::kNormal, kInitStd}},
+      {"self_attn.k_proj.weight", {{kv, d}, InitKind::kNormal, kInitStd}},
+      {"self_attn.v_proj.weight", {{kv, d}, InitKind::kNormal, kInitStd}},
+      {"self_attn.o_proj.weight", {{d, d}, InitKind::kNormal, out_std}},
+      {"mlp.gate_proj.weight", {{f, d}, InitKind::kNormal, kInitStd}},
+      {"mlp.up_proj.weight", {{f, d}, InitKind::kNormal, kInitStd}},
+      {"mlp.down_proj.weight", {{d, f}, InitKind::kNormal, out_std}},
+  };
+  return look_up(layer, *rest, spec);
 }
 
 void init_module(torch::nn::Module& module, const std::string& prefix, const LlamaConfig& config,

@@ -248,8 +248,9 @@ uint64_t decode_header_length(const uint8_t* first8) {
   return n;
 }
 
-SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_t file_size) {
-  const uint64_t n = header_json.size();
+namespace {
+
+void check_header_size(uint64_t n, uint64_t file_size) {
   if (n > kMaxHeaderBytes) {
     fail("header of " + std::to_string(n) + " bytes exceeds the limit of " +
          std::to_string(kMaxHeaderBytes));
@@ -258,47 +259,47 @@ SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_
     fail("header of " + std::to_string(n) + " bytes does not fit in a file of " +
          std::to_string(file_size) + " bytes (truncated?)");
   }
-  const json j = parse_json(header_json, "the header");
-  if (!j.is_object()) fail("the header must be a JSON object, got " + std::string(j.type_name()));
+}
 
-  SafetensorsHeader header;
-  for (const auto& item : j.items()) {
-    const std::string& name = item.key();
-    const json& value = item.value();
-    if (name == "__metadata__") {
-      if (!value.is_object()) fail("__metadata__ must be an object of strings");
-      for (const auto& m : value.items()) {
-        header.metadata[m.key()] =
-            as_string(m.value(), "__metadata__ value " + quote_name(m.key()));
-      }
-      continue;
-    }
-    const std::string where = "tensor " + quote_name(name);
-    if (name.empty()) fail("a tensor has an empty name");
-    if (!value.is_object()) fail(where + " must be an object");
-    expect_only(value, {"dtype", "shape", "data_offsets"}, where);
-    TensorEntry e;
-    e.name = name;
-    e.dtype = parse_dtype(member(value, "dtype", where), where + " dtype");
-    e.shape = parse_shape(member(value, "shape", where), where + " shape");
-    const json& offsets = member(value, "data_offsets", where);
-    if (!offsets.is_array() || offsets.size() != 2) {
-      fail(where + " data_offsets must be [begin, end]");
-    }
-    e.begin = as_u64(offsets[0], where + " data_offsets");
-    e.end = as_u64(offsets[1], where + " data_offsets");
-    if (e.end < e.begin) {
-      fail(where + " ends before it begins: [" + std::to_string(e.begin) + ", " +
-           std::to_string(e.end) + ")");
-    }
-    const uint64_t bytes = checked_size(e.shape, e.dtype, where).second;
-    if (e.nbytes() != bytes) {
-      fail(where + " has shape " + shape_string(e.shape) + " of " + dtype_name(e.dtype) +
-           ", which is " + std::to_string(bytes) + " bytes, but its data_offsets span " +
-           std::to_string(e.nbytes()));
-    }
-    header.entries.push_back(std::move(e));
+void parse_metadata(const json& value, SafetensorsHeader& header) {
+  if (!value.is_object()) fail("__metadata__ must be an object of strings");
+  for (const auto& m : value.items()) {
+    header.metadata[m.key()] = as_string(m.value(), "__metadata__ value " + quote_name(m.key()));
   }
+}
+
+// One tensor's entry, its byte range checked against its shape and dtype.
+TensorEntry parse_tensor_entry(const std::string& name, const json& value) {
+  const std::string where = "tensor " + quote_name(name);
+  if (name.empty()) fail("a tensor has an empty name");
+  if (!value.is_object()) fail(where + " must be an object");
+  expect_only(value, {"dtype", "shape", "data_offsets"}, where);
+  TensorEntry e;
+  e.name = name;
+  e.dtype = parse_dtype(member(value, "dtype", where), where + " dtype");
+  e.shape = parse_shape(member(value, "shape", where), where + " shape");
+  const json& offsets = member(value, "data_offsets", where);
+  if (!offsets.is_array() || offsets.size() != 2) {
+    fail(where + " data_offsets must be [begin, end]");
+  }
+  e.begin = as_u64(offsets[0], where + " data_offsets");
+  e.end = as_u64(offsets[1], where + " data_offsets");
+  if (e.end < e.begin) {
+    fail(where + " ends before it begins: [" + std::to_string(e.begin) + ", " +
+         std::to_string(e.end) + ")");
+  }
+  const uint64_t bytes = checked_size(e.shape, e.dtype, where).second;
+  if (e.nbytes() != bytes) {
+    fail(where + " has shape " + shape_string(e.shape) + " of " + dtype_name(e.dtype) +
+         ", which is " + std::to_string(bytes) + " bytes, but its data_offsets span " +
+         std::to_string(e.nbytes()));
+  }
+  return e;
+}
+
+// Sorts the entries by offset and checks that they tile the data section, which ends where
+// the file ends; sets data_offset and data_bytes.
+void tile_entries(SafetensorsHeader& header, uint64_t n, uint64_t file_size) {
   std::sort(header.entries.begin(), header.entries.end(),
             [](const TensorEntry& a, const TensorEntry& b) {
               return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
@@ -319,6 +320,25 @@ SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_
          std::to_string(file_size - header.data_offset) + " bytes of data" +
          (expected > file_size - header.data_offset ? " (truncated?)" : " (trailing bytes)"));
   }
+}
+
+}  // namespace
+
+SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_t file_size) {
+  const uint64_t n = header_json.size();
+  check_header_size(n, file_size);
+  const json j = parse_json(header_json, "the header");
+  if (!j.is_object()) fail("the header must be a JSON object, got " + std::string(j.type_name()));
+
+  SafetensorsHeader header;
+  for (const auto& item : j.items()) {
+    if (item.key() == "__metadata__") {
+      parse_metadata(item.value(), header);
+    } else {
+      header.entries.push_back(parse_tensor_entry(item.key(), item.value()));
+    }
+  }
+  tile_entries(header, n, file_size);
   return header;
 }
 
@@ -431,14 +451,11 @@ std::string serialize_checkpoint_index(const CheckpointIndex& index) {
   return j.dump(1) + "\n";
 }
 
-CheckpointIndex parse_checkpoint_index(std::string_view text, bool verify_checksum) {
-  json j = parse_json(text, "the index");
-  if (!j.is_object()) fail("the index must be a JSON object");
+namespace {
+
+// Checks the index's format, version and (when asked) its checksum.
+void check_index_identity(const json& j, bool verify_checksum) {
   const std::string where = "the index";
-  expect_only(j,
-              {"format", "version", "world_size", "step", "files", "tensors", "optimizer",
-               "rng_cpu", "user", "xxh3_64"},
-              where);
   if (as_string(member(j, "format", where), "format") != kIndexFormat) {
     fail("the index's format is not \"" + std::string(kIndexFormat) + "\"");
   }
@@ -448,16 +465,130 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, bool verify_checks
          std::to_string(kIndexVersion) + ")");
   }
   const uint64_t stored_sum = parse_checksum(member(j, "xxh3_64", where), "the index checksum");
-  if (verify_checksum) {
-    json body = j;
-    body.erase("xxh3_64");
-    const std::string canonical = body.dump();
-    const uint64_t actual = detail::xxh3(canonical.data(), canonical.size());
-    if (actual != stored_sum) {
-      fail("the index's checksum does not match its content (stored " + checksum_hex(stored_sum) +
-           ", computed " + checksum_hex(actual) + "): the file is corrupted");
-    }
+  if (!verify_checksum) return;
+  json body = j;
+  body.erase("xxh3_64");
+  const std::string canonical = body.dump();
+  const uint64_t actual = detail::xxh3(canonical.data(), canonical.size());
+  if (actual != stored_sum) {
+    fail("the index's checksum does not match its content (stored " + checksum_hex(stored_sum) +
+         ", computed " + checksum_hex(actual) + "): the file is corrupted");
   }
+}
+
+// The rank files, one per rank, each with its canonical name.
+std::vector<FileRecord> parse_files(const json& files, int world) {
+  if (!files.is_array() || files.size() != static_cast<size_t>(world)) {
+    fail("the index must list " + std::to_string(world) + " files, one per rank");
+  }
+  std::vector<FileRecord> out;
+  for (int r = 0; r < world; ++r) {
+    const json& f = files[static_cast<size_t>(r)];
+    const std::string fw = "file " + std::to_string(r);
+    if (!f.is_object()) fail(fw + " must be an object");
+    expect_only(f, {"name", "bytes", "xxh3_64"}, fw);
+    FileRecord record;
+    record.name = as_string(member(f, "name", fw), fw + " name");
+    if (record.name != rank_file_name(r, world)) {
+      fail(fw + " is named " + quote_name(record.name) + ", expected " +
+           quote_name(rank_file_name(r, world)));
+    }
+    record.bytes = as_u64(member(f, "bytes", fw), fw + " bytes");
+    record.checksum = parse_checksum(member(f, "xxh3_64", fw), fw + " checksum");
+    out.push_back(std::move(record));
+  }
+  return out;
+}
+
+// One shard of tensor `tw` (its description in messages), which must start at row `expected`
+// on a rank of the world that holds no other shard of it (`ranks`, updated).
+ShardRecord parse_shard(const json& s, const std::string& tw, const TensorRecord& record,
+                        int64_t world, int64_t expected, std::set<int>& ranks) {
+  if (!s.is_object()) fail(tw + " has a shard that is not an object");
+  expect_only(s, {"rank", "offset", "rows", "xxh3_64"}, tw + " shard");
+  ShardRecord shard;
+  const int64_t rank = as_i64(member(s, "rank", tw), tw + " shard rank");
+  if (rank >= world) {
+    fail(tw + " has a shard on rank " + std::to_string(rank) + " of a world of " +
+         std::to_string(world));
+  }
+  shard.rank = static_cast<int>(rank);
+  if (!ranks.insert(shard.rank).second)
+    fail(tw + " has two shards on rank " + std::to_string(rank));
+  shard.offset = as_i64(member(s, "offset", tw), tw + " shard offset");
+  shard.rows = as_i64(member(s, "rows", tw), tw + " shard rows");
+  shard.checksum = parse_checksum(member(s, "xxh3_64", tw), tw + " shard checksum");
+  if (shard.offset != expected || shard.rows < 1 || shard.rows > record.dim0() - expected) {
+    fail(tw + " shard on rank " + std::to_string(rank) + " holds rows [" +
+         std::to_string(shard.offset) + ", +" + std::to_string(shard.rows) +
+         ") but the shards must tile [0, " + std::to_string(record.dim0()) +
+         ") in order; the next row is " + std::to_string(expected));
+  }
+  return shard;
+}
+
+// One tensor, its shards tiling dim 0 in order.
+TensorRecord parse_tensor_record(const std::string& key, const json& t, int64_t world) {
+  const std::string tw = "tensor " + quote_name(key);
+  if (key.empty()) fail("a tensor has an empty key");
+  if (!t.is_object()) fail(tw + " must be an object");
+  expect_only(t, {"dtype", "shape", "shards"}, tw);
+  TensorRecord record;
+  record.dtype = parse_dtype(member(t, "dtype", tw), tw + " dtype");
+  record.shape = parse_shape(member(t, "shape", tw), tw + " shape");
+  checked_size(record.shape, record.dtype, tw);
+  const json& shards = member(t, "shards", tw);
+  if (!shards.is_array()) fail(tw + " shards must be an array");
+  int64_t expected = 0;
+  std::set<int> ranks;
+  for (const auto& s : shards) {
+    record.shards.push_back(parse_shard(s, tw, record, world, expected, ranks));
+    expected += record.shards.back().rows;
+  }
+  if (expected != record.dim0()) {
+    fail(tw + " shards cover " + std::to_string(expected) + " of its " +
+         std::to_string(record.dim0()) + " rows");
+  }
+  return record;
+}
+
+void parse_optimizer(const json& o, CheckpointIndex& index) {
+  if (!o.is_object()) fail("\"optimizer\" must be an object");
+  expect_only(o, {"type", "steps"}, "optimizer");
+  index.optimizer = as_string(member(o, "type", "optimizer"), "optimizer type");
+  if (index.optimizer.empty()) fail("the optimizer type is empty");
+  const json& steps = member(o, "steps", "optimizer");
+  if (!steps.is_object()) fail("optimizer steps must be an object");
+  for (const auto& s : steps.items()) {
+    index.optimizer_steps[s.key()] = as_i64(s.value(), "optimizer step of " + quote_name(s.key()));
+  }
+}
+
+std::vector<std::string> parse_rng_states(const json& rng, int64_t world) {
+  if (!rng.is_array() || rng.size() > static_cast<size_t>(world)) {
+    fail("rng_cpu must be an array of at most one state per rank");
+  }
+  std::vector<std::string> states;
+  for (const auto& s : rng) {
+    const std::string& hex = as_string(s, "rng_cpu state");
+    auto bytes = from_hex(hex);
+    if (!bytes || bytes->size() > kMaxRngBytes) fail("an rng_cpu state is not short lowercase hex");
+    states.push_back(std::move(*bytes));
+  }
+  return states;
+}
+
+}  // namespace
+
+CheckpointIndex parse_checkpoint_index(std::string_view text, bool verify_checksum) {
+  json j = parse_json(text, "the index");
+  if (!j.is_object()) fail("the index must be a JSON object");
+  const std::string where = "the index";
+  expect_only(j,
+              {"format", "version", "world_size", "step", "files", "tensors", "optimizer",
+               "rng_cpu", "user", "xxh3_64"},
+              where);
+  check_index_identity(j, verify_checksum);
 
   CheckpointIndex index;
   const int64_t world = as_i64(member(j, "world_size", where), "world_size");
@@ -467,98 +598,15 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, bool verify_checks
   }
   index.world_size = static_cast<int>(world);
   index.step = as_i64(member(j, "step", where), "step");
-
-  const json& files = member(j, "files", where);
-  if (!files.is_array() || files.size() != static_cast<size_t>(world)) {
-    fail("the index must list " + std::to_string(world) + " files, one per rank");
-  }
-  for (int r = 0; r < index.world_size; ++r) {
-    const json& f = files[static_cast<size_t>(r)];
-    const std::string fw = "file " + std::to_string(r);
-    if (!f.is_object()) fail(fw + " must be an object");
-    expect_only(f, {"name", "bytes", "xxh3_64"}, fw);
-    FileRecord record;
-    record.name = as_string(member(f, "name", fw), fw + " name");
-    if (record.name != rank_file_name(r, index.world_size)) {
-      fail(fw + " is named " + quote_name(record.name) + ", expected " +
-           quote_name(rank_file_name(r, index.world_size)));
-    }
-    record.bytes = as_u64(member(f, "bytes", fw), fw + " bytes");
-    record.checksum = parse_checksum(member(f, "xxh3_64", fw), fw + " checksum");
-    index.files.push_back(std::move(record));
-  }
+  index.files = parse_files(member(j, "files", where), index.world_size);
 
   const json& tensors = member(j, "tensors", where);
   if (!tensors.is_object()) fail("\"tensors\" must be an object");
   for (const auto& item : tensors.items()) {
-    const std::string tw = "tensor " + quote_name(item.key());
-    if (item.key().empty()) fail("a tensor has an empty key");
-    const json& t = item.value();
-    if (!t.is_object()) fail(tw + " must be an object");
-    expect_only(t, {"dtype", "shape", "shards"}, tw);
-    TensorRecord record;
-    record.dtype = parse_dtype(member(t, "dtype", tw), tw + " dtype");
-    record.shape = parse_shape(member(t, "shape", tw), tw + " shape");
-    checked_size(record.shape, record.dtype, tw);
-    const json& shards = member(t, "shards", tw);
-    if (!shards.is_array()) fail(tw + " shards must be an array");
-    int64_t expected = 0;
-    std::set<int> ranks;
-    for (const auto& s : shards) {
-      if (!s.is_object()) fail(tw + " has a shard that is not an object");
-      expect_only(s, {"rank", "offset", "rows", "xxh3_64"}, tw + " shard");
-      ShardRecord shard;
-      const int64_t rank = as_i64(member(s, "rank", tw), tw + " shard rank");
-      if (rank >= world) {
-        fail(tw + " has a shard on rank " + std::to_string(rank) + " of a world of " +
-             std::to_string(world));
-      }
-      shard.rank = static_cast<int>(rank);
-      if (!ranks.insert(shard.rank).second)
-        fail(tw + " has two shards on rank " + std::to_string(rank));
-      shard.offset = as_i64(member(s, "offset", tw), tw + " shard offset");
-      shard.rows = as_i64(member(s, "rows", tw), tw + " shard rows");
-      shard.checksum = parse_checksum(member(s, "xxh3_64", tw), tw + " shard checksum");
-      if (shard.offset != expected || shard.rows < 1 || shard.rows > record.dim0() - expected) {
-        fail(tw + " shard on rank " + std::to_string(rank) + " holds rows [" +
-             std::to_string(shard.offset) + ", +" + std::to_string(shard.rows) +
-             ") but the shards must tile [0, " + std::to_string(record.dim0()) +
-             ") in order; the next row is " + std::to_string(expected));
-      }
-      expected += shard.rows;
-      record.shards.push_back(shard);
-    }
-    if (expected != record.dim0()) {
-      fail(tw + " shards cover " + std::to_string(expected) + " of its " +
-           std::to_string(record.dim0()) + " rows");
-    }
-    index.tensors.emplace(item.key(), std::move(record));
+    index.tensors.emplace(item.key(), parse_tensor_record(item.key(), item.value(), world));
   }
-
-  if (auto it = j.find("optimizer"); it != j.end()) {
-    if (!it->is_object()) fail("\"optimizer\" must be an object");
-    expect_only(*it, {"type", "steps"}, "optimizer");
-    index.optimizer = as_string(member(*it, "type", "optimizer"), "optimizer type");
-    if (index.optimizer.empty()) fail("the optimizer type is empty");
-    const json& steps = member(*it, "steps", "optimizer");
-    if (!steps.is_object()) fail("optimizer steps must be an object");
-    for (const auto& s : steps.items()) {
-      index.optimizer_steps[s.key()] =
-          as_i64(s.value(), "optimizer step of " + quote_name(s.key()));
-    }
-  }
-  if (auto it = j.find("rng_cpu"); it != j.end()) {
-    if (!it->is_array() || it->size() > static_cast<size_t>(world)) {
-      fail("rng_cpu must be an array of at most one state per rank");
-    }
-    for (const auto& s : *it) {
-      const std::string& hex = as_string(s, "rng_cpu state");
-      auto bytes = from_hex(hex);
-      if (!bytes || bytes->size() > kMaxRngBytes)
-        fail("an rng_cpu state is not short lowercase hex");
-      index.rng_states.push_back(std::move(*bytes));
-    }
-  }
+  if (auto it = j.find("optimizer"); it != j.end()) parse_optimizer(*it, index);
+  if (auto it = j.find("rng_cpu"); it != j.end()) index.rng_states = parse_rng_states(*it, world);
   if (auto it = j.find("user"); it != j.end()) {
     if (!it->is_object()) fail("\"user\" must be an object");
     index.user_json = it->dump();

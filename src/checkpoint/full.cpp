@@ -238,6 +238,151 @@ void write_index(const std::string& dir, const std::vector<ShardFile>& shards) {
   detail::write_file_atomically(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
 }
 
+// Rank 0's side of an export: the files it writes (one at path, or with max_shard_bytes,
+// Hugging Face's shards beside it) and the writer of the one open now.
+struct ExportFiles {
+  std::vector<ShardFile> shards;
+  std::vector<size_t> shard_of;  // per parameter
+  std::unique_ptr<SafetensorsWriter> writer;
+  size_t open_shard = 0;
+  int64_t bytes = 0;
+
+  // Plans the files and opens the first.
+  void open(const std::string& path, const std::string& dir, const std::vector<LocalParam>& locals,
+            const std::vector<bool>& transposed, const ExportOptions& options) {
+    std::vector<TensorEntry> entries;
+    for (size_t i = 0; i < locals.size(); ++i) {
+      TensorEntry e;
+      e.name = file_name_of(options.layout(), locals[i].name);
+      e.dtype = to_dtype(options.dtype().value_or(locals[i].param.scalar_type()));
+      e.shape = file_shape(locals[i], transposed[i]);
+      entries.push_back(std::move(e));
+    }
+    detail::make_directories(dir);
+    plan_shards(path, dir, std::move(entries), options.max_shard_bytes(), shards, shard_of);
+    writer = open_shard_writer(shards[0], options.metadata());
+  }
+
+  // Writes parameter i, gathered whole, moving on to its file first.
+  void write(size_t i, const at::Tensor& full, bool transposed, const ExportOptions& options) {
+    if (shard_of[i] != open_shard) {  // shards hold consecutive parameters
+      writer->finish();
+      bytes += static_cast<int64_t>(writer->file_bytes());
+      open_shard = shard_of[i];
+      writer = open_shard_writer(shards[open_shard], options.metadata());
+    }
+    at::Tensor t = transposed ? full.t() : full;
+    t = t.to(at::kCPU, options.dtype().value_or(t.scalar_type())).contiguous();
+    writer->write(t);
+  }
+
+  // Finishes the last file and renames every file into place.
+  void publish(const std::string& path, const std::string& dir) {
+    writer->finish();
+    bytes += static_cast<int64_t>(writer->file_bytes());
+    writer.reset();
+    for (const auto& shard : shards) {
+      TORCH_CHECK(::rename(shard.tmp.c_str(), shard.path.c_str()) == 0,
+                  detail::system_error("cannot rename", shard.tmp));
+    }
+    // The new files replace what a directory load (and transformers) would otherwise prefer
+    // or find: path when sharded, a sharded index when path is the directory's
+    // model.safetensors.
+    const std::string index = dir + "/model.safetensors.index.json";
+    if (shards.size() > 1) {
+      write_index(dir, shards);
+      ::unlink(path.c_str());
+    } else if (path == dir + "/model.safetensors") {
+      ::unlink(index.c_str());
+    }
+    detail::fsync_directory(dir);
+  }
+
+  // Removes the temporary files after an error.
+  void abort() {
+    writer.reset();
+    for (const auto& shard : shards) ::unlink(shard.tmp.c_str());
+  }
+};
+
+using EntryOf = std::pair<const SafetensorsReader*, const TensorEntry*>;
+
+// Which file entry holds each parameter (by name), and whether the layout stores each
+// transposed (pushed onto `transposed`, after the entries are matched, so that errors come in
+// the order they always have). Throws listing every parameter the source
+// lacks, every tensor it has that the model lacks, and every shape that differs.
+std::unordered_map<std::string, EntryOf> match_params(const std::string& path,
+                                                      const FullSource& source,
+                                                      const std::vector<LocalParam>& locals,
+                                                      const FullLayout& layout,
+                                                      std::vector<bool>& transposed) {
+  std::unordered_map<std::string, EntryOf> by_param;
+  std::vector<std::string> unexpected, missing, misshaped;
+  std::unordered_map<std::string, const LocalParam*> params;
+  for (const auto& lp : locals) params[lp.name] = &lp;
+  for (const auto& [file, entry] : source.entries) {
+    const TensorEntry& e = *entry;
+    const std::optional<std::string> name =
+        layout.from_file() ? layout.from_file()(e.name) : e.name;
+    if (!name) continue;
+    if (params.count(*name) == 0) {
+      unexpected.push_back(e.name + " " + detail::shape_string(e.shape));
+      continue;
+    }
+    auto [it, inserted] = by_param.emplace(*name, std::make_pair(file, &e));
+    TORCH_CHECK(inserted, "'", path, "' holds parameter '", *name, "' twice, as '",
+                it->second.second->name, "' and as '", e.name, "'");
+  }
+  for (size_t i = 0; i < locals.size(); ++i) {
+    const LocalParam& lp = locals[i];
+    transposed.push_back(is_transposed(layout, lp));
+    const auto want = file_shape(lp, transposed.back());
+    auto it = by_param.find(lp.name);
+    if (it == by_param.end()) {
+      missing.push_back(file_name_of(layout, lp.name) + " " + detail::shape_string(want));
+    } else if (it->second.second->shape != want) {
+      misshaped.push_back(it->second.second->name + ": file " +
+                          detail::shape_string(it->second.second->shape) + ", model expects " +
+                          detail::shape_string(want));
+    }
+  }
+  if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
+    std::string message = "'" + path + "' does not match the model:";
+    append_list(message, "missing from the file", missing);
+    append_list(message, "unexpected in the file", unexpected);
+    append_list(message, "mis-shaped", misshaped);
+    TORCH_CHECK(false, message);
+  }
+  return by_param;
+}
+
+// Reads this rank's rows of one parameter from its entry and zeroes the padding rows; with
+// `verify`, reads the entry whole so its stored checksum is checked.
+void load_param(const LocalParam& lp, const SafetensorsReader& reader, const TensorEntry& e,
+                bool transposed, bool verify) {
+  const at::ScalarType file_type = to_scalar_type(e.dtype);
+  const at::Tensor dst = lp.rows_view(lp.param.detach());
+  if (lp.rows > 0) {
+    at::Tensor rows;
+    if (verify || lp.rows == lp.dim0) {
+      // Read whole: verified against the stored checksum when there is one.
+      at::Tensor full = reader.read(e.name);
+      full = transposed ? full.t() : full;
+      rows = full.reshape({lp.dim0, lp.row_numel}).narrow(0, lp.offset, lp.rows);
+    } else if (!transposed) {
+      rows = at::empty({lp.rows, lp.row_numel}, file_type);
+      reader.read_rows(e, lp.offset, lp.rows, rows);
+    } else {
+      rows = at::empty({lp.rows, lp.row_numel}, file_type);
+      reader.read_columns_transposed(e, lp.offset, lp.rows, rows);
+    }
+    dst.narrow(0, 0, lp.rows).copy_(rows);
+  } else if (verify) {
+    reader.read(e.name);
+  }
+  if (lp.rows < lp.padded_rows) dst.narrow(0, lp.rows, lp.padded_rows - lp.rows).zero_();
+}
+
 }  // namespace
 
 ExportResult save_full(const std::string& path, const torch::nn::Module& model, ProcessGroup* group,
@@ -265,26 +410,11 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
   }
   detail::agree(group, error, "exporting '" + path + "'");
 
-  // Rank 0's files: one at path, or with max_shard_bytes, Hugging Face's shards beside it.
-  std::vector<ShardFile> shards;
-  std::vector<size_t> shard_of;  // per parameter
-  std::unique_ptr<SafetensorsWriter> writer;
-  size_t open_shard = 0;
-  int64_t bytes = 0;
+  ExportFiles files;
   const std::string dir = detail::parent_directory(path);
   if (rank == 0) {
     try {
-      std::vector<TensorEntry> entries;
-      for (size_t i = 0; i < locals.size(); ++i) {
-        TensorEntry e;
-        e.name = file_name_of(options.layout(), locals[i].name);
-        e.dtype = to_dtype(options.dtype().value_or(locals[i].param.scalar_type()));
-        e.shape = file_shape(locals[i], transposed[i]);
-        entries.push_back(std::move(e));
-      }
-      detail::make_directories(dir);
-      plan_shards(path, dir, std::move(entries), options.max_shard_bytes(), shards, shard_of);
-      writer = open_shard_writer(shards[0], options.metadata());
+      files.open(path, dir, locals, transposed, options);
     } catch (...) {
       error = std::current_exception();
     }
@@ -293,49 +423,21 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
     const at::Tensor full = gather_full(locals[i], writers[i], layouts, i, locals.size(), group);
     if (rank != 0 || error) continue;
     try {
-      if (shard_of[i] != open_shard) {  // shards hold consecutive parameters
-        writer->finish();
-        bytes += static_cast<int64_t>(writer->file_bytes());
-        open_shard = shard_of[i];
-        writer = open_shard_writer(shards[open_shard], options.metadata());
-      }
-      at::Tensor t = transposed[i] ? full.t() : full;
-      t = t.to(at::kCPU, options.dtype().value_or(t.scalar_type())).contiguous();
-      writer->write(t);
+      files.write(i, full, transposed[i], options);
     } catch (...) {
       error = std::current_exception();
     }
   }
   if (rank == 0 && !error) {
     try {
-      writer->finish();
-      bytes += static_cast<int64_t>(writer->file_bytes());
-      writer.reset();
-      for (const auto& shard : shards) {
-        TORCH_CHECK(::rename(shard.tmp.c_str(), shard.path.c_str()) == 0,
-                    detail::system_error("cannot rename", shard.tmp));
-      }
-      // The new files replace what a directory load (and transformers) would otherwise prefer
-      // or find: path when sharded, a sharded index when path is the directory's
-      // model.safetensors.
-      const std::string index = dir + "/model.safetensors.index.json";
-      if (shards.size() > 1) {
-        write_index(dir, shards);
-        ::unlink(path.c_str());
-      } else if (path == dir + "/model.safetensors") {
-        ::unlink(index.c_str());
-      }
-      detail::fsync_directory(dir);
+      files.publish(path, dir);
     } catch (...) {
       error = std::current_exception();
     }
   }
-  if (rank == 0 && error) {
-    writer.reset();
-    for (const auto& shard : shards) ::unlink(shard.tmp.c_str());
-  }
+  if (rank == 0 && error) files.abort();
   detail::agree(group, error, "exporting '" + path + "'");
-  return {bytes, std::chrono::duration<double>(Clock::now() - start).count()};
+  return {files.bytes, std::chrono::duration<double>(Clock::now() - start).count()};
 }
 
 void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* group,
@@ -346,76 +448,17 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
   try {
     const FullSource source = open_full_source(path);
     const std::vector<LocalParam> locals = detail::local_params(model, group);
-
-    // Which file entry holds each parameter.
-    std::unordered_map<std::string, std::pair<const SafetensorsReader*, const TensorEntry*>>
-        by_param;
-    std::vector<std::string> unexpected, missing, misshaped;
-    std::unordered_map<std::string, const LocalParam*> params;
-    for (const auto& lp : locals) params[lp.name] = &lp;
-    for (const auto& [file, entry] : source.entries) {
-      const TensorEntry& e = *entry;
-      const std::optional<std::string> name =
-          layout.from_file() ? layout.from_file()(e.name) : e.name;
-      if (!name) continue;
-      if (params.count(*name) == 0) {
-        unexpected.push_back(e.name + " " + detail::shape_string(e.shape));
-        continue;
-      }
-      auto [it, inserted] = by_param.emplace(*name, std::make_pair(file, &e));
-      TORCH_CHECK(inserted, "'", path, "' holds parameter '", *name, "' twice, as '",
-                  it->second.second->name, "' and as '", e.name, "'");
-    }
     std::vector<bool> transposed;
-    for (const auto& lp : locals) {
-      transposed.push_back(is_transposed(layout, lp));
-      const auto want = file_shape(lp, transposed.back());
-      auto it = by_param.find(lp.name);
-      if (it == by_param.end()) {
-        missing.push_back(file_name_of(layout, lp.name) + " " + detail::shape_string(want));
-      } else if (it->second.second->shape != want) {
-        misshaped.push_back(it->second.second->name + ": file " +
-                            detail::shape_string(it->second.second->shape) + ", model expects " +
-                            detail::shape_string(want));
-      }
-    }
-    if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
-      std::string message = "'" + path + "' does not match the model:";
-      append_list(message, "missing from the file", missing);
-      append_list(message, "unexpected in the file", unexpected);
-      append_list(message, "mis-shaped", misshaped);
-      TORCH_CHECK(false, message);
-    }
+    const auto by_param = match_params(path, source, locals, layout, transposed);
 
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < locals.size(); ++i) {
       const LocalParam& lp = locals[i];
       const auto [file, entry] = by_param.at(lp.name);
-      const SafetensorsReader& reader = *file;
-      const TensorEntry& e = *entry;
-      const at::ScalarType file_type = to_scalar_type(e.dtype);
-      const at::Tensor dst = lp.rows_view(lp.param.detach());
+      // One rank per parameter verifies it, spreading the whole reads over the ranks.
       const bool verify =
-          reader.stored_checksum(e.name).has_value() && static_cast<int>(i % world) == rank;
-      if (lp.rows > 0) {
-        at::Tensor rows;
-        if (verify || lp.rows == lp.dim0) {
-          // Read whole: verified against the stored checksum when there is one.
-          at::Tensor full = reader.read(e.name);
-          full = transposed[i] ? full.t() : full;
-          rows = full.reshape({lp.dim0, lp.row_numel}).narrow(0, lp.offset, lp.rows);
-        } else if (!transposed[i]) {
-          rows = at::empty({lp.rows, lp.row_numel}, file_type);
-          reader.read_rows(e, lp.offset, lp.rows, rows);
-        } else {
-          rows = at::empty({lp.rows, lp.row_numel}, file_type);
-          reader.read_columns_transposed(e, lp.offset, lp.rows, rows);
-        }
-        dst.narrow(0, 0, lp.rows).copy_(rows);
-      } else if (verify) {
-        reader.read(e.name);
-      }
-      if (lp.rows < lp.padded_rows) dst.narrow(0, lp.rows, lp.padded_rows - lp.rows).zero_();
+          file->stored_checksum(entry->name).has_value() && static_cast<int>(i % world) == rank;
+      load_param(lp, *file, *entry, transposed[i], verify);
     }
   } catch (...) {
     error = std::current_exception();

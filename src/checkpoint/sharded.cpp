@@ -343,6 +343,263 @@ int64_t fill_rows(const std::string& key, const TensorRecord& record, const Loca
   return bytes;
 }
 
+// The header of a rank's record in the save's all-gather: file bytes, file checksum, RNG state
+// bytes; then, per slot, its checksum.
+constexpr size_t kHead = 3;
+
+// The save's checks of its options, before anything is written.
+void check_save_options(const SaveOptions& options) {
+  TORCH_CHECK(options.step() >= 0, "the step must be non-negative, got ", options.step());
+  TORCH_CHECK(options.keep_last() >= 0, "keep_last must be non-negative, got ",
+              options.keep_last());
+  const auto user = nlohmann::json::parse(options.user_json(), nullptr, /*allow_exceptions=*/false);
+  TORCH_CHECK(user.is_object(), "user_json must be a JSON object, got '",
+              options.user_json().substr(0, 80), "'");
+}
+
+// Rank 0 only: creates the temporary directory, removing those of crashed saves.
+void prepare_tmp_dir(const std::string& root, const std::string& tmp_dir) {
+  detail::make_directories(root);
+  for (const auto& name : list_directory(root)) {
+    if (name.rfind(".tmp-", 0) == 0) detail::remove_all(root + "/" + name);  // crashed saves
+  }
+  detail::make_directories(tmp_dir);
+}
+
+// Collective (world > 1): every rank must store the same tensors; the all-gathers of the save
+// rely on it.
+void check_same_slots(ProcessGroup* group, const std::vector<Slot>& slots, int world, int rank,
+                      const std::string& what) {
+  if (group == nullptr || world <= 1) return;
+  const int64_t signature[2] = {static_cast<int64_t>(slots.size()), as_i64(slots_signature(slots))};
+  at::Tensor all = at::empty({2 * world}, at::kLong);
+  group->all_gather_into_tensor(all, at::from_blob(const_cast<int64_t*>(signature), {2}, at::kLong))
+      ->wait();
+  for (int r = 0; r < world; ++r) {
+    TORCH_CHECK(all[2 * r].item<int64_t>() == signature[0] &&
+                    all[2 * r + 1].item<int64_t>() == signature[1],
+                what, " failed: rank ", r,
+                " stores other parameters or optimizer states than rank ", rank, " (",
+                all[2 * r].item<int64_t>(), " tensors against ", signature[0],
+                "); every rank must save the same model and optimizer");
+  }
+}
+
+// Collective: who stores which rows, one copy of each distinct row range (HSDP replicas, and
+// ranks holding whole tensors after the first, write nothing for them). Sets each slot's
+// rows_to_write.
+std::vector<std::vector<detail::RowRange>> assign_writers(ProcessGroup* group,
+                                                          const std::vector<LocalParam>& locals,
+                                                          std::vector<Slot>& slots, int world,
+                                                          int rank) {
+  auto writers = detail::choose_writers(detail::gather_row_layouts(group, locals), locals, world);
+  for (auto& s : slots) {
+    for (const auto& w : writers[s.param]) {
+      if (w.rank == rank) s.rows_to_write = w.rows;
+    }
+  }
+  return writers;
+}
+
+// Writes this rank's rows of every slot to its file in tmp_dir and fills `mine`: the header
+// (see kHead) and each written slot's checksum.
+void write_rank_file(const std::string& tmp_dir, const std::vector<Slot>& slots, int64_t step,
+                     int rank, int world, const at::Tensor& rng, std::vector<int64_t>& mine) {
+  std::vector<TensorEntry> entries;
+  for (const auto& s : slots) {
+    if (s.rows_to_write == 0) continue;
+    TensorEntry e;
+    e.name = s.key;
+    e.dtype = to_dtype(s.local.scalar_type());
+    e.shape = stored_shape(s.lp->global_shape, s.rows_to_write);
+    entries.push_back(std::move(e));
+  }
+  SafetensorsWriterOptions writer_options;
+  writer_options.embed_checksums = false;  // metadata.json holds them
+  writer_options.kill_after_bytes = kill_hook(step, rank);
+  SafetensorsWriter writer(tmp_dir + "/" + rank_file_name(rank, world), std::move(entries),
+                           {{"format", "pt"},
+                            {"fsdp.rank", std::to_string(rank)},
+                            {"fsdp.world_size", std::to_string(world)},
+                            {"fsdp.step", std::to_string(step)}},
+                           writer_options);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Slot& s = slots[i];
+    if (s.rows_to_write == 0) continue;
+    at::Tensor rows = s.lp->rows_view(s.local).narrow(0, 0, s.rows_to_write);
+    if (!rows.device().is_cpu()) rows = rows.cpu();
+    mine[kHead + i] = as_i64(writer.write(rows));
+  }
+  writer.finish();
+  mine[0] = static_cast<int64_t>(writer.file_bytes());
+  mine[1] = as_i64(writer.file_checksum());
+  mine[2] = rng.numel();
+}
+
+// Every rank's record (`mine`) and RNG state, gathered: with one rank, its own.
+struct Gathered {
+  at::Tensor records;  // [world * stride] int64
+  at::Tensor rng;      // [world * rng bytes] uint8
+};
+
+// Collective (world > 1): two all-gathers, records then RNG states.
+Gathered gather_records(ProcessGroup* group, int world, std::vector<int64_t>& mine,
+                        const at::Tensor& rng) {
+  Gathered g;
+  g.records = at::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, at::kLong).clone();
+  g.rng = rng;
+  if (group != nullptr && world > 1) {
+    at::Tensor gathered = at::empty({world * g.records.numel()}, at::kLong);
+    group->all_gather_into_tensor(gathered, g.records)->wait();
+    g.records = gathered;
+    g.rng = at::empty({world * rng.numel()}, at::kByte);
+    group->all_gather_into_tensor(g.rng, rng)->wait();
+  }
+  return g;
+}
+
+// The index of the checkpoint, from every rank's record.
+CheckpointIndex build_index(const SaveOptions& options, int world, const std::vector<int64_t>& mine,
+                            const Gathered& all, const std::vector<Slot>& slots,
+                            const std::vector<std::vector<detail::RowRange>>& writers,
+                            const std::vector<LocalParam>& locals, torch::optim::AdamW* adamw) {
+  const auto* v = all.records.const_data_ptr<int64_t>();
+  const size_t stride = mine.size();
+  const int64_t rng_bytes = mine[2];
+  CheckpointIndex index;
+  index.world_size = world;
+  index.step = options.step();
+  index.user_json = options.user_json();
+  for (int r = 0; r < world; ++r) {
+    const int64_t* row = v + r * stride;
+    TORCH_CHECK(row[2] == mine[2], "rank ", r, " has an RNG state of ", row[2],
+                " bytes, rank 0 of ", mine[2]);
+    index.files.push_back({rank_file_name(r, world), as_u64(row[0]), as_u64(row[1])});
+    const auto* state = all.rng.const_data_ptr<uint8_t>() + r * rng_bytes;
+    index.rng_states.emplace_back(reinterpret_cast<const char*>(state), rng_bytes);
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Slot& s = slots[i];
+    TensorRecord record;
+    record.dtype = to_dtype(s.local.scalar_type());
+    record.shape = s.lp->global_shape;
+    for (const auto& w : writers[s.param]) {
+      record.shards.push_back({w.rank, w.offset, w.rows, as_u64(v[w.rank * stride + kHead + i])});
+    }
+    index.tensors.emplace(s.key, std::move(record));
+  }
+  if (adamw != nullptr) {
+    for (const auto& lp : locals) {
+      if (auto* s = state_of(*adamw, lp.param)) {
+        index.optimizer = "AdamW";
+        index.optimizer_steps[lp.name] = s->step();
+      }
+    }
+  }
+  return index;
+}
+
+// Rank 0 only: writes the index into tmp_dir, renames tmp_dir into place, points `latest` at
+// it, and prunes old checkpoints.
+void publish(const CheckpointIndex& index, const std::string& root, const std::string& tmp_dir,
+             const std::string& final_dir, const std::string& dir_name, int keep_last) {
+  const std::string text = serialize_checkpoint_index(index);
+  try {
+    parse_checkpoint_index(text);  // never publish an index we could not read back
+  } catch (const FormatError& e) {
+    TORCH_INTERNAL_ASSERT(false, "the index just built is invalid: ", e.what());
+  }
+  {
+    detail::File file = detail::File::create(tmp_dir + "/" + kIndexName);
+    file.pwrite_all(text.data(), text.size(), 0);
+    file.sync();
+    file.close();
+  }
+  detail::fsync_directory(tmp_dir);
+  detail::publish_directory(tmp_dir, final_dir);
+  detail::write_file_atomically(root + "/" + kLatestName, dir_name + "\n");
+  prune(root, dir_name, keep_last);
+}
+
+// The optimizer states to load, per local parameter (empty for one the optimizer does not
+// train). Throws listing every state the checkpoint lacks.
+std::vector<std::vector<std::string>> optimizer_kinds(const std::string& dir,
+                                                      const CheckpointIndex& index,
+                                                      const std::vector<LocalParam>& locals,
+                                                      torch::optim::AdamW& adamw) {
+  std::vector<std::vector<std::string>> kinds(locals.size());
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < locals.size(); ++i) {
+    const LocalParam& lp = locals[i];
+    const auto* group_options = options_of(adamw, lp.param);
+    if (group_options == nullptr) continue;  // not trained by this optimizer
+    kinds[i] = {"exp_avg", "exp_avg_sq"};
+    if (group_options->amsgrad()) kinds[i].push_back("max_exp_avg_sq");
+    for (const auto& kind : kinds[i]) {
+      const std::string key = "optim/" + kind + "/" + lp.name;
+      auto it = index.tensors.find(key);
+      if (it == index.tensors.end() || it->second.shape != lp.global_shape) missing.push_back(key);
+    }
+    if (index.optimizer_steps.count(lp.name) == 0)
+      missing.push_back("optimizer step of " + lp.name);
+  }
+  if (!missing.empty()) {
+    std::string message = "checkpoint '" + dir + "' lacks optimizer state the optimizer needs:";
+    append_list(message, "missing", missing);
+    TORCH_CHECK(false, message);
+  }
+  return kinds;
+}
+
+// The AdamW state of lp.param, created uninitialized (and recorded in `created`) when the
+// optimizer has none yet: fill_rows then writes every row, padding included.
+torch::optim::AdamWParamState& state_to_load(torch::optim::AdamW& adamw, const LocalParam& lp,
+                                             bool amsgrad, std::vector<void*>& created) {
+  auto& states = adamw.state();
+  auto it = states.find(lp.param.unsafeGetTensorImpl());
+  if (it == states.end()) {
+    at::NoGradGuard no_grad;
+    const at::Tensor p = lp.param.detach();
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->exp_avg(at::empty_like(p, at::MemoryFormat::Contiguous));
+    state->exp_avg_sq(at::empty_like(p, at::MemoryFormat::Contiguous));
+    if (amsgrad) state->max_exp_avg_sq(at::empty_like(p, at::MemoryFormat::Contiguous));
+    it = states.emplace(lp.param.unsafeGetTensorImpl(), std::move(state)).first;
+    created.push_back(lp.param.unsafeGetTensorImpl());
+  }
+  return static_cast<torch::optim::AdamWParamState&>(*it->second);
+}
+
+// Loads the optimizer states `kinds` of one parameter and its step. Returns the bytes read.
+int64_t load_optimizer_state(const CheckpointIndex& index, const LocalParam& lp,
+                             const std::vector<std::string>& kinds, torch::optim::AdamW& adamw,
+                             const std::vector<SafetensorsReader>& readers,
+                             std::vector<void*>& created) {
+  auto& s = state_to_load(adamw, lp, kinds.size() == 3, created);
+  s.step(index.optimizer_steps.at(lp.name));
+  int64_t bytes = 0;
+  for (const auto& kind : kinds) {
+    at::Tensor t = state_tensor(s, kind);
+    TORCH_CHECK(t.defined() && t.is_contiguous() && t.numel() == lp.param.numel(),
+                "optimizer state ", kind, " of '", lp.name, "' is missing or mis-shaped");
+    const std::string key = "optim/" + kind + "/" + lp.name;
+    bytes += fill_rows(key, index.tensors.at(key), lp, lp.rows_view(t), readers);
+  }
+  return bytes;
+}
+
+// Restores the CPU RNG state saved by `rank` (rank 0's when the checkpoint has fewer ranks).
+void restore_rng(const std::string& dir, const CheckpointIndex& index, int rank) {
+  if (index.rng_states.empty()) return;
+  const size_t r = static_cast<size_t>(rank) < index.rng_states.size() ? rank : 0;
+  try {
+    set_cpu_rng_state(index.rng_states[r]);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint '", dir,
+                "' has an RNG state this build cannot restore: ", e.what_without_backtrace());
+  }
+}
+
 }  // namespace
 
 std::string resolve_checkpoint(const std::string& path) {
@@ -377,166 +634,44 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
   torch::optim::AdamW* adamw = nullptr;
   std::exception_ptr error;
   try {
-    TORCH_CHECK(options.step() >= 0, "the step must be non-negative, got ", options.step());
-    TORCH_CHECK(options.keep_last() >= 0, "keep_last must be non-negative, got ",
-                options.keep_last());
-    const auto user =
-        nlohmann::json::parse(options.user_json(), nullptr, /*allow_exceptions=*/false);
-    TORCH_CHECK(user.is_object(), "user_json must be a JSON object, got '",
-                options.user_json().substr(0, 80), "'");
+    check_save_options(options);
     adamw = as_adamw(optimizer);
     locals = detail::local_params(model, group);
     slots = plan_slots(locals, adamw);
-    if (rank == 0) {
-      detail::make_directories(root);
-      for (const auto& name : list_directory(root)) {
-        if (name.rfind(".tmp-", 0) == 0) detail::remove_all(root + "/" + name);  // crashed saves
-      }
-      detail::make_directories(tmp_dir);
-    }
+    if (rank == 0) prepare_tmp_dir(root, tmp_dir);
   } catch (...) {
     error = std::current_exception();
   }
   detail::agree(group, error, what);
-  // Every rank must store the same tensors; the all-gathers below rely on it.
-  if (group != nullptr && world > 1) {
-    const int64_t signature[2] = {static_cast<int64_t>(slots.size()),
-                                  as_i64(slots_signature(slots))};
-    at::Tensor all = at::empty({2 * world}, at::kLong);
-    group
-        ->all_gather_into_tensor(all,
-                                 at::from_blob(const_cast<int64_t*>(signature), {2}, at::kLong))
-        ->wait();
-    for (int r = 0; r < world; ++r) {
-      TORCH_CHECK(all[2 * r].item<int64_t>() == signature[0] &&
-                      all[2 * r + 1].item<int64_t>() == signature[1],
-                  what, " failed: rank ", r,
-                  " stores other parameters or optimizer states than rank ", rank, " (",
-                  all[2 * r].item<int64_t>(), " tensors against ", signature[0],
-                  "); every rank must save the same model and optimizer");
-    }
-  }
-
-  // Who stores which rows: one copy of each distinct row range (HSDP replicas, and ranks
-  // holding whole tensors after the first, write nothing for them).
+  check_same_slots(group, slots, world, rank, what);
   std::vector<std::vector<detail::RowRange>> writers;
   try {
-    writers = detail::choose_writers(detail::gather_row_layouts(group, locals), locals, world);
-    for (auto& s : slots) {
-      for (const auto& w : writers[s.param]) {
-        if (w.rank == rank) s.rows_to_write = w.rows;
-      }
-    }
+    writers = assign_writers(group, locals, slots, world, rank);
   } catch (...) {
     error = std::current_exception();
   }
   detail::agree(group, error, what);
 
   // Phase 2: every rank writes its file.
-  constexpr size_t kHead =
-      3;  // file bytes, file checksum, RNG state bytes; then per slot its checksum
   std::vector<int64_t> mine(kHead + slots.size(), 0);
   const at::Tensor rng = cpu_rng_state();
   try {
-    std::vector<TensorEntry> entries;
-    for (const auto& s : slots) {
-      if (s.rows_to_write == 0) continue;
-      TensorEntry e;
-      e.name = s.key;
-      e.dtype = to_dtype(s.local.scalar_type());
-      e.shape = stored_shape(s.lp->global_shape, s.rows_to_write);
-      entries.push_back(std::move(e));
-    }
-    SafetensorsWriterOptions writer_options;
-    writer_options.embed_checksums = false;  // metadata.json holds them
-    writer_options.kill_after_bytes = kill_hook(options.step(), rank);
-    SafetensorsWriter writer(tmp_dir + "/" + rank_file_name(rank, world), std::move(entries),
-                             {{"format", "pt"},
-                              {"fsdp.rank", std::to_string(rank)},
-                              {"fsdp.world_size", std::to_string(world)},
-                              {"fsdp.step", std::to_string(options.step())}},
-                             writer_options);
-    for (size_t i = 0; i < slots.size(); ++i) {
-      const Slot& s = slots[i];
-      if (s.rows_to_write == 0) continue;
-      at::Tensor rows = s.lp->rows_view(s.local).narrow(0, 0, s.rows_to_write);
-      if (!rows.device().is_cpu()) rows = rows.cpu();
-      mine[kHead + i] = as_i64(writer.write(rows));
-    }
-    writer.finish();
-    mine[0] = static_cast<int64_t>(writer.file_bytes());
-    mine[1] = as_i64(writer.file_checksum());
-    mine[2] = rng.numel();
+    write_rank_file(tmp_dir, slots, options.step(), rank, world, rng, mine);
   } catch (...) {
     error = std::current_exception();
   }
   detail::agree(group, error, what);
-
-  at::Tensor all =
-      at::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, at::kLong).clone();
-  at::Tensor all_rng = rng;
-  if (group != nullptr && world > 1) {
-    at::Tensor gathered = at::empty({world * all.numel()}, at::kLong);
-    group->all_gather_into_tensor(gathered, all)->wait();
-    all = gathered;
-    all_rng = at::empty({world * rng.numel()}, at::kByte);
-    group->all_gather_into_tensor(all_rng, rng)->wait();
-  }
-  const auto* v = all.const_data_ptr<int64_t>();
-  const size_t stride = mine.size();
+  const Gathered all = gather_records(group, world, mine, rng);
+  const auto* v = all.records.const_data_ptr<int64_t>();
   int64_t total_bytes = 0;
-  for (int r = 0; r < world; ++r) total_bytes += v[r * stride];
+  for (int r = 0; r < world; ++r) total_bytes += v[r * mine.size()];
 
   // Phase 3: rank 0 writes the index and publishes the checkpoint.
   try {
     if (rank == 0) {
-      CheckpointIndex index;
-      index.world_size = world;
-      index.step = options.step();
-      index.user_json = options.user_json();
-      for (int r = 0; r < world; ++r) {
-        const int64_t* row = v + r * stride;
-        TORCH_CHECK(row[2] == mine[2], "rank ", r, " has an RNG state of ", row[2],
-                    " bytes, rank 0 of ", mine[2]);
-        index.files.push_back({rank_file_name(r, world), as_u64(row[0]), as_u64(row[1])});
-        const auto* state = all_rng.const_data_ptr<uint8_t>() + r * rng.numel();
-        index.rng_states.emplace_back(reinterpret_cast<const char*>(state), rng.numel());
-      }
-      for (size_t i = 0; i < slots.size(); ++i) {
-        const Slot& s = slots[i];
-        TensorRecord record;
-        record.dtype = to_dtype(s.local.scalar_type());
-        record.shape = s.lp->global_shape;
-        for (const auto& w : writers[s.param]) {
-          record.shards.push_back(
-              {w.rank, w.offset, w.rows, as_u64(v[w.rank * stride + kHead + i])});
-        }
-        index.tensors.emplace(s.key, std::move(record));
-      }
-      if (adamw != nullptr) {
-        for (const auto& lp : locals) {
-          if (auto* s = state_of(*adamw, lp.param)) {
-            index.optimizer = "AdamW";
-            index.optimizer_steps[lp.name] = s->step();
-          }
-        }
-      }
-      const std::string text = serialize_checkpoint_index(index);
-      try {
-        parse_checkpoint_index(text);  // never publish an index we could not read back
-      } catch (const FormatError& e) {
-        TORCH_INTERNAL_ASSERT(false, "the index just built is invalid: ", e.what());
-      }
-      {
-        detail::File file = detail::File::create(tmp_dir + "/" + kIndexName);
-        file.pwrite_all(text.data(), text.size(), 0);
-        file.sync();
-        file.close();
-      }
-      detail::fsync_directory(tmp_dir);
-      detail::publish_directory(tmp_dir, final_dir);
-      detail::write_file_atomically(root + "/" + kLatestName, dir_name + "\n");
-      prune(root, dir_name, options.keep_last());
+      const CheckpointIndex index =
+          build_index(options, world, mine, all, slots, writers, locals, adamw);
+      publish(index, root, tmp_dir, final_dir, dir_name, options.keep_last());
     }
   } catch (...) {
     error = std::current_exception();
@@ -563,32 +698,9 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
     TORCH_CHECK(!with_optimizer || index.optimizer == "AdamW", "checkpoint '", dir,
                 "' holds the state of a ", index.optimizer, " optimizer, not AdamW");
     check_model_matches(dir, index, locals);
-
-    // The optimizer states to load, per parameter the optimizer trains.
-    std::vector<std::vector<std::string>> kinds(locals.size());
-    if (with_optimizer) {
-      std::vector<std::string> missing;
-      for (size_t i = 0; i < locals.size(); ++i) {
-        const LocalParam& lp = locals[i];
-        const auto* group_options = options_of(*adamw, lp.param);
-        if (group_options == nullptr) continue;  // not trained by this optimizer
-        kinds[i] = {"exp_avg", "exp_avg_sq"};
-        if (group_options->amsgrad()) kinds[i].push_back("max_exp_avg_sq");
-        for (const auto& kind : kinds[i]) {
-          const std::string key = "optim/" + kind + "/" + lp.name;
-          auto it = index.tensors.find(key);
-          if (it == index.tensors.end() || it->second.shape != lp.global_shape)
-            missing.push_back(key);
-        }
-        if (index.optimizer_steps.count(lp.name) == 0)
-          missing.push_back("optimizer step of " + lp.name);
-      }
-      if (!missing.empty()) {
-        std::string message = "checkpoint '" + dir + "' lacks optimizer state the optimizer needs:";
-        append_list(message, "missing", missing);
-        TORCH_CHECK(false, message);
-      }
-    }
+    const std::vector<std::vector<std::string>> kinds =
+        with_optimizer ? optimizer_kinds(dir, index, locals, *adamw)
+                       : std::vector<std::vector<std::string>>(locals.size());
     const std::vector<SafetensorsReader> readers = open_rank_files(dir, index);
 
     // Everything is validated: fill the model and the optimizer.
@@ -598,39 +710,9 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
       result.bytes_read += fill_rows(model_key, index.tensors.at(model_key), lp,
                                      lp.rows_view(lp.param.detach()), readers);
       if (kinds[i].empty()) continue;
-      auto& states = adamw->state();
-      auto it = states.find(lp.param.unsafeGetTensorImpl());
-      if (it == states.end()) {
-        // Uninitialized: fill_rows writes every row, padding included.
-        at::NoGradGuard no_grad;
-        const at::Tensor p = lp.param.detach();
-        auto state = std::make_unique<torch::optim::AdamWParamState>();
-        state->exp_avg(at::empty_like(p, at::MemoryFormat::Contiguous));
-        state->exp_avg_sq(at::empty_like(p, at::MemoryFormat::Contiguous));
-        if (kinds[i].size() == 3)
-          state->max_exp_avg_sq(at::empty_like(p, at::MemoryFormat::Contiguous));
-        it = states.emplace(lp.param.unsafeGetTensorImpl(), std::move(state)).first;
-        created.push_back(lp.param.unsafeGetTensorImpl());
-      }
-      auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
-      s.step(index.optimizer_steps.at(lp.name));
-      for (const auto& kind : kinds[i]) {
-        at::Tensor t = state_tensor(s, kind);
-        TORCH_CHECK(t.defined() && t.is_contiguous() && t.numel() == lp.param.numel(),
-                    "optimizer state ", kind, " of '", lp.name, "' is missing or mis-shaped");
-        const std::string key = "optim/" + kind + "/" + lp.name;
-        result.bytes_read += fill_rows(key, index.tensors.at(key), lp, lp.rows_view(t), readers);
-      }
+      result.bytes_read += load_optimizer_state(index, lp, kinds[i], *adamw, readers, created);
     }
-    if (!index.rng_states.empty()) {
-      const size_t r = static_cast<size_t>(rank) < index.rng_states.size() ? rank : 0;
-      try {
-        set_cpu_rng_state(index.rng_states[r]);
-      } catch (const c10::Error& e) {
-        TORCH_CHECK(false, "checkpoint '", dir,
-                    "' has an RNG state this build cannot restore: ", e.what_without_backtrace());
-      }
-    }
+    restore_rng(dir, index, rank);
     result.step = index.step;
     result.user_json = index.user_json;
     result.saved_world_size = index.world_size;

@@ -36,6 +36,41 @@ constexpr char kWhiteSpace[] =
     "\\t-\\r\\x20\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}"
     "\\x{205f}\\x{3000}";
 
+// Appends the translation of the escape \e (see translate_oniguruma).
+void append_escape(const std::string& pattern, char e, bool in_class, std::string& out) {
+  if (e == 's') {
+    out += in_class ? std::string(kWhiteSpace) : "[" + std::string(kWhiteSpace) + "]";
+  } else if (e == 'S') {
+    FSDP_DATA_CHECK(!in_class, "regex pattern '", pattern,
+                    "' uses \\S inside a character class; unsupported");
+    out += "[^" + std::string(kWhiteSpace) + "]";
+  } else {
+    FSDP_DATA_CHECK(e != 'Q', "regex pattern '", pattern, "' uses \\Q...\\E; unsupported");
+    out += '\\';
+    out += e;
+  }
+}
+
+// Appends the '[' at pattern[i] that opens a class, with the '^' and the literal ']' that may
+// follow it (a ']' right after '[' or '[^' is a member). Returns the index of the last
+// character appended.
+size_t append_class_opening(const std::string& pattern, size_t i, std::string& out) {
+  out += pattern[i];
+  if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+  if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+  return i;
+}
+
+// Within a class, at the '[' at pattern[i]: when it opens a POSIX [:name:], appends that
+// whole and returns the index of its last character; returns npos otherwise.
+size_t append_posix_class(const std::string& pattern, size_t i, std::string& out) {
+  if (i + 1 >= pattern.size() || pattern[i + 1] != ':') return std::string::npos;
+  const size_t end = pattern.find(":]", i + 2);
+  if (end == std::string::npos) return std::string::npos;
+  out.append(pattern, i, end + 2 - i);
+  return end + 1;
+}
+
 // Rewrites \s and \S of an Oniguruma pattern for PCRE2 (see kWhiteSpace); everything else is
 // passed through, with escapes and classes (including POSIX [:name:] inside them) skipped
 // intact so that no "\\s" or "[\s]" is misread.
@@ -45,33 +80,18 @@ std::string translate_oniguruma(const std::string& pattern) {
   for (size_t i = 0; i < pattern.size(); ++i) {
     const char c = pattern[i];
     if (c == '\\' && i + 1 < pattern.size()) {
-      const char e = pattern[++i];
-      if (e == 's') {
-        out += in_class ? std::string(kWhiteSpace) : "[" + std::string(kWhiteSpace) + "]";
-      } else if (e == 'S') {
-        FSDP_DATA_CHECK(!in_class, "regex pattern '", pattern,
-                        "' uses \\S inside a character class; unsupported");
-        out += "[^" + std::string(kWhiteSpace) + "]";
-      } else {
-        FSDP_DATA_CHECK(e != 'Q', "regex pattern '", pattern, "' uses \\Q...\\E; unsupported");
-        out += c;
-        out += e;
-      }
+      append_escape(pattern, pattern[++i], in_class, out);
       continue;
     }
     if (!in_class && c == '[') {
       in_class = true;
-      out += c;
-      // A ']' right after '[' or '[^' is a literal member.
-      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
-      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+      i = append_class_opening(pattern, i, out);
       continue;
     }
-    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
-      const size_t end = pattern.find(":]", i + 2);
+    if (in_class && c == '[') {
+      const size_t end = append_posix_class(pattern, i, out);
       if (end != std::string::npos) {
-        out.append(pattern, i, end + 2 - i);
-        i = end + 1;
+        i = end;
         continue;
       }
     }

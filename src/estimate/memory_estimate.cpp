@@ -153,7 +153,8 @@ class StepModel {
     TORCH_CHECK(size == 0 || size == shard_ || o.strategy() == ShardingStrategy::kFullShard ||
                     o.strategy() == ShardingStrategy::kHybridShard,
                 "estimate_memory: reshard_after_forward_size applies to full_shard and "
-                "hybrid_shard, not ", to_string(o.strategy()));
+                "hybrid_shard, not ",
+                to_string(o.strategy()));
     if (size == 1) reshard_after_forward_ = false;
     if (size > 1 && size < shard_) post_forward_size_ = size;
 
@@ -247,7 +248,8 @@ class StepModel {
     all_gather_bytes_ += gather_buffer_bytes(u);
     // c10d's gloo all-gather gathers into a flat tensor of the output's size and copies out.
     // A gather from an hpZ piece runs on the post-forward group's own thread.
-    issued_since_compute_.push_back({gather_buffer_bytes(u), s.piece ? kPostForwardGroup : kShardGroup});
+    issued_since_compute_.push_back(
+        {gather_buffer_bytes(u), s.piece ? kPostForwardGroup : kShardGroup});
     s.gathering = true;
   }
 
@@ -359,26 +361,40 @@ class StepModel {
       s.unsynced = false;
     }
     if (!sync) {
-      // Kept, in the reduce dtype, for the backward that syncs.
-      if (full == grads && reduce_ != compute_) {
-        r_.alloc(u.full_numel * reduce_, phase);
-        r_.free(grads);
-      }
-      r_.count_unsharded(u.full_numel * reduce_);
-      s.unsynced = true;
-      return;
+      keep_unsynced(u, s, full, grads, phase);
+    } else if (shard_ == 1 && replicate_ == 1) {
+      keep_single_rank(u, s, full, phase);
+    } else {
+      issue_reduction(i, u, full, phase);
     }
-    if (shard_ == 1 && replicate_ == 1) {
-      // One rank: the full gradient is the sharded one (re-typed to the master dtype if needed),
-      // plus the one of an earlier pass, which it replaces.
-      if (compute_ != master_ || reduce_ != master_) {
-        r_.alloc(u.shard_numel * master_, phase);
-        r_.free(full);
-      }
-      if (s.sharded_grad) r_.free(u.shard_numel * master_);
-      s.sharded_grad = true;
-      return;
+  }
+
+  // No sync: the full gradients (`full` bytes) are kept, in the reduce dtype, for the backward
+  // that syncs.
+  void keep_unsynced(const UnitSizes& u, State& s, int64_t full, int64_t grads,
+                     const std::string& phase) {
+    if (full == grads && reduce_ != compute_) {
+      r_.alloc(u.full_numel * reduce_, phase);
+      r_.free(grads);
     }
+    r_.count_unsharded(u.full_numel * reduce_);
+    s.unsynced = true;
+  }
+
+  // One rank: the full gradient is the sharded one (re-typed to the master dtype if needed),
+  // plus the one of an earlier pass, which it replaces.
+  void keep_single_rank(const UnitSizes& u, State& s, int64_t full, const std::string& phase) {
+    if (compute_ != master_ || reduce_ != master_) {
+      r_.alloc(u.shard_numel * master_, phase);
+      r_.free(full);
+    }
+    if (s.sharded_grad) r_.free(u.shard_numel * master_);
+    s.sharded_grad = true;
+  }
+
+  // Packs unit i's full gradients (`full` bytes, freed) into the reduction's input and issues
+  // the reduction, keeping at most two in flight.
+  void issue_reduction(int i, const UnitSizes& u, int64_t full, const std::string& phase) {
     const int64_t input = u.shard_numel * shard_ * reduce_;
     r_.alloc(input, phase);
     r_.count_comm(input);

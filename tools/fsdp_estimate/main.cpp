@@ -27,10 +27,8 @@ at::ScalarType parse_dtype(const std::string& flag, const std::string& name) {
   TORCH_CHECK(false, flag, " must be fp32, bf16, fp16 or fp64, got '", name, "'");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"fsdp-estimate: predict one rank's memory for an FSDP training step"};
+// The command line, with each flag's default.
+struct Flags {
   std::string model = "tiny";
   int64_t vocab_size = 0, n_positions = 0, n_embd = 0, n_layer = 0, n_head = 0;
   int world = 2, replicate = 1, prefetch = 1, grad_accum = 1;
@@ -38,148 +36,179 @@ int main(int argc, char** argv) {
   std::string strategy = "full_shard", param_dtype, reduce_dtype, master_dtype = "fp32";
   int64_t global_batch = 16, seq_len = 64;
   bool activation_checkpoint = false, no_fsdp = false, pretty = false, timeline = false;
-  app.add_option("--model", model,
+  int reshard_after_forward = 1;
+};
+
+void add_flags(CLI::App& app, Flags& f) {
+  app.add_option("--model", f.model,
                  "Model config to start from: " + fsdp::models::model_names_joined())
       ->check(CLI::IsMember(fsdp::models::model_names()))
       ->capture_default_str();
   const auto positive = fsdp::tools::integer_at_least(1);
-  app.add_option("--vocab-size", vocab_size, "Override the config's vocab_size")->check(positive);
-  app.add_option(
-         "--n-positions", n_positions,
-         "Override the config's longest sequence (GPT-2 n_positions, Llama max_position_embeddings)")
+  app.add_option("--vocab-size", f.vocab_size, "Override the config's vocab_size")->check(positive);
+  app.add_option("--n-positions", f.n_positions,
+                 "Override the config's longest sequence (GPT-2 n_positions, Llama "
+                 "max_position_embeddings)")
       ->check(positive);
-  app.add_option("--n-embd", n_embd, "Override the config's width (GPT-2 n_embd, Llama hidden_size)")
+  app.add_option("--n-embd", f.n_embd,
+                 "Override the config's width (GPT-2 n_embd, Llama hidden_size)")
       ->check(positive);
-  app.add_option("--n-layer", n_layer, "Override the config's number of layers")->check(positive);
-  app.add_option("--n-head", n_head, "Override the config's attention heads")->check(positive);
-  app.add_option("--world-size,--nproc", world, "Ranks")->check(positive)->capture_default_str();
-  app.add_option("--strategy", strategy, "full_shard, shard_grad_op, no_shard or hybrid_shard")
+  app.add_option("--n-layer", f.n_layer, "Override the config's number of layers")->check(positive);
+  app.add_option("--n-head", f.n_head, "Override the config's attention heads")->check(positive);
+  app.add_option("--world-size,--nproc", f.world, "Ranks")->check(positive)->capture_default_str();
+  app.add_option("--strategy", f.strategy, "full_shard, shard_grad_op, no_shard or hybrid_shard")
       ->check(CLI::IsMember({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}))
       ->capture_default_str();
-  app.add_option("--replicate", replicate, "Replicas for hybrid_shard (divides the world size)")
+  app.add_option("--replicate", f.replicate, "Replicas for hybrid_shard (divides the world size)")
       ->check(fsdp::tools::integer_at_least(1))
       ->capture_default_str();
-  app.add_option("--param-dtype", param_dtype,
+  app.add_option("--param-dtype", f.param_dtype,
                  "Mixed precision: dtype of unsharded parameters and compute (fp32, bf16, fp16)");
-  app.add_option("--reduce-dtype", reduce_dtype,
+  app.add_option("--reduce-dtype", f.reduce_dtype,
                  "Mixed precision: dtype of gradient reduction (default: --param-dtype)");
-  app.add_option("--master-dtype", master_dtype,
+  app.add_option("--master-dtype", f.master_dtype,
                  "dtype of sharded parameters, gradients and optimizer state")
       ->capture_default_str();
-  app.add_option("--global-batch", global_batch, "Sequences per step over all ranks")
+  app.add_option("--global-batch", f.global_batch, "Sequences per step over all ranks")
       ->check(fsdp::tools::integer_at_least(1))
       ->capture_default_str();
-  app.add_option("--seq-len", seq_len, "Tokens per sequence")
+  app.add_option("--seq-len", f.seq_len, "Tokens per sequence")
       ->check(fsdp::tools::integer_at_least(1))
       ->capture_default_str();
-  app.add_flag("--activation-checkpoint", activation_checkpoint,
+  app.add_flag("--activation-checkpoint", f.activation_checkpoint,
                "Every block checkpoints its forward");
-  int reshard_after_forward = 1;
-  app.add_option("--reshard-after-forward", reshard_after_forward,
+  app.add_option("--reshard-after-forward", f.reshard_after_forward,
                  "As fsdp-train's: 1 blocks reshard after forward, 0 they keep their parameters, "
                  "N >= 2 they keep a 1/N piece (hpZ)")
       ->check(fsdp::tools::integer_at_least(0))
       ->capture_default_str();
-  app.add_option("--prefetch", prefetch, "Implicit prefetch depth (0: off)")
+  app.add_option("--prefetch", f.prefetch, "Implicit prefetch depth (0: off)")
       ->check(fsdp::tools::integer_at_least(0))
       ->capture_default_str();
-  app.add_option("--grad-accum", grad_accum,
+  app.add_option("--grad-accum", f.grad_accum,
                  "Forward/backward passes per step, each on 1/K of the rank's batch")
       ->check(fsdp::tools::integer_at_least(1))
       ->capture_default_str();
-  app.add_option("--accum-mode", accum_mode, "sync, no-sync or no-reshard (see fsdp-train)")
+  app.add_option("--accum-mode", f.accum_mode, "sync, no-sync or no-reshard (see fsdp-train)")
       ->check(CLI::IsMember({"sync", "no-sync", "no-reshard"}))
       ->capture_default_str();
-  app.add_flag("--no-fsdp", no_fsdp, "Plain single-process training (fsdp-train --no-fsdp)");
-  app.add_flag("--pretty", pretty, "Indent the JSON");
-  app.add_flag("--timeline", timeline, "Add the most bytes live in each phase of the step");
+  app.add_flag("--no-fsdp", f.no_fsdp, "Plain single-process training (fsdp-train --no-fsdp)");
+  app.add_flag("--pretty", f.pretty, "Indent the JSON");
+  app.add_flag("--timeline", f.timeline, "Add the most bytes live in each phase of the step");
+}
+
+// The model's spec with the size flags applied; their errors name the flags.
+std::shared_ptr<const fsdp::models::ModelSpec> sized_spec(const Flags& f) {
+  fsdp::models::SizeOverrides overrides;
+  overrides.vocab_size = f.vocab_size;
+  overrides.max_seq_len = f.n_positions;
+  overrides.dim = f.n_embd;
+  overrides.n_layers = f.n_layer;
+  overrides.n_heads = f.n_head;
+  try {
+    return fsdp::models::model_spec(f.model)->with_overrides(overrides);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "--n-embd, --n-head, --n-layer, --vocab-size or --n-positions: ",
+                e.what_without_backtrace());
+  }
+}
+
+// The estimator's options, every flag that depends on another checked.
+fsdp::MemoryEstimateOptions estimate_options(const Flags& f) {
+  fsdp::MemoryEstimateOptions options;
+  options.world_size(f.world)
+      .strategy(fsdp::parse_sharding_strategy(f.strategy))
+      .replicate(f.replicate)
+      .master_dtype(parse_dtype("--master-dtype", f.master_dtype))
+      .prefetch(f.prefetch)
+      .grad_accum(f.grad_accum)
+      .accumulation(fsdp::parse_accumulation_mode(f.accum_mode))
+      .reshard_after_forward_size(f.reshard_after_forward == 0   ? 1
+                                  : f.reshard_after_forward == 1 ? 0
+                                                                 : f.reshard_after_forward)
+      .fsdp(!f.no_fsdp);
+  TORCH_CHECK(options.strategy() == fsdp::ShardingStrategy::kHybridShard || f.replicate == 1,
+              "--replicate ", f.replicate, " needs --strategy hybrid_shard");
+  TORCH_CHECK(f.world % f.replicate == 0, "--replicate ", f.replicate,
+              " does not divide --world-size ", f.world);
+  const int shard_group = f.strategy == "hybrid_shard" ? f.world / f.replicate
+                          : f.strategy == "no_shard"   ? 1
+                                                       : f.world;
+  TORCH_CHECK(f.reshard_after_forward <= 1 || shard_group % f.reshard_after_forward == 0,
+              "--reshard-after-forward ", f.reshard_after_forward,
+              " (a group size) does not divide the shard group of ", shard_group, " ranks");
+  if (!f.param_dtype.empty()) options.param_dtype(parse_dtype("--param-dtype", f.param_dtype));
+  if (!f.reduce_dtype.empty()) options.reduce_dtype(parse_dtype("--reduce-dtype", f.reduce_dtype));
+  return options;
+}
+
+// The run's settings as printed under "settings".
+nlohmann::json settings_json(const Flags& f, const fsdp::models::ModelSpec& spec,
+                             int64_t micro_batch) {
+  const std::string& param_dtype = f.param_dtype.empty() ? f.master_dtype : f.param_dtype;
+  nlohmann::json settings = {
+      {"model", f.model},
+      {"parameters", spec.num_parameters()},
+      {"world_size", f.world},
+      {"strategy", f.no_fsdp ? std::string("none") : f.strategy},
+      {"replicate", f.replicate},
+      {"reshard_after_forward", f.reshard_after_forward},
+      {"param_dtype", param_dtype},
+      {"reduce_dtype", f.reduce_dtype.empty() ? param_dtype : f.reduce_dtype},
+      {"global_batch", f.global_batch},
+      {"micro_batch", micro_batch},
+      {"seq_len", f.seq_len},
+      {"activation_checkpoint", f.activation_checkpoint},
+      {"prefetch", f.prefetch},
+      {"grad_accum", f.grad_accum},
+      {"accum_mode", f.accum_mode}};
+  for (const auto& [key, value] : spec.sizes()) settings[key] = value;
+  return settings;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fsdp-estimate: predict one rank's memory for an FSDP training step"};
+  Flags f;
+  add_flags(app, f);
   CLI11_PARSE(app, argc, argv);
 
   try {
-    fsdp::models::SizeOverrides overrides;
-    overrides.vocab_size = vocab_size;
-    overrides.max_seq_len = n_positions;
-    overrides.dim = n_embd;
-    overrides.n_layers = n_layer;
-    overrides.n_heads = n_head;
-    std::shared_ptr<const fsdp::models::ModelSpec> spec;
-    try {
-      spec = fsdp::models::model_spec(model)->with_overrides(overrides);
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "--n-embd, --n-head, --n-layer, --vocab-size or --n-positions: ",
-                  e.what_without_backtrace());
-    }
-    TORCH_CHECK(seq_len <= spec->max_seq_len(), "--seq-len ", seq_len, " is outside [1, ",
-                spec->max_seq_len(), "], the positions model '", model, "' has");
-    if (no_fsdp) world = 1;
-    TORCH_CHECK(world >= 1, "--world-size must be at least 1, got ", world);
-    TORCH_CHECK(grad_accum >= 1, "--grad-accum must be at least 1, got ", grad_accum);
-    TORCH_CHECK(global_batch >= 1 && global_batch % (int64_t(world) * grad_accum) == 0,
-                "--global-batch ", global_batch,
-                " is not a positive multiple of ranks x micro-batches = ", world, " x ",
-                grad_accum);
-    fsdp::MemoryEstimateOptions options;
-    options.world_size(world)
-        .strategy(fsdp::parse_sharding_strategy(strategy))
-        .replicate(replicate)
-        .master_dtype(parse_dtype("--master-dtype", master_dtype))
-        .prefetch(prefetch)
-        .grad_accum(grad_accum)
-        .accumulation(fsdp::parse_accumulation_mode(accum_mode))
-        .reshard_after_forward_size(reshard_after_forward == 0   ? 1
-                                    : reshard_after_forward == 1 ? 0
-                                                                 : reshard_after_forward)
-        .fsdp(!no_fsdp);
-    TORCH_CHECK(options.strategy() == fsdp::ShardingStrategy::kHybridShard || replicate == 1,
-                "--replicate ", replicate, " needs --strategy hybrid_shard");
-    TORCH_CHECK(world % replicate == 0, "--replicate ", replicate,
-                " does not divide --world-size ", world);
-    const int shard_group = strategy == "hybrid_shard" ? world / replicate
-                            : strategy == "no_shard"   ? 1
-                                                       : world;
-    TORCH_CHECK(reshard_after_forward <= 1 || shard_group % reshard_after_forward == 0,
-                "--reshard-after-forward ", reshard_after_forward,
-                " (a group size) does not divide the shard group of ", shard_group, " ranks");
-    if (!param_dtype.empty()) options.param_dtype(parse_dtype("--param-dtype", param_dtype));
-    if (!reduce_dtype.empty()) options.reduce_dtype(parse_dtype("--reduce-dtype", reduce_dtype));
+    const auto spec = sized_spec(f);
+    TORCH_CHECK(f.seq_len <= spec->max_seq_len(), "--seq-len ", f.seq_len, " is outside [1, ",
+                spec->max_seq_len(), "], the positions model '", f.model, "' has");
+    if (f.no_fsdp) f.world = 1;
+    TORCH_CHECK(f.world >= 1, "--world-size must be at least 1, got ", f.world);
+    TORCH_CHECK(f.grad_accum >= 1, "--grad-accum must be at least 1, got ", f.grad_accum);
+    TORCH_CHECK(f.global_batch >= 1 && f.global_batch % (int64_t(f.world) * f.grad_accum) == 0,
+                "--global-batch ", f.global_batch,
+                " is not a positive multiple of ranks x micro-batches = ", f.world, " x ",
+                f.grad_accum);
+    const fsdp::MemoryEstimateOptions options = estimate_options(f);
     const at::ScalarType compute =
-        no_fsdp ? options.master_dtype() : options.param_dtype().value_or(options.master_dtype());
-    const int64_t micro_batch = global_batch / world / grad_accum;  // sequences per pass
+        f.no_fsdp ? options.master_dtype() : options.param_dtype().value_or(options.master_dtype());
+    const int64_t micro_batch = f.global_batch / f.world / f.grad_accum;  // sequences per pass
     fsdp::ModelMemorySpec memory;
     try {
-      memory = spec->memory_spec(micro_batch, seq_len, compute, activation_checkpoint);
+      memory = spec->memory_spec(micro_batch, f.seq_len, compute, f.activation_checkpoint);
     } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "--global-batch ", global_batch, " and --seq-len ", seq_len, " on ",
-                  world, " ranks of model '", model, "' (sizes from --n-embd, --n-layer, "
-                  "--vocab-size): ", e.what_without_backtrace());
+      TORCH_CHECK(false, "--global-batch ", f.global_batch, " and --seq-len ", f.seq_len, " on ",
+                  f.world, " ranks of model '", f.model,
+                  "' (sizes from --n-embd, --n-layer, "
+                  "--vocab-size): ",
+                  e.what_without_backtrace());
     }
     const fsdp::MemoryEstimate e = fsdp::estimate_memory(memory, options);
 
     nlohmann::json out = nlohmann::json::parse(e.to_json());
-    out["settings"] = {
-        {"model", model},
-        {"parameters", spec->num_parameters()},
-        {"world_size", world},
-        {"strategy", no_fsdp ? std::string("none") : strategy},
-        {"replicate", replicate},
-        {"reshard_after_forward", reshard_after_forward},
-        {"param_dtype", param_dtype.empty() ? master_dtype : param_dtype},
-        {"reduce_dtype",
-         reduce_dtype.empty() ? (param_dtype.empty() ? master_dtype : param_dtype) : reduce_dtype},
-        {"global_batch", global_batch},
-        {"micro_batch", micro_batch},
-        {"seq_len", seq_len},
-        {"activation_checkpoint", activation_checkpoint},
-        {"prefetch", prefetch},
-        {"grad_accum", grad_accum},
-        {"accum_mode", accum_mode}};
-    for (const auto& [key, value] : spec->sizes()) out["settings"][key] = value;
-    if (timeline) {
+    out["settings"] = settings_json(f, *spec, micro_batch);
+    if (f.timeline) {
       out["timeline"] = nlohmann::json::array();
       for (const auto& [phase, bytes] : e.timeline)
         out["timeline"].push_back({{"phase", phase}, {"bytes", bytes}});
     }
-    std::cout << out.dump(pretty ? 2 : -1) << '\n';
+    std::cout << out.dump(f.pretty ? 2 : -1) << '\n';
     return 0;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "fsdp-estimate: error: %s\n", e.what_without_backtrace());
