@@ -60,6 +60,7 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--weight-decay", "--weight-decay -0.1"},
     {"fsdp-train", "--weight-decay", "--weight-decay nan"},
     {"fsdp-train", "--weight-decay", "--weight-decay 1e300"},
+    {"fsdp-train", "--decay-matrices-only", "--decay-matrices-only=maybe"},
     {"fsdp-train", "--max-grad-norm", "--max-grad-norm -1"},
     {"fsdp-train", "--max-grad-norm", "--max-grad-norm 0"},
     {"fsdp-train", "--max-grad-norm", "--max-grad-norm nan"},
@@ -110,6 +111,27 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--init-from", "--init-from /"},
     {"fsdp-train", "--dump-batches", "--dump-batches /"},
     {"fsdp-train", "--dump-batches", "--dump-batches /nonexistent/dir/b.bin"},
+    {"fsdp-train", "--data", "--data /nonexistent/*.bin"},
+    {"fsdp-train", "--data", "--data /etc/hostname,"},
+    {"fsdp-train", "--tokenizer", "--tokenizer /nonexistent/tokenizer.json"},
+    {"fsdp-train", "--tokenizer", "--tokenizer /"},
+    {"fsdp-train", "--tokenizer", "--tokenizer /etc/hostname"},  // not a tokenizer.json
+    {"fsdp-train", "--text-field", "--text-field ''"},
+    {"fsdp-train", "--val-data", "--val-data /nonexistent/val.txt"},
+    {"fsdp-train", "--val-data", "--val-data /"},
+    {"fsdp-train", "--val-every", "--val-every -1"},
+    {"fsdp-train", "--val-every", "--val-every often"},
+    {"fsdp-train", "--val-batches", "--val-batches 0"},
+    {"fsdp-train", "--val-batches", "--val-batches -3"},
+    {"fsdp-train", "--lr-schedule", "--lr-schedule linear"},
+    {"fsdp-train", "--warmup-steps", "--warmup-steps -1"},
+    {"fsdp-train", "--warmup-steps", "--warmup-steps 1.5"},
+    {"fsdp-train", "--min-lr", "--min-lr -1"},
+    {"fsdp-train", "--min-lr", "--min-lr nan"},
+    {"fsdp-train", "--min-lr", "--lr 1e-3 --min-lr 0.01"},  // above --lr
+    {"fsdp-train", "--decay-frac", "--decay-frac 1.5"},
+    {"fsdp-train", "--decay-frac", "--decay-frac -0.1"},
+    {"fsdp-train", "--decay-frac", "--decay-frac nan"},
     // --- fsdp-estimate ---
     {"fsdp-estimate", "--model", "--model gpt5"},
     {"fsdp-estimate", "--vocab-size", "--vocab-size 0"},
@@ -216,9 +238,9 @@ TEST(FlagCatalogueTest, CoversEveryFlag) {
     for (const std::string& flag : flags) {
       if (flag == "--help") continue;
       // A flag with two names (--world-size,--nproc) is covered by either.
-      const bool has_case = cases.count(flag) > 0 ||
-                            (program == "fsdp-estimate" && flag == "--nproc" &&
-                             cases.count("--world-size") > 0);
+      const bool has_case =
+          cases.count(flag) > 0 ||
+          (program == "fsdp-estimate" && flag == "--nproc" && cases.count("--world-size") > 0);
       EXPECT_TRUE(has_case) << program << " " << flag << " has no bad-value case in the catalogue";
     }
   }

@@ -74,17 +74,22 @@ TEST(FsdpTrain, TwoProcessesMatchTheSingleProcessReference) {
 }
 
 // The default run (2 ranks, tiny GPT-2, embedded corpus) learns: its first 300 steps already
-// take the loss well below the corpus's unigram entropy, the best a context-free model does.
+// take the loss, on the training text and on the held-out text, well below the corpus's
+// unigram entropy, the best a context-free model does.
 TEST(FsdpTrain, DefaultRunLearnsTheEmbeddedCorpus) {
   const std::string metrics = temp_path("default.jsonl");
   const CommandResult r = run("--steps 300 --metrics " + metrics);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("unigram entropy 2.9798 nats"));
+  EXPECT_THAT(r.output, HasSubstr("val loss"));
   const auto lines = read_json_lines(metrics);
   ASSERT_EQ(lines.size(), 300u);
   const double first = lines.front()["loss"], last = lines.back()["loss"];
   EXPECT_NEAR(first, std::log(256.0), 0.2);  // starts from a uniform guess over bytes
   EXPECT_LT(last, 0.7 * 2.9798) << "loss after 300 steps: " << last;
+  // The default evaluation text (the corpus's last 10%, trained on too) follows.
+  const double val = lines.back()["val_loss"];
+  EXPECT_LT(val, 0.8 * 2.9798) << "evaluation loss after 300 steps: " << val;
 }
 
 // --trace writes one Chrome trace per rank with the unit-level compute, communication and copy
@@ -230,10 +235,13 @@ TEST(FsdpTrain, ConcurrentLaunchesNeverCollideOnAPort) {
   std::string script;
   for (int i = 0; i < kLaunches; ++i) {
     script += fsdp_train_binary() + " --nproc 2 --steps 1 --global-batch 2 --seq-len 8 --quiet " +
-              "> " + temp_path("launch" + std::to_string(i) + ".log") + " 2>&1 & pids=\"$pids $!\"; ";
+              "> " + temp_path("launch" + std::to_string(i) + ".log") +
+              " 2>&1 & pids=\"$pids $!\"; ";
   }
-  script += "failed=0; for p in $pids; do wait $p || failed=$((failed+1)); done; "
-            "echo failed=$failed; cat " + temp_path("launch*.log") + "; exit $failed";
+  script +=
+      "failed=0; for p in $pids; do wait $p || failed=$((failed+1)); done; "
+      "echo failed=$failed; cat " +
+      temp_path("launch*.log") + "; exit $failed";
   const CommandResult r = run_command("bash -c '" + script + "'", 180);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("failed=0"));

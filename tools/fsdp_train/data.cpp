@@ -74,10 +74,19 @@ TokenDataset TokenDataset::from_file(const std::string& path) {
   return TokenDataset(text, "training text '" + path + "'");
 }
 
+TokenDataset::TokenDataset(at::Tensor tokens, std::string source)
+    : tokens_(std::move(tokens)), source_(std::move(source)) {
+  TORCH_CHECK(tokens_.dim() == 1 && tokens_.device().is_cpu() &&
+                  (tokens_.scalar_type() == at::kByte || tokens_.scalar_type() == at::kInt),
+              source_, ": token ids must be a 1-D uint8 or int32 CPU tensor, got ",
+              tokens_.scalar_type(), " of ", tokens_.dim(), " dimensions");
+}
+
 void TokenDataset::check_seq_len(int64_t seq_len) const {
+  const char* unit = tokens_.scalar_type() == at::kByte ? "bytes" : "tokens";
   TORCH_CHECK(seq_len > 0, "seq_len must be positive, got ", seq_len);
-  TORCH_CHECK(size() >= seq_len + 1, source_, " has ", size(), " bytes, but seq_len ", seq_len,
-              " needs at least ", seq_len + 1, " (one window of seq_len + 1 bytes)");
+  TORCH_CHECK(size() >= seq_len + 1, source_, " has ", size(), " ", unit, ", but seq_len ", seq_len,
+              " needs at least ", seq_len + 1, " (one window of seq_len + 1 ", unit, ")");
 }
 
 std::pair<at::Tensor, at::Tensor> TokenDataset::global_batch(int64_t step, int64_t global_batch,

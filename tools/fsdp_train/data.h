@@ -1,5 +1,6 @@
-// Byte-level training data for fsdp-train: a text is a sequence of tokens, one per byte (ids
-// 0..255), and a training sample is a window of seq_len + 1 consecutive bytes.
+// Training data for fsdp-train: one flat sequence of token ids, either a text taken byte by byte
+// (ids 0..255) or a tokenized corpus (fsdp/data/corpus.h: documents already concatenated with
+// their BOS/EOS separators), and a training sample is a window of seq_len + 1 consecutive tokens.
 //
 // Every rank computes the same global batch from (seed, step) alone and keeps its own rows, so
 // the W micro-batches of a step, concatenated in rank order, are exactly the batch a single
@@ -23,9 +24,14 @@ class TokenDataset {
   // reason if it cannot be opened or read.
   static TokenDataset from_file(const std::string& path);
 
-  // Number of tokens (bytes).
+  // Token ids: a 1-D uint8 or int32 CPU tensor (taken as it is, not copied). source names them
+  // in error messages.
+  TokenDataset(at::Tensor tokens, std::string source);
+
+  // Number of tokens (bytes for a text).
   int64_t size() const { return tokens_.size(0); }
-  // All tokens as a 1-D uint8 CPU tensor (a byte each; batches are widened to int64).
+  // All tokens as a 1-D CPU tensor: uint8 for a text (a byte each), int32 for a tokenized
+  // corpus; batches are widened to int64.
   const at::Tensor& tokens() const { return tokens_; }
   const std::string& source() const { return source_; }
 
@@ -42,7 +48,7 @@ class TokenDataset {
                                                  int64_t seq_len, uint64_t seed) const;
 
  private:
-  at::Tensor tokens_;  // [N] uint8: one byte per token keeps large texts cheap
+  at::Tensor tokens_;  // [N] uint8 (one byte per token keeps large texts cheap) or int32
   std::string source_;
 };
 

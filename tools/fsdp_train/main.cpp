@@ -1,16 +1,17 @@
 // fsdp-train: the command-line front end. With --nproc N it launches N local ranks of itself;
 // under torchrun-style variables (RANK, WORLD_SIZE, ...) it is one rank; with --no-fsdp it is
 // the single-process reference. With none of these it launches 2 local ranks.
-#include <fsdp/comm/rendezvous.h>
 #include <common/cli_checks.h>
+#include <fsdp/comm/rendezvous.h>
+#include <fsdp/data/corpus.h>
 #include <fsdp_train/launcher.h>
 #include <fsdp_train/machine_fit.h>
 #include <fsdp_train/trainer.h>
 #include <models/model.h>
 
 #include <ATen/Parallel.h>
-#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -26,75 +27,197 @@ void set_intra_op_threads(int local_world) {
   at::set_num_threads(static_cast<int>(std::max(1u, cores / static_cast<unsigned>(local_world))));
 }
 
+// A data spec (fsdp/data/corpus.h): every entry an existing file or a pattern matching some.
+CLI::Validator data_spec() {
+  return CLI::Validator(
+      [](std::string& spec) -> std::string {
+        try {
+          fsdp::data::expand_data_spec(spec);
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+        return "";
+      },
+      "SPEC");
+}
+
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string { return text.empty() ? "must not be empty" : ""; },
+      "TEXT");
+}
+
+// --data, --tokenizer and the held-out data.
+void add_data_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
+  const auto positive = fsdp::tools::integer_at_least(1);
+  const auto non_negative = fsdp::tools::integer_at_least(0);
+  app.add_option(
+         "--data", o.data_path,
+         "Training data: a text file (its bytes are the tokens), llm.c .bin shards, or with "
+         "--tokenizer text, .jsonl and .bin files, comma-separated, globs; default: the "
+         "embedded corpus")
+      ->check(data_spec());
+  app.add_option("--tokenizer", o.tokenizer_path,
+                 "tokenizer.json (tokenizer_config.json beside it names BOS/EOS) that tokenizes "
+                 "--data and --val-data; the model's vocabulary becomes the tokenizer's")
+      ->check(fsdp::tools::existing_file());
+  app.add_option("--text-field", o.text_field, "The field holding a .jsonl document's text")
+      ->check(non_empty())
+      ->capture_default_str();
+  app.add_option("--val-data", o.val_data_path,
+                 "Held-out data for --val-every, read as --data (default: the last 10% of the "
+                 "embedded corpus, trained on too, "
+                 "when training on it)")
+      ->check(data_spec());
+  app.add_option("--val-every", o.val_every, "Held-out loss every N steps (0: only at the end)")
+      ->check(non_negative)
+      ->capture_default_str();
+  app.add_option("--val-batches", o.val_batches, "Global batches per held-out evaluation")
+      ->check(positive)
+      ->capture_default_str();
+}
+
+// The learning-rate schedule.
+void add_schedule_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
+  using fsdp::tools::finite_in;
+  const auto non_negative = fsdp::tools::integer_at_least(0);
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "constant, cosine (to --min-lr) or wsd (warmup, stable, linear decay to --min-lr "
+                 "over the last --decay-frac of the steps)")
+      ->check(CLI::IsMember({"constant", "cosine", "wsd"}))
+      ->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps,
+                 "Linear learning-rate warm-up over the first N steps")
+      ->check(non_negative)
+      ->capture_default_str();
+  app.add_option("--min-lr", o.min_lr, "Final learning rate of cosine and wsd")
+      ->check(finite_in(0, 1e6))
+      ->capture_default_str();
+  app.add_option("--decay-frac", o.decay_frac, "wsd: fraction of the steps that decay")
+      ->check(finite_in(0, 1))
+      ->capture_default_str();
+}
+
+// Sharding strategy, mixed precision, accumulation and prefetch.
+void add_mode_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
+  const auto positive = fsdp::tools::integer_at_least(1);
+  app.add_option(
+         "--strategy", o.strategy,
+         "full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP) or hybrid_shard (HSDP)")
+      ->capture_default_str();
+  app.add_option("--replicate", o.replicate,
+                 "hybrid_shard: replicas (the shard groups have W / R ranks)")
+      ->check(positive)
+      ->capture_default_str();
+  app.add_option("--param-dtype", o.param_dtype,
+                 "Compute and all-gather dtype: fp32, bf16 or fp16 (masters stay fp32)")
+      ->capture_default_str();
+  app.add_option("--reduce-dtype", o.reduce_dtype,
+                 "Gradient reduction dtype (default: --param-dtype)");
+  app.add_option("--grad-accum", o.grad_accum, "Micro-batches per optimizer step")
+      ->check(positive)
+      ->capture_default_str();
+  app.add_option(
+         "--accum-mode", o.accum_mode,
+         "sync: reduce every micro-batch; no-sync: reduce once per step; no-reshard: also keep "
+         "parameters gathered across micro-batches")
+      ->capture_default_str();
+  app.add_option("--prefetch", o.prefetch,
+                 "1: gather the next unit while this one computes; 0: off")
+      ->check(CLI::IsMember({0, 1}))
+      ->capture_default_str();
+}
+
+// Traces, checkpoints, exports and batch dumps.
+void add_output_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
+  const auto non_negative = fsdp::tools::integer_at_least(0);
+  app.add_option("--trace", o.trace_dir,
+                 "Write each rank's timeline (Chrome trace JSON) to DIR/rank<N>.json")
+      ->check(fsdp::tools::output_dir());
+  app.add_option(
+         "--save", o.save_dir,
+         "Write sharded checkpoints under this directory (at the end, and see --save-every)")
+      ->check(fsdp::tools::output_dir(/*created_with_parents=*/true));
+  app.add_option("--save-every", o.save_every, "Also save a checkpoint every N steps")
+      ->check(non_negative)
+      ->capture_default_str();
+  app.add_option("--resume", o.resume_dir,
+                 "Continue from this checkpoint directory (or a --save directory: its latest)")
+      ->check(fsdp::tools::existing_dir());
+  app.add_option("--export", o.export_path,
+                 "Write the final model as Hugging Face GPT-2 safetensors (config.json beside it)")
+      ->check(fsdp::tools::output_file(/*created_with_parents=*/true));
+  app.add_option("--export-dtype", o.export_dtype, "Element type of --export: fp32 or bf16")
+      ->capture_default_str();
+  app.add_option("--init-from", o.init_from,
+                 "Initialize the model from a Hugging Face GPT-2 safetensors file")
+      ->check(fsdp::tools::existing_file());
+  app.add_option("--dump-batches", o.dump_batches_path,
+                 "Write every step's global (inputs, targets) batch to this file (rank 0; format "
+                 "in trainer.h)")
+      ->check(fsdp::tools::output_file());
+}
+
 // Every flag's value is checked here, while parsing, before any work starts; what depends on
 // several flags is checked by fsdp::train::validate.
 void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, int& nproc, double& timeout_s) {
   using fsdp::tools::finite_in;
   const auto positive = fsdp::tools::integer_at_least(1);
   const auto non_negative = fsdp::tools::integer_at_least(0);
-  app.add_option("--nproc", nproc, "Launch this many local ranks (default 2 unless RANK/WORLD_SIZE are set)")
+  app.add_option("--nproc", nproc,
+                 "Launch this many local ranks (default 2 unless RANK/WORLD_SIZE are set)")
       ->check(positive);
   app.add_option("--model", o.model, "Model config: " + fsdp::models::model_names_joined())
-      ->check(CLI::IsMember(fsdp::models::model_names()))->capture_default_str();
+      ->check(CLI::IsMember(fsdp::models::model_names()))
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "Optimizer steps")->check(non_negative)->capture_default_str();
   app.add_option("--global-batch", o.global_batch, "Sequences per step over all ranks")
-      ->check(positive)->capture_default_str();
-  app.add_option("--seq-len", o.seq_len, "Tokens per sequence")->check(positive)->capture_default_str();
+      ->check(positive)
+      ->capture_default_str();
+  app.add_option("--seq-len", o.seq_len, "Tokens per sequence")
+      ->check(positive)
+      ->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")
-      ->check(finite_in(0, 1e6, /*open_min=*/true))->capture_default_str();
+      ->check(finite_in(0, 1e6, /*open_min=*/true))
+      ->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")
-      ->check(finite_in(0, 1e6))->capture_default_str();
-  app.add_option("--max-grad-norm", o.max_grad_norm, "Clip the global gradient norm to this (inf: no clipping)")
-      ->check(fsdp::tools::positive_or_inf())->capture_default_str();
+      ->check(finite_in(0, 1e6))
+      ->capture_default_str();
+  app.add_flag("--decay-matrices-only", o.decay_matrices_only,
+               "Weight decay only on 2-D and larger parameters (matrices, embeddings), as nanoGPT; "
+               "biases and norm weights do not decay (default: all decay)");
+  app.add_option("--max-grad-norm", o.max_grad_norm,
+                 "Clip the global gradient norm to this (inf: no clipping)")
+      ->check(fsdp::tools::positive_or_inf())
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "Seed of the initial weights and of batch sampling")
-      ->check(non_negative)->capture_default_str();
+      ->check(non_negative)
+      ->capture_default_str();
   app.add_option("--reshard-after-forward", o.reshard_after_forward,
                  "1: blocks free their gathered parameters after forward; 0: they keep them until "
                  "backward; N >= 2: they keep a 1/N piece and backward gathers within groups of N "
                  "ranks (ZeRO++ hpZ; N divides the shard group)")
-      ->check(non_negative)->capture_default_str();
-  app.add_flag("--activation-checkpoint", o.activation_checkpoint,
-               "Every transformer block recomputes its forward in backward instead of keeping activations");
-  app.add_flag("--no-fsdp", o.no_fsdp, "Single-process plain LibTorch reference on the same global batch");
-  app.add_option("--data", o.data_path, "UTF-8 text file to train on (byte-level tokens); default: embedded corpus")
-      ->check(fsdp::tools::existing_file());
-  app.add_option("--metrics", o.metrics_path, "Write one JSON object per step to this file (rank 0)")
+      ->check(non_negative)
+      ->capture_default_str();
+  app.add_flag(
+      "--activation-checkpoint", o.activation_checkpoint,
+      "Every transformer block recomputes its forward in backward instead of keeping activations");
+  app.add_flag("--no-fsdp", o.no_fsdp,
+               "Single-process plain LibTorch reference on the same global batch");
+  add_data_flags(app, o);
+  add_schedule_flags(app, o);
+  app.add_option("--metrics", o.metrics_path,
+                 "Write one JSON object per step to this file (rank 0)")
       ->check(fsdp::tools::output_file());
-  app.add_option("--log-every", o.log_every, "Print progress every N steps")->check(positive)->capture_default_str();
+  app.add_option("--log-every", o.log_every, "Print progress every N steps")
+      ->check(positive)
+      ->capture_default_str();
   app.add_option("--timeout-s", timeout_s, "Collective and rendezvous timeout in seconds")
-      ->check(finite_in(0, 1e7, /*open_min=*/true))->capture_default_str();
+      ->check(finite_in(0, 1e7, /*open_min=*/true))
+      ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "No progress lines");
-  app.add_option("--strategy", o.strategy,
-                 "full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP) or hybrid_shard (HSDP)")
-      ->capture_default_str();
-  app.add_option("--replicate", o.replicate, "hybrid_shard: replicas (the shard groups have W / R ranks)")
-      ->check(positive)->capture_default_str();
-  app.add_option("--param-dtype", o.param_dtype, "Compute and all-gather dtype: fp32, bf16 or fp16 (masters stay fp32)")
-      ->capture_default_str();
-  app.add_option("--reduce-dtype", o.reduce_dtype, "Gradient reduction dtype (default: --param-dtype)");
-  app.add_option("--grad-accum", o.grad_accum, "Micro-batches per optimizer step")->check(positive)->capture_default_str();
-  app.add_option("--accum-mode", o.accum_mode,
-                 "sync: reduce every micro-batch; no-sync: reduce once per step; no-reshard: also keep "
-                 "parameters gathered across micro-batches")
-      ->capture_default_str();
-  app.add_option("--prefetch", o.prefetch, "1: gather the next unit while this one computes; 0: off")
-      ->check(CLI::IsMember({0, 1}))->capture_default_str();
-  app.add_option("--trace", o.trace_dir, "Write each rank's timeline (Chrome trace JSON) to DIR/rank<N>.json")
-      ->check(fsdp::tools::output_dir());
-  app.add_option("--save", o.save_dir, "Write sharded checkpoints under this directory (at the end, and see --save-every)")
-      ->check(fsdp::tools::output_dir(/*created_with_parents=*/true));
-  app.add_option("--save-every", o.save_every, "Also save a checkpoint every N steps")
-      ->check(non_negative)->capture_default_str();
-  app.add_option("--resume", o.resume_dir, "Continue from this checkpoint directory (or a --save directory: its latest)")
-      ->check(fsdp::tools::existing_dir());
-  app.add_option("--export", o.export_path, "Write the final model as Hugging Face GPT-2 safetensors (config.json beside it)")
-      ->check(fsdp::tools::output_file(/*created_with_parents=*/true));
-  app.add_option("--export-dtype", o.export_dtype, "Element type of --export: fp32 or bf16")->capture_default_str();
-  app.add_option("--init-from", o.init_from, "Initialize the model from a Hugging Face GPT-2 safetensors file")
-      ->check(fsdp::tools::existing_file());
-  app.add_option("--dump-batches", o.dump_batches_path,
-                 "Write every step's global (inputs, targets) batch to this file (rank 0; format in trainer.h)")
-      ->check(fsdp::tools::output_file());
+  add_mode_flags(app, o);
+  add_output_flags(app, o);
 }
 
 }  // namespace

@@ -8,23 +8,35 @@
 //   the sharded model, built and sharded unit by unit, starts where the reference starts;
 // - the reported loss is the mean over ranks of the micro-batch losses, which equals the
 //   reference's loss on the global batch because micro-batches have equal sizes.
+// - the learning rate of step s is lr_at(schedule, s) (schedule.h), set on every param group
+//   before the optimizer step: no state, so a resumed run takes the same rates;
+// - the held-out loss runs forward only, without autograd, after the step's numbers are taken:
+//   it changes no parameter and no optimizer state, so training is bit-identical with or
+//   without it, and its batches come from a fixed seed, so every evaluation sees the same ones.
+//
+// train() reads top to bottom: set-up (Run), then per step train_step() (forward and backward
+// per micro-batch, clip, step) and the helpers around it (held-out loss, metrics, progress,
+// periodic save), then the final save, export and trace.
 #include <fsdp_train/trainer.h>
 
 #include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/clip_grad.h>
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
+#include <fsdp/memory_estimate.h>
 #include <fsdp/util/memory_counter.h>
 #include <fsdp_train/corpus.h>
 #include <fsdp_train/data.h>
+#include <fsdp_train/schedule.h>
+#include <fsdp_train/sources.h>
 #include <models/model.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
+#include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
 
@@ -84,22 +96,29 @@ nlohmann::json to_json(const StepRecord& r) {
                      {"peak_alloc_bytes", s.peak_alloc_bytes},
                      {"activation_bytes", s.activation_bytes}});
   }
-  return {{"step", r.step},           {"loss", r.loss},     {"grad_norm", r.grad_norm},
-          {"tokens_per_s", r.tokens_per_s}, {"step_s", r.step_s},
-          {"exposed_comm_s", r.exposed_comm_s}, {"ranks", ranks}};
+  nlohmann::json line = {{"step", r.step},
+                         {"loss", r.loss},
+                         {"grad_norm", r.grad_norm},
+                         {"tokens_per_s", r.tokens_per_s},
+                         {"step_s", r.step_s},
+                         {"exposed_comm_s", r.exposed_comm_s},
+                         {"lr", r.lr},
+                         {"ranks", ranks}};
+  if (r.val_loss) line["val_loss"] = *r.val_loss;
+  return line;
 }
 
 // Every rank's stats, gathered to every rank (one small all-gather per step).
 std::vector<RankStepStats> gather_stats(const RankStepStats& mine, ProcessGroup* group) {
   if (group == nullptr) return {mine};
   const int world = group->size();
-  const at::Tensor local = at::tensor(
-      {double(mine.param_bytes), double(mine.grad_bytes), double(mine.optim_bytes),
-       double(mine.peak_unsharded_bytes), double(mine.all_gather_bytes),
-       double(mine.reduce_scatter_bytes), double(mine.all_reduce_bytes),
-       double(mine.peak_rss_bytes), double(mine.sent_bytes), double(mine.peak_alloc_bytes),
-       double(mine.activation_bytes)},
-      at::kDouble);
+  const at::Tensor local =
+      at::tensor({double(mine.param_bytes), double(mine.grad_bytes), double(mine.optim_bytes),
+                  double(mine.peak_unsharded_bytes), double(mine.all_gather_bytes),
+                  double(mine.reduce_scatter_bytes), double(mine.all_reduce_bytes),
+                  double(mine.peak_rss_bytes), double(mine.sent_bytes),
+                  double(mine.peak_alloc_bytes), double(mine.activation_bytes)},
+                 at::kDouble);
   constexpr int kFields = 11;
   at::Tensor all = at::empty({world * kFields}, at::kDouble);
   group->all_gather_into_tensor(all, local)->wait();
@@ -147,29 +166,55 @@ void write_int64s(std::ofstream& out, const at::Tensor& values) {
             static_cast<std::streamsize>(v.numel() * sizeof(int64_t)));
 }
 
-TokenDataset load_dataset(const TrainerOptions& o) {
-  TokenDataset data = o.data_path.empty()
-                          ? TokenDataset(std::string(default_corpus()), "the embedded corpus")
-                          : TokenDataset::from_file(o.data_path);
-  data.check_seq_len(o.seq_len);
-  return data;
+LrSchedule lr_schedule_of(const TrainerOptions& o) {
+  LrSchedule s;
+  s.kind = parse_lr_schedule(o.lr_schedule);
+  s.peak_lr = o.lr;
+  s.min_lr = o.min_lr;
+  s.warmup_steps = o.warmup_steps;
+  s.decay_frac = o.decay_frac;
+  s.total_steps = o.steps;
+  return s;
+}
+
+// What decides the learning rate of every step; a resume must match it. The total number of
+// steps only matters to schedules that decay.
+nlohmann::json lr_schedule_json(const TrainerOptions& o) {
+  return {
+      {"lr_schedule", o.lr_schedule},   {"lr", o.lr},
+      {"warmup_steps", o.warmup_steps}, {"min_lr", o.min_lr},
+      {"decay_frac", o.decay_frac},     {"total_steps", o.lr_schedule == "constant" ? 0 : o.steps}};
 }
 
 // What a checkpoint records about the run: the options that decide the model and the batches,
 // and the data position (batches are a pure function of (seed, step), so the next step is the
 // position; the rest makes a mismatch visible).
 nlohmann::json trainer_json(const TrainerOptions& o) {
-  return {{"model", o.model}, {"seed", o.seed}, {"global_batch", o.global_batch},
-          {"seq_len", o.seq_len}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
-          {"max_grad_norm", o.max_grad_norm}, {"no_fsdp", o.no_fsdp},
-          {"reshard_after_forward", o.reshard_after_forward}};
+  return {{"model", o.model},
+          {"seed", o.seed},
+          {"global_batch", o.global_batch},
+          {"seq_len", o.seq_len},
+          {"lr", o.lr},
+          {"weight_decay", o.weight_decay},
+          {"decay_matrices_only", o.decay_matrices_only},
+          {"max_grad_norm", o.max_grad_norm},
+          {"no_fsdp", o.no_fsdp},
+          {"reshard_after_forward", o.reshard_after_forward},
+          {"data_path", o.data_path},
+          {"tokenizer", o.tokenizer_path},
+          {"text_field", o.text_field},
+          {"schedule", lr_schedule_json(o)}};
 }
 
 std::string run_state_json(const TrainerOptions& o, const TokenDataset& data, int64_t next_step) {
-  const nlohmann::json j = {
-      {"trainer", trainer_json(o)},
-      {"data", {{"source", data.source()}, {"tokens", data.size()}, {"next_step", next_step},
-                {"seed", o.seed}, {"global_batch", o.global_batch}, {"seq_len", o.seq_len}}}};
+  const nlohmann::json j = {{"trainer", trainer_json(o)},
+                            {"data",
+                             {{"source", data.source()},
+                              {"tokens", data.size()},
+                              {"next_step", next_step},
+                              {"seed", o.seed},
+                              {"global_batch", o.global_batch},
+                              {"seq_len", o.seq_len}}}};
   return j.dump();
 }
 
@@ -181,10 +226,32 @@ void report_resume_mismatches(const TrainerOptions& o, const std::string& user_j
   const nlohmann::json now = trainer_json(o);
   for (const char* key : {"model", "seed", "global_batch", "seq_len", "lr", "weight_decay"}) {
     if (t.contains(key) && t[key] != now[key]) {
-      fmt::print(stderr, "fsdp-train: note: the checkpoint was saved with {} = {}, this run uses {}\n",
-                 key, t[key].dump(), now[key].dump());
+      fmt::print(stderr,
+                 "fsdp-train: note: the checkpoint was saved with {} = {}, this run uses {}\n", key,
+                 t[key].dump(), now[key].dump());
     }
   }
+}
+
+// A resume must train on the same data with the same learning rates as the run it continues:
+// every rank refuses a checkpoint whose trainer JSON says otherwise (older checkpoints, without
+// these keys, are taken as they are).
+void check_resume_compatible(const TrainerOptions& o, const std::string& user_json) {
+  const auto saved = nlohmann::json::parse(user_json, nullptr, false);
+  if (!saved.is_object() || !saved.contains("trainer") || !saved["trainer"].is_object()) return;
+  const nlohmann::json& t = saved["trainer"];
+  const nlohmann::json now = trainer_json(o);
+  for (const char* key : {"data_path", "tokenizer", "text_field"}) {
+    TORCH_CHECK(!t.contains(key) || t[key] == now[key],
+                "--resume: the checkpoint was trained with ", key, " ", t[key].dump(),
+                ", this run gives ", now[key].dump(),
+                "; resume with the same --data, --tokenizer and --text-field");
+  }
+  TORCH_CHECK(!t.contains("schedule") || t["schedule"] == now["schedule"],
+              "--resume: the checkpoint's learning-rate schedule is ", t["schedule"].dump(),
+              ", this run's is ", now["schedule"].dump(),
+              "; resume with the same --lr, --lr-schedule, --warmup-steps, --min-lr, "
+              "--decay-frac (and --steps, for a decaying schedule)");
 }
 
 // The byte-level data feeds token ids 0..255.
@@ -195,10 +262,12 @@ constexpr int64_t kByteVocab = 256;
 // --model, with --vocab-size's override (TrainerOptions::vocab_size) applied.
 std::shared_ptr<const models::ModelSpec> model_spec_of(const TrainerOptions& o) {
   const auto spec = models::model_spec(o.model);
-  if (o.vocab_size == 0) return spec;
-  TORCH_CHECK(o.vocab_size > 0, "vocab_size must be positive, got ", o.vocab_size);
+  if (o.vocab_size == 0 && o.tokenizer_path.empty()) return spec;
+  TORCH_CHECK(o.vocab_size >= 0, "vocab_size must be positive (or 0: the model's own), got ",
+              o.vocab_size);
   models::SizeOverrides overrides;
-  overrides.vocab_size = o.vocab_size;
+  // A tokenizer's vocabulary is the model's, unless vocab_size says otherwise.
+  overrides.vocab_size = o.vocab_size != 0 ? o.vocab_size : tokenizer_vocab_size(o.tokenizer_path);
   return spec->with_overrides(overrides);
 }
 
@@ -209,6 +278,47 @@ std::optional<at::ScalarType> dtype_flag(const std::string& flag, const std::str
   if (value == "fp16") return at::kHalf;
   TORCH_CHECK(false, flag, " must be fp32, bf16 or fp16, got '", value, "'");
 }
+
+namespace {
+
+void validate_schedule_and_val(const TrainerOptions& o) {
+  parse_lr_schedule(o.lr_schedule);
+  TORCH_CHECK(o.warmup_steps >= 0, "--warmup-steps must be non-negative, got ", o.warmup_steps);
+  TORCH_CHECK(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr ", o.min_lr, " must be in [0, --lr ",
+              o.lr, "]");
+  TORCH_CHECK(o.decay_frac >= 0 && o.decay_frac <= 1, "--decay-frac must be in [0, 1], got ",
+              o.decay_frac);
+  TORCH_CHECK(o.val_every >= 0, "--val-every must be non-negative, got ", o.val_every);
+  TORCH_CHECK(o.val_batches >= 1, "--val-batches must be at least 1, got ", o.val_batches);
+}
+
+// --strategy, --accum-mode and the settings that depend on them.
+void validate_sharding(const TrainerOptions& o, int world) {
+  TORCH_CHECK(o.accum_mode == "sync" || o.accum_mode == "no-sync" || o.accum_mode == "no-reshard",
+              "--accum-mode must be sync, no-sync or no-reshard, got '", o.accum_mode, "'");
+  TORCH_CHECK(o.strategy == "full_shard" || o.strategy == "shard_grad_op" ||
+                  o.strategy == "no_shard" || o.strategy == "hybrid_shard",
+              "--strategy must be full_shard, shard_grad_op, no_shard or hybrid_shard, got '",
+              o.strategy, "'");
+  TORCH_CHECK(o.reshard_after_forward >= 0,
+              "--reshard-after-forward must be 0, 1 or a group size "
+              ">= 2, got ",
+              o.reshard_after_forward);
+  TORCH_CHECK(
+      o.reshard_after_forward <= 1 || o.strategy == "full_shard" || o.strategy == "hybrid_shard",
+      "--reshard-after-forward ", o.reshard_after_forward,
+      " (a group size) applies to --strategy full_shard and hybrid_shard, not ", o.strategy);
+  TORCH_CHECK(o.replicate == 1 || o.strategy == "hybrid_shard", "--replicate ", o.replicate,
+              " applies to --strategy hybrid_shard only, not ", o.strategy);
+  TORCH_CHECK(o.replicate >= 1 && world % o.replicate == 0, "--replicate ", o.replicate,
+              " does not divide the world size ", world);
+  const int shard_group = o.strategy == "hybrid_shard" ? world / o.replicate : world;
+  TORCH_CHECK(o.reshard_after_forward <= 1 || shard_group % o.reshard_after_forward == 0,
+              "--reshard-after-forward ", o.reshard_after_forward,
+              " (a group size) does not divide the shard group of ", shard_group, " ranks");
+}
+
+}  // namespace
 
 void validate(const TrainerOptions& o, int world) {
   // --steps 0 trains nothing: with --export it writes the initial weights.
@@ -221,28 +331,9 @@ void validate(const TrainerOptions& o, int world) {
   TORCH_CHECK(o.log_every >= 1, "--log-every must be at least 1, got ", o.log_every);
   TORCH_CHECK(o.grad_accum >= 1, "--grad-accum must be at least 1, got ", o.grad_accum);
   TORCH_CHECK(o.global_batch % (int64_t(world) * o.grad_accum) == 0, "--global-batch ",
-              o.global_batch, " is not divisible by ranks x --grad-accum micro-batches = ", world, " x ",
-              o.grad_accum);
-  TORCH_CHECK(o.accum_mode == "sync" || o.accum_mode == "no-sync" || o.accum_mode == "no-reshard",
-              "--accum-mode must be sync, no-sync or no-reshard, got '", o.accum_mode, "'");
-  TORCH_CHECK(o.strategy == "full_shard" || o.strategy == "shard_grad_op" ||
-                  o.strategy == "no_shard" || o.strategy == "hybrid_shard",
-              "--strategy must be full_shard, shard_grad_op, no_shard or hybrid_shard, got '",
-              o.strategy, "'");
-  TORCH_CHECK(o.reshard_after_forward >= 0, "--reshard-after-forward must be 0, 1 or a group size "
-              ">= 2, got ", o.reshard_after_forward);
-  TORCH_CHECK(o.reshard_after_forward <= 1 || o.strategy == "full_shard" ||
-                  o.strategy == "hybrid_shard",
-              "--reshard-after-forward ", o.reshard_after_forward,
-              " (a group size) applies to --strategy full_shard and hybrid_shard, not ", o.strategy);
-  TORCH_CHECK(o.replicate == 1 || o.strategy == "hybrid_shard", "--replicate ", o.replicate,
-              " applies to --strategy hybrid_shard only, not ", o.strategy);
-  TORCH_CHECK(o.replicate >= 1 && world % o.replicate == 0, "--replicate ", o.replicate,
-              " does not divide the world size ", world);
-  const int shard_group = o.strategy == "hybrid_shard" ? world / o.replicate : world;
-  TORCH_CHECK(o.reshard_after_forward <= 1 || shard_group % o.reshard_after_forward == 0,
-              "--reshard-after-forward ", o.reshard_after_forward,
-              " (a group size) does not divide the shard group of ", shard_group, " ranks");
+              o.global_batch, " is not divisible by ranks x --grad-accum micro-batches = ", world,
+              " x ", o.grad_accum);
+  validate_sharding(o, world);
   dtype_flag("--param-dtype", o.param_dtype);
   dtype_flag("--reduce-dtype", o.reduce_dtype);
   TORCH_CHECK(!o.no_fsdp || (o.param_dtype == "fp32" && o.reduce_dtype.empty()),
@@ -252,8 +343,8 @@ void validate(const TrainerOptions& o, int world) {
   TORCH_CHECK(o.seq_len >= 1 && o.seq_len <= spec->max_seq_len(), "--seq-len ", o.seq_len,
               " is outside [1, ", spec->max_seq_len(), "], the positions model '", o.model,
               "' has");
-  TORCH_CHECK(spec->vocab_size() >= kByteVocab, "model '", o.model, "' has vocab_size ",
-              spec->vocab_size(), ", fewer than the ", kByteVocab,
+  TORCH_CHECK(!feeds_bytes(o) || spec->vocab_size() >= kByteVocab, "model '", o.model,
+              "' has vocab_size ", spec->vocab_size(), ", fewer than the ", kByteVocab,
               " byte-level token ids the trainer feeds");
   TORCH_CHECK(o.save_every >= 0, "--save-every must be non-negative, got ", o.save_every);
   TORCH_CHECK(o.save_every == 0 || !o.save_dir.empty(), "--save-every needs --save DIR");
@@ -261,287 +352,508 @@ void validate(const TrainerOptions& o, int world) {
               "--export-dtype must be fp32 or bf16, got '", o.export_dtype, "'");
   TORCH_CHECK(o.resume_dir.empty() || o.init_from.empty(),
               "--resume and --init-from both set the weights; give one of them");
-  if (!o.data_path.empty()) load_dataset(o);  // fails early on a missing or short file
+  validate_schedule_and_val(o);
+  if (!o.data_path.empty() || !o.val_data_path.empty()) {
+    load_datasets(o, spec->vocab_size());  // fails early on a missing or short file
+  }
 }
 
-TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>& group) {
-  const int world = group ? group->size() : 1;
-  const int rank = group ? group->rank() : 0;
-  validate(o, world);
-  const TokenDataset data = load_dataset(o);
-  const bool printing = rank == 0 && !o.quiet;
-  // --metrics counts CPU tensor bytes from here on (the corpus above is not counted).
-  const bool count_memory = !o.metrics_path.empty();
-  if (count_memory) install_cpu_memory_counter();
-  MemoryCounter& memory = process_cpu_memory();
+namespace {
+
+// The seed of the held-out batches: fixed, so that every evaluation sees the same tokens.
+constexpr uint64_t kValSeed = 0x76616c;  // "val"
+
+// Everything one rank's training run holds, built once by set_up() and then read by the step and
+// the helpers around it. Never moved: the mesh's unit hooks refer to it.
+struct Run {
+  Run(const TrainerOptions& options, std::shared_ptr<ProcessGroup> process_group)
+      : o(options), group(std::move(process_group)) {}
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  const TrainerOptions& o;
+  std::shared_ptr<ProcessGroup> group;  // null: the --no-fsdp reference
+  int world = 1;
+  int rank = 0;
+  bool printing = false;  // rank 0 without --quiet
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  AccumulationMode accumulation = AccumulationMode::kSync;
+
+  bool count_memory = false;  // --metrics counts CPU tensor bytes
   // Activation bytes are counted on this (the compute) thread only: a collective's temporaries
   // on the process group's thread are not autograd's, whenever they happen to be freed.
-  auto thread_memory = std::make_shared<MemoryCounter>();
+  std::shared_ptr<MemoryCounter> thread_memory = std::make_shared<MemoryCounter>();
   std::optional<CountAllocations> count_thread;
-  if (count_memory) count_thread.emplace(thread_memory);
 
-  const std::shared_ptr<const models::ModelSpec> spec = model_spec_of(o);
+  std::shared_ptr<const models::ModelSpec> spec;
   std::optional<DeviceMesh> mesh;
-  if (group) {
-    const int replicate = o.strategy == "no_shard" ? world
-                          : o.strategy == "hybrid_shard" ? o.replicate
-                                                         : 1;
-    mesh.emplace(DeviceMesh::hybrid(group, replicate));
+  std::unique_ptr<models::Model> built;
+  std::shared_ptr<torch::nn::Module> model;
+  std::optional<FSDPModule> root;
+  // The --no-fsdp reference has no mesh; it traces its compute into a tracer of its own.
+  Tracer reference_tracer;
+  Tracer* tracer = &reference_tracer;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  LrSchedule schedule;
+
+  std::ofstream metrics;
+  std::ofstream batches;  // --dump-batches, format in trainer.h
+  int64_t first_step = 0;
+  double elapsed = 0;  // seconds spent in steps so far
+};
+
+// What a step measures around its forward and backward, for RankStepStats.
+struct StepProbe {
+  Clock::time_point start;
+  int64_t written_at_start = 0;
+  int64_t live_before_forward = 0;
+  MemorySnapshot held_before_forward;
+  int64_t activation_bytes = 0;
+  int64_t grad_bytes = 0;
+};
+
+void build_mesh(Run& run) {
+  if (!run.group) return;
+  const int replicate = run.strategy == ShardingStrategy::kNoShard       ? run.world
+                        : run.strategy == ShardingStrategy::kHybridShard ? run.o.replicate
+                                                                         : 1;
+  run.mesh.emplace(DeviceMesh::hybrid(run.group, replicate));
+}
+
+// The blocks' FullyShardOptions: ZeRO-2 keeps every block's parameters from its forward to its
+// backward; otherwise --reshard-after-forward decides (N >= 2: hpZ).
+FullyShardOptions unit_shard_options(const Run& run, const MixedPrecisionPolicy& mp_policy) {
+  FullyShardOptions unit_options;
+  const int reshard = run.o.reshard_after_forward;
+  if (run.strategy == ShardingStrategy::kShardGradOp) {
+    unit_options.reshard_after_forward(false);
+  } else if (reshard >= 2) {
+    unit_options.reshard_after_forward(reshard);
+  } else {
+    unit_options.reshard_after_forward(reshard == 1);
   }
+  unit_options.mp_policy(mp_policy);
+  return unit_options;
+}
+
+// AdamW over every parameter, in one group with --weight-decay; with --decay-matrices-only two
+// groups, as nanoGPT and torchtitan: weight decay on matrices and embeddings (2-D and up), none
+// on biases and norm weights.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<at::Tensor>& params,
+                                                    const TrainerOptions& o) {
+  const auto options = torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95});
+  std::vector<at::Tensor> decayed, undecayed;
+  for (const auto& p : params)
+    (!o.decay_matrices_only || p.dim() >= 2 ? decayed : undecayed).push_back(p);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decayed.empty()) {
+    groups.emplace_back(decayed,
+                        std::make_unique<torch::optim::AdamWOptions>(
+                            torch::optim::AdamWOptions(options).weight_decay(o.weight_decay)));
+  }
+  if (!undecayed.empty()) {
+    groups.emplace_back(undecayed, std::make_unique<torch::optim::AdamWOptions>(
+                                       torch::optim::AdamWOptions(options).weight_decay(0)));
+  }
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+}
+
+// Builds the model; under FSDP with deferred initialization: each unit is sharded as soon as
+// it is built, so a rank never holds more than the root's parameters plus one unit in full.
+void build_model(Run& run) {
+  const TrainerOptions& o = run.o;
   MixedPrecisionPolicy mp_policy;
   if (o.param_dtype != "fp32") mp_policy.param_dtype(dtype_flag("--param-dtype", o.param_dtype));
   mp_policy.reduce_dtype(dtype_flag("--reduce-dtype", o.reduce_dtype));
   models::BuildOptions model_options;
   model_options.seed(o.seed);
   model_options.activation_checkpoint(o.activation_checkpoint);
-  if (mesh) {
-    // Deferred initialization: each unit is sharded as soon as it is built, so a rank never
-    // holds more than the root's parameters plus one unit in full.
-    FullyShardOptions unit_options;
-    // ZeRO-2 keeps every block's parameters from its forward to its backward.
-    if (o.strategy == "shard_grad_op") {
-      unit_options.reshard_after_forward(false);
-    } else if (o.reshard_after_forward >= 2) {
-      unit_options.reshard_after_forward(o.reshard_after_forward);  // hpZ
-    } else {
-      unit_options.reshard_after_forward(o.reshard_after_forward == 1);
-    }
-    unit_options.mp_policy(mp_policy);
-    // unit_options by value: the model is built after this block ends.
+  if (run.mesh) {
     model_options.on_unit_built(
-        [&mesh, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
-          fully_shard(block, *mesh, unit_options);
+        [&run, unit_options = unit_shard_options(run, mp_policy)](
+            const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
+          fully_shard(block, *run.mesh, unit_options);
         });
   }
-  const std::unique_ptr<models::Model> built = spec->build(model_options);
-  const std::shared_ptr<torch::nn::Module> model = built->root();
-  std::optional<FSDPModule> root;
-  if (mesh) {
-    root = fully_shard(model, *mesh, FullyShardOptions().mp_policy(mp_policy));
-    root->set_implicit_prefetch(o.prefetch);
+  run.built = run.spec->build(model_options);
+  run.model = run.built->root();
+  if (run.mesh) {
+    run.root = fully_shard(run.model, *run.mesh, FullyShardOptions().mp_policy(mp_policy));
+    run.root->set_implicit_prefetch(o.prefetch);
+    run.tracer = &run.mesh->tracer();
   }
-  // The --no-fsdp reference has no mesh; it traces its compute into a tracer of its own.
-  Tracer reference_tracer;
-  Tracer& tracer = mesh ? mesh->tracer() : reference_tracer;
-  tracer.enable(!o.trace_dir.empty());
+  run.tracer->enable(!o.trace_dir.empty());
+  run.params = unique_parameters(*run.model);
+  run.optimizer = make_optimizer(run.params, o);
+}
 
-  const std::vector<at::Tensor> params = unique_parameters(*model);
-  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(o.lr)
-                                            .betas({0.9, 0.95})
-                                            .weight_decay(o.weight_decay));
-  std::ofstream metrics;
-  if (rank == 0 && !o.metrics_path.empty()) {
-    metrics.open(o.metrics_path, std::ios::out | std::ios::trunc);
-    TORCH_CHECK(metrics.good(), "cannot open --metrics file '", o.metrics_path, "' for writing");
-  }
-  std::ofstream batches;  // --dump-batches, format in trainer.h
-  if (rank == 0 && !o.dump_batches_path.empty()) {
-    batches.open(o.dump_batches_path, std::ios::out | std::ios::trunc | std::ios::binary);
-    TORCH_CHECK(batches.good(), "cannot open --dump-batches file '", o.dump_batches_path,
+void open_outputs(Run& run) {
+  const TrainerOptions& o = run.o;
+  if (run.rank != 0) return;
+  if (!o.metrics_path.empty()) {
+    run.metrics.open(o.metrics_path, std::ios::out | std::ios::trunc);
+    TORCH_CHECK(run.metrics.good(), "cannot open --metrics file '", o.metrics_path,
                 "' for writing");
-    batches.write("FSDPBAT1", 8);
-    write_int64s(batches, {o.global_batch / o.grad_accum, o.seq_len, o.grad_accum});
   }
-
-  TrainSummary summary;
-  summary.unigram_entropy = unigram_entropy_nats(
-      std::string_view(reinterpret_cast<const char*>(data.tokens().data_ptr<uint8_t>()),
-                       static_cast<size_t>(data.size())));
-  if (printing) {
-    fmt::print(
-        "fsdp-train: model {} ({:.2f}M parameters), {} on {} rank{}, {} steps of {} x {} tokens, "
-        "data: {} ({} bytes, unigram entropy {:.3f} nats)\n",
-        o.model, spec->num_parameters() / 1e6, o.no_fsdp ? "no FSDP" : "FSDP", world,
-        world == 1 ? "" : "s", o.steps, o.global_batch, o.seq_len, data.source(), data.size(),
-        summary.unigram_entropy);
-    std::fflush(stdout);
+  if (!o.dump_batches_path.empty()) {
+    run.batches.open(o.dump_batches_path, std::ios::out | std::ios::trunc | std::ios::binary);
+    TORCH_CHECK(run.batches.good(), "cannot open --dump-batches file '", o.dump_batches_path,
+                "' for writing");
+    run.batches.write("FSDPBAT1", 8);
+    write_int64s(run.batches, {o.global_batch / o.grad_accum, o.seq_len, o.grad_accum});
   }
+}
 
-  int64_t first_step = 0;
+void print_banner(const Run& run, const TokenDataset& data, double unigram_entropy) {
+  if (!run.printing) return;
+  const TrainerOptions& o = run.o;
+  fmt::print(
+      "fsdp-train: model {} ({:.2f}M parameters), {} on {} rank{}, {} steps of {} x {} tokens, "
+      "data: {} ({} {}, unigram entropy {:.3f} nats)\n",
+      o.model, run.spec->num_parameters() / 1e6, o.no_fsdp ? "no FSDP" : "FSDP", run.world,
+      run.world == 1 ? "" : "s", o.steps, o.global_batch, o.seq_len, data.source(), data.size(),
+      data.tokens().scalar_type() == at::kByte ? "bytes" : "tokens", unigram_entropy);
+  std::fflush(stdout);
+}
+
+// --init-from, then --resume (which sets the first step).
+void load_initial_state(Run& run) {
+  const TrainerOptions& o = run.o;
   if (!o.init_from.empty()) {
-    checkpoint::load_full(o.init_from, *model, group.get(), spec->hf_layout());
-    if (printing) fmt::print("fsdp-train: initialized from {}\n", o.init_from);
+    checkpoint::load_full(o.init_from, *run.model, run.group.get(), run.spec->hf_layout());
+    if (run.printing) fmt::print("fsdp-train: initialized from {}\n", o.init_from);
   }
-  if (!o.resume_dir.empty()) {
-    const checkpoint::LoadResult loaded =
-        checkpoint::load_sharded(o.resume_dir, *model, &optimizer, group.get());
-    first_step = loaded.step;
-    TORCH_CHECK(first_step <= o.steps, "--resume ", loaded.path, " is at step ", first_step,
-                ", past --steps ", o.steps, " (the total number of steps)");
-    if (printing) {
-      fmt::print("fsdp-train: resumed from {} at step {} (saved by {} rank{}): {:.1f} MB loaded in "
-                 "{:.2f}s ({:.0f} MB/s), {:.1f} MB of it read by rank 0\n",
-                 loaded.path, first_step, loaded.saved_world_size,
-                 loaded.saved_world_size == 1 ? "" : "s", loaded.checkpoint_bytes / 1e6,
-                 loaded.seconds, loaded.checkpoint_bytes / 1e6 / loaded.seconds,
-                 loaded.bytes_read / 1e6);
-      report_resume_mismatches(o, loaded.user_json);
-    }
+  if (o.resume_dir.empty()) return;
+  const checkpoint::LoadResult loaded =
+      checkpoint::load_sharded(o.resume_dir, *run.model, run.optimizer.get(), run.group.get());
+  check_resume_compatible(o, loaded.user_json);
+  run.first_step = loaded.step;
+  TORCH_CHECK(run.first_step <= o.steps, "--resume ", loaded.path, " is at step ", run.first_step,
+              ", past --steps ", o.steps, " (the total number of steps)");
+  if (!run.printing) return;
+  fmt::print(
+      "fsdp-train: resumed from {} at step {} (saved by {} rank{}): {:.1f} MB loaded in "
+      "{:.2f}s ({:.0f} MB/s), {:.1f} MB of it read by rank 0\n",
+      loaded.path, run.first_step, loaded.saved_world_size, loaded.saved_world_size == 1 ? "" : "s",
+      loaded.checkpoint_bytes / 1e6, loaded.seconds, loaded.checkpoint_bytes / 1e6 / loaded.seconds,
+      loaded.bytes_read / 1e6);
+  report_resume_mismatches(o, loaded.user_json);
+}
+
+// The mean over ranks of a rank's loss (one all-reduce when there are ranks).
+double mean_over_ranks(const at::Tensor& loss, const Run& run) {
+  at::Tensor sum = loss.detach().to(at::kDouble).reshape({1});
+  if (run.group) run.group->all_reduce(sum, ReduceOp::kSum)->wait();
+  return sum.item<double>() / run.world;
+}
+
+// The step's rate on every parameter group: the optimizer state a resume loads carries no
+// schedule, the step alone decides.
+double set_learning_rate(Run& run, int64_t step) {
+  const double lr = lr_at(run.schedule, step);
+  for (auto& group : run.optimizer->param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   }
+  return lr;
+}
 
-  // Collective: every rank saves its shards; the checkpoint holds the state after `step` steps.
-  auto save_checkpoint = [&](int64_t step) {
-    const auto saved = checkpoint::save_sharded(
-        o.save_dir, *model, &optimizer, group.get(),
-        checkpoint::SaveOptions().step(step).user_json(run_state_json(o, data, step)));
-    if (printing) {
-      fmt::print("fsdp-train: saved {} ({:.1f} MB in {:.2f}s, {:.0f} MB/s)\n", saved.path,
-                 saved.bytes / 1e6, saved.seconds, saved.bytes / 1e6 / saved.seconds);
-      std::fflush(stdout);
-    }
-  };
-  double elapsed = 0;
-  const int64_t tokens_per_step = o.global_batch * o.seq_len;
-  for (int64_t step = first_step; step < o.steps; ++step) {
-    const auto start = Clock::now();
-    if (mesh) mesh->reset_counters();
-    if (mesh) {
-      mesh->stats().reset_peaks();
-      mesh->stats().reset_exposed_comm();
-    }
+// Forward only, no autograd graph (so FSDP runs no backward and no reduce-scatter) over
+// --val-batches global batches of the held-out data, drawn from one fixed seed so every
+// evaluation sees the same tokens; rank r takes its rows as in training. Returns the mean loss
+// over the batches, averaged over ranks. Collective. The passes are left out of --trace.
+double validation_loss(Run& run, const TokenDataset& val) {
+  const TrainerOptions& o = run.o;
+  torch::NoGradGuard no_grad;
+  const bool tracing = !o.trace_dir.empty();
+  run.tracer->enable(false);
+  double sum = 0;
+  for (int64_t b = 0; b < o.val_batches; ++b) {
+    const auto global = val.global_batch(b, o.global_batch, o.seq_len, kValSeed);
+    const auto [inputs, targets] = micro_batch(global, run.rank, run.world);
+    sum += mean_over_ranks(run.built->loss(run.built->forward(inputs), targets), run);
+  }
+  run.tracer->enable(tracing);
+  return sum / static_cast<double>(o.val_batches);
+}
 
-    const auto global = data.global_batch(step, o.global_batch, o.seq_len, o.seed);
-    if (batches.is_open()) {
-      // Micro-batch k over all ranks: each rank's k-th slice of its rows, in rank order.
-      for (int64_t k = 0; k < o.grad_accum; ++k) {
-        const auto slice_k = [&](const at::Tensor& t) {
-          return t.view({world, o.grad_accum, -1, o.seq_len}).select(1, k).reshape({-1, o.seq_len});
-        };
-        write_int64s(batches, {step + 1, k});
-        write_int64s(batches, slice_k(global.first));
-        write_int64s(batches, slice_k(global.second));
-      }
-      batches.flush();
-      TORCH_CHECK(batches.good(), "cannot write --dump-batches file '", o.dump_batches_path, "'");
-    }
-    const int64_t written_at_start = written_bytes();  // after the dump: sent_bytes is the step's
-    const auto [inputs, targets] = micro_batch(global, rank, world);
-    optimizer.zero_grad();
-    memory.reset_peak();
-    const int64_t live_before_forward = thread_memory->live_bytes();
-    const MemorySnapshot held_before_forward = mesh ? mesh->stats().live() : MemorySnapshot{};
-    // The rank's micro-batch runs as grad_accum slices, each loss scaled by 1/grad_accum, so
-    // the summed gradient is the same mean as one pass over the micro-batch.
-    const int64_t slice = inputs.size(0) / o.grad_accum;
-    at::Tensor loss;
-    int64_t activation_bytes = 0;
-    for (int k = 0; k < o.grad_accum; ++k) {
-      const bool last = k == o.grad_accum - 1;
-      if (root && o.accum_mode != "sync") {
-        root->set_requires_gradient_sync(last);
-        if (o.accum_mode == "no-reshard") {
-          // Every unit stays gathered from the first forward to the last backward: one
-          // all-gather per unit per step.
-          root->set_reshard_after_forward(false);
-          root->set_reshard_after_backward(last);
-        }
-      }
-      at::Tensor micro = built->loss(built->forward(inputs.narrow(0, k * slice, slice)),
-                                     targets.narrow(0, k * slice, slice));
-      if (o.grad_accum > 1) micro = micro / o.grad_accum;
-      if (k == 0) {
-        // What forward left alive is what autograd saved, apart from gathered parameters (the
-        // root's; every block's under shard_grad_op) and communication buffers.
-        activation_bytes = thread_memory->live_bytes() - live_before_forward;
-        if (mesh) {
-          const MemorySnapshot held = mesh->stats().live();
-          activation_bytes -= held.unsharded_param_bytes - held_before_forward.unsharded_param_bytes;
-          activation_bytes -= held.comm_buffer_bytes - held_before_forward.comm_buffer_bytes;
-        }
-      }
-      micro.backward();
-      loss = k == 0 ? micro.detach() : loss + micro.detach();
-    }
-    const double norm = mesh ? clip_grad_norm_(params, o.max_grad_norm, *mesh)
-                             : torch::nn::utils::clip_grad_norm_(params, o.max_grad_norm);
-    RankStepStats mine;
-    mine.rank = rank;
-    if (count_memory) mine.activation_bytes = activation_bytes;
-    mine.grad_bytes = grad_bytes(params);
-    {
-      TraceScope trace(tracer, "compute", "optimizer step");
-      optimizer.step();
-    }
+// Every --val-every steps and after the last step, when there is held-out data.
+bool validates_after(const Run& run, int64_t steps_done) {
+  const TrainerOptions& o = run.o;
+  return steps_done == o.steps || (o.val_every > 0 && steps_done % o.val_every == 0);
+}
 
-    at::Tensor loss_sum = loss.detach().to(at::kDouble).reshape({1});
-    if (group) group->all_reduce(loss_sum, ReduceOp::kSum)->wait();
-    const double mean_loss = loss_sum.item<double>() / world;
+// The whole set-up of a rank: options, data-independent state, mesh, model and optimizer.
+void set_up(Run& run) {
+  run.world = run.group ? run.group->size() : 1;
+  run.rank = run.group ? run.group->rank() : 0;
+  run.printing = run.rank == 0 && !run.o.quiet;
+  run.strategy = parse_sharding_strategy(run.o.strategy);
+  run.accumulation = parse_accumulation_mode(run.o.accum_mode);
+  run.schedule = lr_schedule_of(run.o);
+  // --metrics counts CPU tensor bytes from here on (the corpus, loaded before, is not counted).
+  run.count_memory = !run.o.metrics_path.empty();
+  if (run.count_memory) {
+    install_cpu_memory_counter();
+    run.count_thread.emplace(run.thread_memory);
+  }
+  run.spec = model_spec_of(run.o);
+  build_mesh(run);
+  build_model(run);
+  open_outputs(run);
+}
 
-    mine.sent_bytes = written_bytes() - written_at_start;
-    mine.peak_rss_bytes = peak_rss_bytes();
-    mine.param_bytes = tensor_bytes(params);
-    mine.optim_bytes = optimizer_bytes(optimizer);
-    if (count_memory) mine.peak_alloc_bytes = memory.peak_bytes();
-    if (mesh) {
-      mine.peak_unsharded_bytes = mesh->stats().peak_unsharded_bytes();
-      const CommCounters counters = mesh->counters();
-      mine.all_gather_bytes = counters.all_gather.payload_bytes;
-      mine.reduce_scatter_bytes = counters.reduce_scatter.payload_bytes;
-      mine.all_reduce_bytes = counters.all_reduce.payload_bytes;
-    }
-    const double step_s = std::chrono::duration<double>(Clock::now() - start).count();
-    StepRecord record{step + 1,
-                      mean_loss,
-                      norm,
-                      tokens_per_step / step_s,
-                      step_s,
-                      mesh ? mesh->stats().exposed_comm_s() : 0.0,
-                      gather_stats(mine, group.get())};
-    elapsed += step_s;
+// Collective: every rank saves its shards; the checkpoint holds the state after `step` steps.
+void save_checkpoint(Run& run, const TokenDataset& data, int64_t step) {
+  const auto saved = checkpoint::save_sharded(
+      run.o.save_dir, *run.model, run.optimizer.get(), run.group.get(),
+      checkpoint::SaveOptions().step(step).user_json(run_state_json(run.o, data, step)));
+  if (!run.printing) return;
+  fmt::print("fsdp-train: saved {} ({:.1f} MB in {:.2f}s, {:.0f} MB/s)\n", saved.path,
+             saved.bytes / 1e6, saved.seconds, saved.bytes / 1e6 / saved.seconds);
+  std::fflush(stdout);
+}
 
-    if (metrics.is_open()) {
-      metrics << to_json(record).dump() << '\n';
-      metrics.flush();
+// --dump-batches: micro-batch k over all ranks is each rank's k-th slice of its rows, in rank
+// order.
+void dump_batch(Run& run, int64_t step, const std::pair<at::Tensor, at::Tensor>& global) {
+  if (!run.batches.is_open()) return;
+  const TrainerOptions& o = run.o;
+  for (int64_t k = 0; k < o.grad_accum; ++k) {
+    const auto slice_k = [&](const at::Tensor& t) {
+      return t.view({run.world, o.grad_accum, -1, o.seq_len}).select(1, k).reshape({-1, o.seq_len});
+    };
+    write_int64s(run.batches, {step + 1, k});
+    write_int64s(run.batches, slice_k(global.first));
+    write_int64s(run.batches, slice_k(global.second));
+  }
+  run.batches.flush();
+  TORCH_CHECK(run.batches.good(), "cannot write --dump-batches file '", o.dump_batches_path, "'");
+}
+
+// Resets the mesh's per-step counters and peaks.
+StepProbe begin_step(Run& run) {
+  StepProbe probe;
+  probe.start = Clock::now();
+  if (run.mesh) {
+    run.mesh->reset_counters();
+    run.mesh->stats().reset_peaks();
+    run.mesh->stats().reset_exposed_comm();
+  }
+  return probe;
+}
+
+// Taken just before the first forward, after the batch is built and dumped.
+void probe_before_forward(Run& run, StepProbe& probe) {
+  probe.written_at_start = written_bytes();  // after the dump: sent_bytes is the step's
+  process_cpu_memory().reset_peak();
+  probe.live_before_forward = run.thread_memory->live_bytes();
+  probe.held_before_forward = run.mesh ? run.mesh->stats().live() : MemorySnapshot{};
+}
+
+// What forward left alive is what autograd saved, apart from gathered parameters (the root's;
+// every block's under shard_grad_op) and communication buffers.
+int64_t activation_bytes_since(const Run& run, const StepProbe& probe) {
+  int64_t bytes = run.thread_memory->live_bytes() - probe.live_before_forward;
+  if (run.mesh) {
+    const MemorySnapshot held = run.mesh->stats().live();
+    bytes -= held.unsharded_param_bytes - probe.held_before_forward.unsharded_param_bytes;
+    bytes -= held.comm_buffer_bytes - probe.held_before_forward.comm_buffer_bytes;
+  }
+  return bytes;
+}
+
+// Under --accum-mode no-sync / no-reshard only the last micro-batch's backward reduces; with
+// no-reshard every unit stays gathered from the first forward to the last backward.
+void set_accumulation_state(Run& run, bool last_micro_batch) {
+  if (!run.root || run.accumulation == AccumulationMode::kSync) return;
+  run.root->set_requires_gradient_sync(last_micro_batch);
+  if (run.accumulation == AccumulationMode::kNoReshard) {
+    run.root->set_reshard_after_forward(false);
+    run.root->set_reshard_after_backward(last_micro_batch);
+  }
+}
+
+// The rank's micro-batch runs as grad_accum slices, each loss scaled by 1/grad_accum, so the
+// summed gradient is the same mean as one pass over the micro-batch. Returns the summed loss.
+at::Tensor forward_backward(Run& run, const at::Tensor& inputs, const at::Tensor& targets,
+                            StepProbe& probe) {
+  const int accum = run.o.grad_accum;
+  const int64_t slice = inputs.size(0) / accum;
+  at::Tensor loss;
+  for (int k = 0; k < accum; ++k) {
+    set_accumulation_state(run, k == accum - 1);
+    at::Tensor micro = run.built->loss(run.built->forward(inputs.narrow(0, k * slice, slice)),
+                                       targets.narrow(0, k * slice, slice));
+    if (accum > 1) micro = micro / accum;
+    if (k == 0) probe.activation_bytes = activation_bytes_since(run, probe);
+    micro.backward();
+    loss = k == 0 ? micro.detach() : loss + micro.detach();
+  }
+  return loss;
+}
+
+double clip_gradients(Run& run) {
+  return run.mesh ? clip_grad_norm_(run.params, run.o.max_grad_norm, *run.mesh)
+                  : torch::nn::utils::clip_grad_norm_(run.params, run.o.max_grad_norm);
+}
+
+void optimizer_step(Run& run) {
+  TraceScope trace(*run.tracer, "compute", "optimizer step");
+  run.optimizer->step();
+}
+
+// Every rank's numbers for the step (collective: gathers them to every rank).
+StepRecord record_step(Run& run, int64_t step, double loss, double norm, const StepProbe& probe) {
+  RankStepStats mine;
+  mine.rank = run.rank;
+  if (run.count_memory) mine.activation_bytes = probe.activation_bytes;
+  mine.grad_bytes = probe.grad_bytes;
+  mine.sent_bytes = written_bytes() - probe.written_at_start;
+  mine.peak_rss_bytes = peak_rss_bytes();
+  mine.param_bytes = tensor_bytes(run.params);
+  mine.optim_bytes = optimizer_bytes(*run.optimizer);
+  if (run.count_memory) mine.peak_alloc_bytes = process_cpu_memory().peak_bytes();
+  if (run.mesh) {
+    mine.peak_unsharded_bytes = run.mesh->stats().peak_unsharded_bytes();
+    const CommCounters counters = run.mesh->counters();
+    mine.all_gather_bytes = counters.all_gather.payload_bytes;
+    mine.reduce_scatter_bytes = counters.reduce_scatter.payload_bytes;
+    mine.all_reduce_bytes = counters.all_reduce.payload_bytes;
+  }
+  const double step_s = std::chrono::duration<double>(Clock::now() - probe.start).count();
+  run.elapsed += step_s;
+  const int64_t tokens_per_step = run.o.global_batch * run.o.seq_len;
+  return StepRecord{step + 1,
+                    loss,
+                    norm,
+                    tokens_per_step / step_s,
+                    step_s,
+                    run.mesh ? run.mesh->stats().exposed_comm_s() : 0.0,
+                    gather_stats(mine, run.group.get())};
+}
+
+void write_metrics(Run& run, const StepRecord& record) {
+  if (!run.metrics.is_open()) return;
+  run.metrics << to_json(record).dump() << '\n';
+  run.metrics.flush();
+}
+
+void print_progress(const Run& run, const StepRecord& r) {
+  const TrainerOptions& o = run.o;
+  const bool due = r.step % o.log_every == 0 || r.step == 1 || r.step == o.steps;
+  if (!run.printing || !(due || r.val_loss)) return;
+  const int64_t done = r.step - run.first_step;
+  const double eta = run.elapsed / double(done) * double(o.steps - r.step);
+  const std::string val = r.val_loss ? fmt::format(" | val loss {:.4f}", *r.val_loss) : "";
+  fmt::print(
+      "step {:>5}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:>8.0f} tokens/s | ETA {}\n",
+      r.step, o.steps, r.loss, val, r.lr, r.grad_norm,
+      double(o.global_batch * o.seq_len * done) / run.elapsed, format_duration(eta));
+  std::fflush(stdout);
+}
+
+void save_periodically(Run& run, const TokenDataset& data, int64_t steps_done) {
+  const TrainerOptions& o = run.o;
+  if (!o.save_dir.empty() && o.save_every > 0 && steps_done % o.save_every == 0) {
+    save_checkpoint(run, data, steps_done);
+  }
+}
+
+// The final state, unless --save-every just saved it (also when no step ran: --steps 0, or a
+// resume at the last step).
+void save_final(Run& run, const TokenDataset& data) {
+  const TrainerOptions& o = run.o;
+  if (o.save_dir.empty()) return;
+  if (o.save_every > 0 && o.steps > run.first_step && o.steps % o.save_every == 0) return;
+  save_checkpoint(run, data, o.steps);
+}
+
+// --export: the model as Hugging Face safetensors, and config.json beside it (rank 0).
+void export_model(const Run& run) {
+  const TrainerOptions& o = run.o;
+  if (o.export_path.empty()) return;
+  checkpoint::ExportOptions export_options;
+  export_options.layout(run.spec->hf_layout());
+  export_options.max_shard_bytes(o.export_max_shard_bytes);
+  if (o.export_dtype == "bf16") export_options.dtype(at::kBFloat16);
+  const auto exported =
+      checkpoint::save_full(o.export_path, *run.model, run.group.get(), export_options);
+  if (run.rank != 0) return;
+  // (No std::filesystem: libtorch.so exports a clashing copy of parts of it.)
+  const auto slash = o.export_path.rfind('/');
+  const std::string config_path =
+      (slash == std::string::npos ? "" : o.export_path.substr(0, slash + 1)) + "config.json";
+  std::ofstream config_file(config_path, std::ios::out | std::ios::trunc);
+  config_file << run.spec->hf_config_json(export_options.dtype().value_or(at::kFloat));
+  config_file.close();
+  TORCH_CHECK(config_file.good(), "cannot write '", config_path, "'");
+  if (run.printing) {
+    fmt::print("fsdp-train: exported {} and {} ({:.1f} MB in {:.2f}s)\n", o.export_path,
+               config_path, exported.bytes / 1e6, exported.seconds);
+  }
+}
+
+void write_trace(Run& run) {
+  const TrainerOptions& o = run.o;
+  if (o.trace_dir.empty()) return;
+  TORCH_CHECK(::mkdir(o.trace_dir.c_str(), 0755) == 0 || errno == EEXIST,
+              "cannot create --trace directory '", o.trace_dir, "': ", std::strerror(errno));
+  const std::string path = o.trace_dir + "/rank" + std::to_string(run.rank) + ".json";
+  run.tracer->write_chrome_trace(path, run.rank);
+  if (run.printing) {
+    fmt::print("fsdp-train: wrote the timeline of each rank to {}/rank<N>.json\n", o.trace_dir);
+  }
+}
+
+// One optimizer step: forward and backward over the rank's micro-batches, clip, step; then the
+// bookkeeping around it.
+StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
+  const TrainerOptions& o = run.o;
+  StepProbe probe = begin_step(run);
+  const auto global = data.global_batch(step, o.global_batch, o.seq_len, o.seed);
+  dump_batch(run, step, global);
+  probe_before_forward(run, probe);
+  const auto [inputs, targets] = micro_batch(global, run.rank, run.world);
+  run.optimizer->zero_grad();
+  const at::Tensor loss = forward_backward(run, inputs, targets, probe);
+  const double norm = clip_gradients(run);
+  probe.grad_bytes = grad_bytes(run.params);
+  const double lr = set_learning_rate(run, step);
+  optimizer_step(run);
+  StepRecord record = record_step(run, step, mean_over_ranks(loss, run), norm, probe);
+  record.lr = lr;
+  return record;
+}
+
+}  // namespace
+
+TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>& group) {
+  validate(o, group ? group->size() : 1);
+  const Datasets data = load_datasets(o, model_spec_of(o)->vocab_size());
+  Run run(o, group);
+  set_up(run);
+  TrainSummary summary;
+  summary.unigram_entropy = unigram_entropy_of(data.train);
+  print_banner(run, data.train, summary.unigram_entropy);
+  load_initial_state(run);
+
+  for (int64_t step = run.first_step; step < o.steps; ++step) {
+    StepRecord record = train_step(run, data.train, step);
+    if (data.val && validates_after(run, step + 1)) {
+      record.val_loss = validation_loss(run, *data.val);
     }
-    if (printing && ((step + 1) % o.log_every == 0 || step == 0 || step + 1 == o.steps)) {
-      const int64_t done = step + 1 - first_step;
-      const double eta = elapsed / double(done) * double(o.steps - step - 1);
-      fmt::print("step {:>5}/{} | loss {:.4f} | grad norm {:.3f} | {:>8.0f} tokens/s | ETA {}\n",
-                 step + 1, o.steps, mean_loss, norm, tokens_per_step * done / elapsed,
-                 format_duration(eta));
-      std::fflush(stdout);
-    }
+    write_metrics(run, record);
+    print_progress(run, record);
     summary.steps.push_back(std::move(record));
-    if (!o.save_dir.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0) {
-      save_checkpoint(step + 1);
-    }
+    save_periodically(run, data.train, step + 1);
   }
-  // The final state, unless --save-every just saved it (also when no step ran: --steps 0, or a
-  // resume at the last step).
-  if (!o.save_dir.empty() && !(o.save_every > 0 && o.steps > first_step && o.steps % o.save_every == 0)) {
-    save_checkpoint(o.steps);
-  }
-  if (!o.export_path.empty()) {
-    checkpoint::ExportOptions export_options;
-    export_options.layout(spec->hf_layout());
-    export_options.max_shard_bytes(o.export_max_shard_bytes);
-    if (o.export_dtype == "bf16") export_options.dtype(at::kBFloat16);
-    const auto exported = checkpoint::save_full(o.export_path, *model, group.get(), export_options);
-    if (rank == 0) {
-      // (No std::filesystem: libtorch.so exports a clashing copy of parts of it.)
-      const auto slash = o.export_path.rfind('/');
-      const std::string config_path =
-          (slash == std::string::npos ? "" : o.export_path.substr(0, slash + 1)) + "config.json";
-      std::ofstream config_file(config_path, std::ios::out | std::ios::trunc);
-      config_file << spec->hf_config_json(export_options.dtype().value_or(at::kFloat));
-      config_file.close();
-      TORCH_CHECK(config_file.good(), "cannot write '", config_path, "'");
-      if (printing) {
-        fmt::print("fsdp-train: exported {} and {} ({:.1f} MB in {:.2f}s)\n", o.export_path,
-                   config_path, exported.bytes / 1e6, exported.seconds);
-      }
-    }
-  }
-  if (!o.trace_dir.empty()) {
-    TORCH_CHECK(::mkdir(o.trace_dir.c_str(), 0755) == 0 || errno == EEXIST,
-                "cannot create --trace directory '", o.trace_dir, "': ", std::strerror(errno));
-    const std::string path = o.trace_dir + "/rank" + std::to_string(rank) + ".json";
-    tracer.write_chrome_trace(path, rank);
-    if (printing) fmt::print("fsdp-train: wrote the timeline of each rank to {}/rank<N>.json\n", o.trace_dir);
-  }
-  if (printing && !summary.steps.empty()) {
+  save_final(run, data.train);
+  export_model(run);
+  write_trace(run);
+  if (run.printing && !summary.steps.empty()) {
     fmt::print("fsdp-train: final loss {:.4f} nats vs unigram entropy {:.4f} nats, {:.1f}s\n",
-               summary.steps.back().loss, summary.unigram_entropy, elapsed);
+               summary.steps.back().loss, summary.unigram_entropy, run.elapsed);
   }
   return summary;
 }

@@ -1,7 +1,7 @@
-// The training loop of fsdp-train: any registered model (models/model.h) on byte-level text,
-// sharded with fully_shard along the model's shard plan (one unit per transformer block plus
-// the root) or, with no_fsdp, plain single-process LibTorch on the same global batch, which is
-// the reference every sharded run must reproduce.
+// The training loop of fsdp-train: any registered model (models/model.h) on text as bytes or
+// tokens (sources.h), sharded with fully_shard along the model's shard plan (one unit per
+// transformer block plus the root) or, with no_fsdp, plain single-process LibTorch on the same
+// global batch, which is the reference every sharded run must reproduce.
 #pragma once
 
 #include <fsdp/comm/process_group.h>
@@ -21,13 +21,16 @@ class ModelSpec;
 namespace fsdp::train {
 
 struct TrainerOptions {
-  std::string model = "tiny";       // a registered model name (models::model_names())
-  int64_t vocab_size = 0;           // 0: the model's own; else overrides it (e.g. a tokenizer's)
+  std::string model = "tiny";  // a registered model name (models::model_names())
+  int64_t vocab_size = 0;      // 0: the model's own; else overrides it (e.g. a tokenizer's)
   int64_t steps = 2000;
-  int64_t global_batch = 16;        // sequences per optimizer step, over all ranks
+  int64_t global_batch = 16;  // sequences per optimizer step, over all ranks
   int64_t seq_len = 64;
   double lr = 3e-3;
-  double weight_decay = 0.1;
+  double weight_decay = 0.1;  // on every parameter, unless decay_matrices_only
+  // Weight decay on 2-D and larger parameters only (matrices, embeddings), as nanoGPT and
+  // torchtitan; biases and norm weights do not decay.
+  bool decay_matrices_only = false;
   double max_grad_norm = 1.0;
   uint64_t seed = 1234;
   // Blocks' reshard_after_forward: 1 true, 0 false, N >= 2 the int N (hpZ group size).
@@ -41,17 +44,34 @@ struct TrainerOptions {
   int grad_accum = 1;                // micro-batches per optimizer step
   std::string accum_mode = "sync";   // sync | no-sync | no-reshard (see README)
   bool no_fsdp = false;
-  std::string data_path;            // empty: the embedded corpus
-  std::string metrics_path;         // empty: no metrics file
+  // The training data (sources.h): a text file taken as bytes, llm.c .bin shards, or with
+  // tokenizer_path any spec fsdp::data::TokenCorpus takes. Empty: the embedded corpus.
+  std::string data_path;
+  std::string tokenizer_path;       // tokenizer.json (tokenizer_config.json beside it); "": bytes
+  std::string text_field = "text";  // the field of a .jsonl document
+  // Held-out loss: K global batches of val_data_path (empty: with the embedded corpus, its last
+  // 10%, which is trained on too; with --data, none), drawn from a fixed seed so every
+  // evaluation sees the same tokens, forward only, every val_every steps (0: only at the end)
+  // and at the end.
+  std::string val_data_path;
+  int64_t val_every = 0;
+  int64_t val_batches = 4;
+  // Learning-rate schedule (schedule.h): constant, cosine or wsd, after warmup_steps of linear
+  // warm-up, down to min_lr; wsd decays over the last decay_frac of the steps.
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;
+  double min_lr = 0;
+  double decay_frac = 0.2;
+  std::string metrics_path;  // empty: no metrics file
   int64_t log_every = 100;
-  bool quiet = false;               // no progress lines
-  int prefetch = 1;                 // implicit prefetch depth in units (0: off)
-  std::string trace_dir;            // empty: no timeline; else DIR/rank<N>.json per rank
+  bool quiet = false;     // no progress lines
+  int prefetch = 1;       // implicit prefetch depth in units (0: off)
+  std::string trace_dir;  // empty: no timeline; else DIR/rank<N>.json per rank
   // Checkpoints (include/fsdp/checkpoint/checkpoint.h). Empty strings turn each off.
-  std::string save_dir;             // sharded checkpoints under this root, at the end of training
-  int64_t save_every = 0;           // and every N steps (0: only at the end)
-  std::string resume_dir;           // continue from this checkpoint (or root with `latest`)
-  std::string export_path;          // write the final model here, Hugging Face safetensors
+  std::string save_dir;               // sharded checkpoints under this root, at the end of training
+  int64_t save_every = 0;             // and every N steps (0: only at the end)
+  std::string resume_dir;             // continue from this checkpoint (or root with `latest`)
+  std::string export_path;            // write the final model here, Hugging Face safetensors
   std::string export_dtype = "fp32";  // fp32 or bf16
   // > 0: split the export as transformers' save_pretrained(max_shard_size) does, into
   // model-<k>-of-<n>.safetensors files of at most this many tensor bytes beside export_path,
@@ -106,11 +126,14 @@ struct StepRecord {
   double step_s = 0;
   double exposed_comm_s = 0;  // rank 0's time blocked on FSDP communication in the step
   std::vector<RankStepStats> ranks;
+  double lr = 0;                   // the learning rate the step took
+  std::optional<double> val_loss;  // held-out loss after the step, when evaluated
 };
 
 struct TrainSummary {
   std::vector<StepRecord> steps;
-  double unigram_entropy = 0;  // of the training text, in nats: the loss a model without context reaches
+  double unigram_entropy =
+      0;  // of the training text, in nats: the loss a model without context reaches
 };
 
 // Trains on this rank of group (group == nullptr means the --no-fsdp reference). Collective:

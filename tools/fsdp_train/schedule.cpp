@@ -1,0 +1,43 @@
+// Learning-rate schedules: closed forms of the step, no state, so a resume restores the rate by
+// recomputing it. Warm-up takes precedence over every schedule; the schedules' progress counts
+// from the end of warm-up.
+#include <fsdp_train/schedule.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace fsdp::train {
+
+LrScheduleKind parse_lr_schedule(const std::string& name) {
+  if (name == "constant") return LrScheduleKind::kConstant;
+  if (name == "cosine") return LrScheduleKind::kCosine;
+  if (name == "wsd") return LrScheduleKind::kWsd;
+  TORCH_CHECK(false, "--lr-schedule must be constant, cosine or wsd, got '", name, "'");
+}
+
+double lr_at(const LrSchedule& s, int64_t step) {
+  if (step < s.warmup_steps) {
+    return s.peak_lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+  }
+  switch (s.kind) {
+    case LrScheduleKind::kConstant:
+      return s.peak_lr;
+    case LrScheduleKind::kCosine: {
+      const int64_t span = std::max<int64_t>(1, s.total_steps - s.warmup_steps);
+      const double p = static_cast<double>(step - s.warmup_steps) / static_cast<double>(span);
+      return s.min_lr + (s.peak_lr - s.min_lr) * (1 + std::cos(M_PI * p)) / 2;
+    }
+    case LrScheduleKind::kWsd: {
+      const auto decay = static_cast<int64_t>(std::llround(s.decay_frac * s.total_steps));
+      const int64_t decay_start = s.total_steps - decay;
+      if (decay == 0 || step < decay_start) return s.peak_lr;
+      return s.peak_lr - (s.peak_lr - s.min_lr) * static_cast<double>(step - decay_start + 1) /
+                             static_cast<double>(decay);
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown learning-rate schedule");
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,35 @@
+// Learning-rate schedules of fsdp-train. The rate of a step is a pure function of the step, the
+// total number of steps and the schedule's settings, so a resumed run takes exactly the rates an
+// uninterrupted one takes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace fsdp::train {
+
+enum class LrScheduleKind { kConstant, kCosine, kWsd };
+
+// "constant", "cosine", "wsd"; throws naming --lr-schedule and the value otherwise.
+LrScheduleKind parse_lr_schedule(const std::string& name);
+
+struct LrSchedule {
+  LrScheduleKind kind = LrScheduleKind::kConstant;
+  double peak_lr = 3e-3;     // the rate after warm-up (--lr)
+  double min_lr = 0;         // where cosine and wsd end (--min-lr)
+  int64_t warmup_steps = 0;  // linear warm-up over the first N steps (--warmup-steps)
+  double decay_frac = 0.2;   // wsd: the last fraction of the steps decays (--decay-frac)
+  int64_t total_steps = 1;   // --steps
+};
+
+// The rate of 0-based step `step` (the step that takes the model from `step` to `step + 1`):
+// - warm-up, for step < warmup_steps: peak_lr * (step + 1) / warmup_steps;
+// - constant: peak_lr;
+// - cosine: min_lr + (peak_lr - min_lr) * (1 + cos(pi * p)) / 2, with
+//   p = (step - warmup_steps) / (total_steps - warmup_steps);
+// - wsd: peak_lr until the last D = round(decay_frac * total_steps) steps, then linearly down:
+//   peak_lr - (peak_lr - min_lr) * (step - (total_steps - D) + 1) / D, so the last step is at
+//   min_lr.
+double lr_at(const LrSchedule& schedule, int64_t step);
+
+}  // namespace fsdp::train
