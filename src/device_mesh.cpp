@@ -19,8 +19,7 @@ void add(CollectiveCounters& into, const CollectiveCounters& c) {
 
 DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> group)
     : shard_group_(std::move(group)),
-      post_forward_groups_(
-          std::make_shared<std::map<int, std::shared_ptr<ProcessGroup>>>()),
+      post_forward_groups_(std::make_shared<std::map<int, std::shared_ptr<ProcessGroup>>>()),
       stats_(std::make_shared<RankStats>()),
       tracer_(std::make_shared<Tracer>()) {
   TORCH_CHECK(shard_group_ != nullptr, "DeviceMesh needs a process group, got null");
@@ -38,9 +37,9 @@ DeviceMesh DeviceMesh::hybrid(const std::shared_ptr<ProcessGroup>& world, int re
   std::vector<int> shard_ranks, replica_ranks;
   for (int i = 0; i < shard; ++i) shard_ranks.push_back(me / shard * shard + i);
   for (int i = 0; i < replicate_size; ++i) replica_ranks.push_back(me % shard + i * shard);
-  auto shard_group = world->split(shard_ranks, "mesh" + std::to_string(replicate_size) + "x" +
-                                                   std::to_string(shard) + "/shard" +
-                                                   std::to_string(me / shard));
+  auto shard_group =
+      world->split(shard_ranks, "mesh" + std::to_string(replicate_size) + "x" +
+                                    std::to_string(shard) + "/shard" + std::to_string(me / shard));
   auto replicate_group = world->split(replica_ranks, "mesh" + std::to_string(replicate_size) + "x" +
                                                          std::to_string(shard) + "/replicate" +
                                                          std::to_string(me % shard));
@@ -60,8 +59,8 @@ std::shared_ptr<ProcessGroup> DeviceMesh::post_forward_group(int size) const {
     const int me = shard_rank();
     std::vector<int> ranks;
     for (int i = 0; i < size; ++i) ranks.push_back(me / size * size + i);
-    group = shard_group_->split(ranks, "post_forward" + std::to_string(size) + "/" +
-                                          std::to_string(me / size));
+    group = shard_group_->split(
+        ranks, "post_forward" + std::to_string(size) + "/" + std::to_string(me / size));
     TORCH_INTERNAL_ASSERT(group);
   }
   return group;

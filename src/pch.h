@@ -3,12 +3,12 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <torch/autograd.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/autograd.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-#include <fmt/format.h>
 #include <functional>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>

@@ -34,7 +34,7 @@ int main() {
   Net net;
   fsdp::DeviceMesh mesh(group);
   for (auto& block : net->blocks) fsdp::fully_shard(block, mesh);  // units first
-  fsdp::fully_shard(net, mesh);                                     // then the root
+  fsdp::fully_shard(net, mesh);                                    // then the root
   auto params = fsdp::unique_parameters(*net);
   torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-2));
   torch::manual_seed(1 + group->rank());  // each rank its own slice of the data

@@ -29,8 +29,8 @@
 // reshard after forward), shard_grad_op (S = W, nothing reshards after forward), no_shard
 // (S = 1, replicated as in DDP), hybrid_shard (S = W / R within each of R replicas). The root
 // unit never reshards after forward. With reshard_after_forward_size N (hpZ) a block keeps
-// S / N of its shards from its forward to its backward. Implicit prefetch and AdamW are assumed; buffers gloo
-// allocates inside its algorithms (not tensors) are not counted.
+// S / N of its shards from its forward to its backward. Implicit prefetch and AdamW are assumed;
+// buffers gloo allocates inside its algorithms (not tensors) are not counted.
 #pragma once
 
 #include <c10/core/ScalarType.h>

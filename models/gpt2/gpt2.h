@@ -43,11 +43,12 @@ struct GPT2Config {
 
   // Named configurations. Parameter counts (tied lm_head counted once, see num_parameters):
   //   tiny         vocab 256,   ctx 64,   d 32,   2 layers,  2 heads:        35,712 (unit tests)
-  //   small        vocab 256,   ctx 256,  d 384,  8 layers,  6 heads:    14,393,088 (CPU benchmarks)
-  //   gpt2         vocab 50257, ctx 1024, d 768,  12 layers, 12 heads:  124,439,808 (HF "gpt2")
-  //   gpt2-medium  vocab 50257, ctx 1024, d 1024, 24 layers, 16 heads:  354,823,168 (HF "gpt2-medium")
-  //   gpt2-large   vocab 50257, ctx 1024, d 1280, 36 layers, 20 heads:  774,030,080 (HF "gpt2-large")
-  //   gpt2-xl      vocab 50257, ctx 1024, d 1600, 48 layers, 25 heads: 1,557,611,200 (HF "gpt2-xl")
+  //   small        vocab 256,   ctx 256,  d 384,  8 layers,  6 heads:    14,393,088 (CPU
+  //   benchmarks) gpt2         vocab 50257, ctx 1024, d 768,  12 layers, 12 heads:  124,439,808 (HF
+  //   "gpt2") gpt2-medium  vocab 50257, ctx 1024, d 1024, 24 layers, 16 heads:  354,823,168 (HF
+  //   "gpt2-medium") gpt2-large   vocab 50257, ctx 1024, d 1280, 36 layers, 20 heads:  774,030,080
+  //   (HF "gpt2-large") gpt2-xl      vocab 50257, ctx 1024, d 1600, 48 layers, 25 heads:
+  //   1,557,611,200 (HF "gpt2-xl")
   // The trainer feeds byte-level tokens, so with the HF-sized configs only ids below 256 occur.
   static GPT2Config tiny();
   static GPT2Config small();

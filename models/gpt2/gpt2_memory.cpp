@@ -26,8 +26,8 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
                               (c.vocab_size + 16.0L * c.n_embd) * 8 * c.n_layer;
   TORCH_CHECK(largest < 0x1p62L, "gpt2_memory_spec: a micro-batch of ", micro_batch,
               " sequences of ", seq_len, " tokens needs more than 2^62 bytes of activations");
-  const long double state = 16.0L * c.n_embd *
-                            (c.vocab_size + c.n_positions + 12.0L * c.n_embd * c.n_layer);
+  const long double state =
+      16.0L * c.n_embd * (c.vocab_size + c.n_positions + 12.0L * c.n_embd * c.n_layer);
   TORCH_CHECK(state < 0x1p62L, "gpt2_memory_spec: n_embd ", c.n_embd, " and n_layer ", c.n_layer,
               " make more than 2^62 bytes of parameters and optimizer state");
   const int64_t d = c.n_embd, v = c.vocab_size, p = c.n_positions, h = c.n_head;

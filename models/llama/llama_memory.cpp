@@ -27,9 +27,11 @@ ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int
               " sequences of ", seq_len, " tokens needs more than 2^62 bytes of activations");
   const long double state =
       16.0L * c.hidden_size *
-      (2.0L * c.vocab_size + (4.0L * c.hidden_size + 3.0L * c.intermediate_size) * c.num_hidden_layers);
+      (2.0L * c.vocab_size +
+       (4.0L * c.hidden_size + 3.0L * c.intermediate_size) * c.num_hidden_layers);
   TORCH_CHECK(state < 0x1p62L, "llama_memory_spec: hidden_size ", c.hidden_size, " and ",
-              c.num_hidden_layers, " layers make more than 2^62 bytes of parameters and optimizer state");
+              c.num_hidden_layers,
+              " layers make more than 2^62 bytes of parameters and optimizer state");
   const int64_t d = c.hidden_size, v = c.vocab_size, f = c.intermediate_size;
   const int64_t h = c.num_attention_heads, hd = c.head_dim();
   const int64_t kv = c.num_key_value_heads * hd;

@@ -89,10 +89,7 @@ std::string join_ranks(c10d::Store& store, int rank, int world_size,
   }
 }
 
-
-std::vector<std::string> available_backends() {
-  return {"gloo"};
-}
+std::vector<std::string> available_backends() { return {"gloo"}; }
 
 std::shared_ptr<ProcessGroup> make_backend_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                  int rank, int world_size,
@@ -104,8 +101,7 @@ std::shared_ptr<ProcessGroup> make_backend_group(const c10::intrusive_ptr<c10d::
   }
   std::string names;
   for (const auto& name : available_backends()) names += (names.empty() ? "" : ", ") + name;
-  TORCH_CHECK(false, "fsdp: backend '", options.backend, "' is not in this build; it has: ",
-              names);
+  TORCH_CHECK(false, "fsdp: backend '", options.backend, "' is not in this build; it has: ", names);
 }
 
 }  // namespace fsdp::detail

@@ -78,7 +78,8 @@ void check_launch_env(const LaunchEnv& env) {
               "fsdp: MASTER_PORT=", env.master_port, " is not a TCP port (1..65535)");
   TORCH_CHECK(!env.master_listen_fd || (env.rank == 0 && !env.launcher_hosts_store),
               "fsdp: FSDP_MASTER_LISTEN_FD is for the rank that hosts the store (rank 0, when "
-              "no launcher hosts it), not rank ", env.rank);
+              "no launcher hosts it), not rank ",
+              env.rank);
   TORCH_CHECK(!env.master_listen_fd || *env.master_listen_fd >= 0,
               "fsdp: FSDP_MASTER_LISTEN_FD=", env.master_listen_fd.value_or(0),
               " is not a file descriptor");

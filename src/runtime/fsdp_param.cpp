@@ -92,8 +92,8 @@ void FSDPParam::unshard_from(const at::Tensor& gathered_2d, int64_t column) {
   TORCH_INTERNAL_ASSERT(!unsharded_now_, "parameter ", name_, " is already unsharded");
   resize_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
   const int64_t world = gathered_2d.size(0);
-  const at::Tensor chunks =
-      gathered_2d.narrow(1, column, padded_numel()).view({world, layout_.chunk_rows, layout_.row_numel});
+  const at::Tensor chunks = gathered_2d.narrow(1, column, padded_numel())
+                                .view({world, layout_.chunk_rows, layout_.row_numel});
   {
     at::NoGradGuard no_grad;
     copy_chunks_to_rows(chunks, unsharded_.view({layout_.dim0, layout_.row_numel}), layout_);

@@ -30,11 +30,16 @@ size_t Tracer::size() const {
 void Tracer::write_chrome_trace(const std::string& path, int rank) const {
   nlohmann::json events = nlohmann::json::array();
   // Name the process and give compute and communication their own rows.
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+  events.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", rank},
                     {"args", {{"name", "rank " + std::to_string(rank)}}}});
   const char* tracks[] = {"compute", "comm"};
   for (int tid = 0; tid < 2; ++tid) {
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", tid},
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", rank},
+                      {"tid", tid},
                       {"args", {{"name", tracks[tid]}}}});
   }
   {

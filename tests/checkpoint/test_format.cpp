@@ -16,10 +16,10 @@
 namespace fsdp::checkpoint {
 namespace {
 
-using ::testing::HasSubstr;
 using test::read_bytes;
 using test::temp_dir;
 using test::write_bytes;
+using ::testing::HasSubstr;
 
 // A whole safetensors file: header JSON (as given, not re-encoded) plus data_bytes zero bytes.
 std::string file_with_header(const std::string& json, size_t data_bytes) {

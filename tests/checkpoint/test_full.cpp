@@ -20,11 +20,11 @@
 namespace fsdp::checkpoint {
 namespace {
 
-using ::testing::HasSubstr;
 using test::make_gpt2;
 using test::read_bytes;
 using test::temp_dir;
 using test::write_bytes;
+using ::testing::HasSubstr;
 
 ExportOptions hf_export() { return ExportOptions().layout(models::gpt2_hf_layout()); }
 

@@ -33,12 +33,12 @@ using models::LlamaConfig;
 using models::LlamaForCausalLM;
 using models::LlamaOptions;
 using test::CommandResult;
-using test::fsdp_train_binary;
-using test::run_command;
-using ::testing::HasSubstr;
 using test::exists;
+using test::fsdp_train_binary;
 using test::list_dir;
+using test::run_command;
 using test::temp_dir;
+using ::testing::HasSubstr;
 
 std::string python() { return test::reference_python(); }
 

@@ -27,13 +27,13 @@ namespace fsdp::checkpoint {
 namespace {
 
 using test::CommandResult;
-using test::fsdp_train_binary;
-using test::run_command;
-using ::testing::HasSubstr;
 using test::exists;
 using test::file_size;
+using test::fsdp_train_binary;
 using test::read_bytes;
+using test::run_command;
 using test::temp_dir;
+using ::testing::HasSubstr;
 
 std::map<int64_t, double> losses(const std::string& metrics_path) {
   std::map<int64_t, double> result;

@@ -26,11 +26,11 @@
 namespace fsdp::checkpoint {
 namespace {
 
-using ::testing::HasSubstr;
 using test::exists;
 using test::read_bytes;
 using test::temp_dir;
 using test::write_bytes;
+using ::testing::HasSubstr;
 
 constexpr int kNoFsdp = 0;  // "world size" of the single-process reference
 

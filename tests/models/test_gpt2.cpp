@@ -91,10 +91,10 @@ TEST(GPT2, LmHeadIsTiedToTokenEmbedding) {
 TEST(GPT2, ParameterCountsMatchAnalyticCount) {
   EXPECT_EQ(num_parameters(GPT2Config::tiny()), 35712);
   EXPECT_EQ(num_parameters(GPT2Config::small()), 14393088);
-  EXPECT_EQ(num_parameters(GPT2Config::gpt2()), 124439808);     // HF's gpt2
-  EXPECT_EQ(num_parameters(GPT2Config::medium()), 354823168);   // HF's gpt2-medium
-  EXPECT_EQ(num_parameters(GPT2Config::large()), 774030080);    // HF's gpt2-large
-  EXPECT_EQ(num_parameters(GPT2Config::xl()), 1557611200);      // HF's gpt2-xl
+  EXPECT_EQ(num_parameters(GPT2Config::gpt2()), 124439808);    // HF's gpt2
+  EXPECT_EQ(num_parameters(GPT2Config::medium()), 354823168);  // HF's gpt2-medium
+  EXPECT_EQ(num_parameters(GPT2Config::large()), 774030080);   // HF's gpt2-large
+  EXPECT_EQ(num_parameters(GPT2Config::xl()), 1557611200);     // HF's gpt2-xl
   for (const std::string& name : GPT2Config::names()) {
     SCOPED_TRACE(name);
     GPT2Config config = GPT2Config::by_name(name);

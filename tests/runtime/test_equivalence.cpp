@@ -48,7 +48,8 @@ TEST(GptEquivalence, PrefetchOnIsBitIdenticalToPrefetchOff) {
   for (size_t r = 0; r < with.size(); ++r) {
     EXPECT_EQ(with[r].losses, without[r].losses);
     EXPECT_EQ(with[r].grad_norms, without[r].grad_norms);
-    for (const auto& [name, t] : with[r].params) EXPECT_TRUE(at::equal(t, without[r].params.at(name))) << name;
+    for (const auto& [name, t] : with[r].params)
+      EXPECT_TRUE(at::equal(t, without[r].params.at(name))) << name;
   }
 }
 
@@ -85,7 +86,8 @@ TEST(GptEquivalence, TiedEmbeddingStaysTied) {
     ASSERT_TRUE(root.has_value());
     int copies = 0;
     for (const auto& sp : root->sharded_parameters()) {
-      if (sp.local.unsafeGetTensorImpl() == model->transformer->wte->weight.unsafeGetTensorImpl()) ++copies;
+      if (sp.local.unsafeGetTensorImpl() == model->transformer->wte->weight.unsafeGetTensorImpl())
+        ++copies;
     }
     EXPECT_EQ(copies, 1);
   });
@@ -100,12 +102,13 @@ TEST(GptDeferredInit, ShardsEqualTheSingleProcessInitialValues) {
     DeviceMesh mesh(group);
     int blocks_built = 0;
     GPT2Options o(config);
-    o.seed(9).on_block_built([&](const std::string& name, const std::shared_ptr<torch::nn::Module>& block) {
-      // Blocks are sharded as they are built: every earlier block is already sharded.
-      EXPECT_EQ(mesh.stats().live().unsharded_param_bytes, 0);
-      fully_shard(block, mesh);
-      ++blocks_built;
-    });
+    o.seed(9).on_block_built(
+        [&](const std::string& name, const std::shared_ptr<torch::nn::Module>& block) {
+          // Blocks are sharded as they are built: every earlier block is already sharded.
+          EXPECT_EQ(mesh.stats().live().unsharded_param_bytes, 0);
+          fully_shard(block, mesh);
+          ++blocks_built;
+        });
     GPT2LMHead model(o);
     fully_shard(model, mesh);
     EXPECT_EQ(blocks_built, config.n_layer);

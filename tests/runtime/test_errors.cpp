@@ -30,8 +30,9 @@ TEST(FullyShardErrors, ParameterNotOnTheMeshDevice) {
     DeviceMesh mesh(group);
     auto module = std::make_shared<torch::nn::Module>("OnMeta");
     module->register_parameter("weight", at::empty({3, 4}, at::TensorOptions().device(at::kMeta)));
-    EXPECT_THAT(test::error_message([&] { fully_shard(module, mesh); }),
-                AllOf(HasSubstr("'weight'"), HasSubstr("is on meta"), HasSubstr("communicates on cpu")));
+    EXPECT_THAT(
+        test::error_message([&] { fully_shard(module, mesh); }),
+        AllOf(HasSubstr("'weight'"), HasSubstr("is on meta"), HasSubstr("communicates on cpu")));
   });
 }
 
@@ -41,15 +42,17 @@ TEST(FullyShardErrors, MixedDtypesInOneUnit) {
     torch::nn::Linear linear(4, 3);
     linear->bias.set_data(linear->bias.data().to(at::kDouble));
     EXPECT_THAT(test::error_message([&] { fully_shard(linear, mesh); }),
-                AllOf(HasSubstr("share a dtype"), HasSubstr("'weight' is Float"), HasSubstr("'bias' is Double")));
+                AllOf(HasSubstr("share a dtype"), HasSubstr("'weight' is Float"),
+                      HasSubstr("'bias' is Double")));
   });
 }
 
 TEST(FullyShardErrors, NullModule) {
   run_ranks_in_threads(1, [](std::shared_ptr<ProcessGroup> group) {
     DeviceMesh mesh(group);
-    EXPECT_THAT(test::error_message([&] { fully_shard(std::shared_ptr<torch::nn::Module>(), mesh); }),
-                HasSubstr("null"));
+    EXPECT_THAT(
+        test::error_message([&] { fully_shard(std::shared_ptr<torch::nn::Module>(), mesh); }),
+        HasSubstr("null"));
   });
 }
 

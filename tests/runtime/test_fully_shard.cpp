@@ -67,20 +67,23 @@ TORCH_MODULE(AwkwardNet);
 TrainCase awkward_case(std::optional<bool> reshard_after_forward = std::nullopt) {
   TrainCase c;
   c.make_model = [](const DeviceMesh*) { return AwkwardNet().ptr(); };
-  c.shard = [reshard_after_forward](const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+  c.shard = [reshard_after_forward](const std::shared_ptr<torch::nn::Module>& m,
+                                    const DeviceMesh& mesh) {
     auto net = std::static_pointer_cast<AwkwardNetImpl>(m);
     FullyShardOptions options;
     options.reshard_after_forward(reshard_after_forward);
     for (auto& unit : net->units) fully_shard(unit, mesh, options);
     fully_shard(m, mesh);
   };
-  c.loss = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x, const at::Tensor& y) {
+  c.loss = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x,
+              const at::Tensor& y) {
     auto net = std::static_pointer_cast<AwkwardNetImpl>(m);
     AwkwardNet holder(net);
     return (fsdp::forward(holder, x) - y).pow(2).mean();
   };
   c.batch = [](int64_t step) {
-    return std::make_pair(seeded_uniform({12, 5}, 1000 + step), seeded_uniform({12, 1}, 2000 + step));
+    return std::make_pair(seeded_uniform({12, 5}, 1000 + step),
+                          seeded_uniform({12, 1}, 2000 + step));
   };
   // Weight decay would move the unused parameter (its gradient is zero under FSDP but absent
   // in the reference), so it is off here; the GPT-2 tests cover weight decay.
@@ -127,29 +130,30 @@ TEST(FullyShardAwkward, FrozenStaysPutUnusedGetsZeroGradBufferReplicated) {
   c.steps = 2;
   const auto initial = AwkwardNet();
   std::vector<int> checked(3, 0);
-  train_sharded(c, 3, [&](int rank, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh&) {
-    auto net = std::static_pointer_cast<AwkwardNetImpl>(m);
-    for (size_t i = 0; i < net->units.size(); ++i) {
-      auto& unit = net->units[i];
-      // Frozen: sharded, never given a gradient, values unchanged.
-      EXPECT_FALSE(unit->frozen_bias.grad().defined());
-      auto meta = fsdp_module_of(*unit)->sharded_parameters();
-      for (const auto& sp : meta) {
-        if (sp.name == "frozen_bias" && sp.metadata.local_rows > 0) {
-          const at::Tensor want = initial->units[i]->frozen_bias.narrow(0, sp.metadata.local_offset,
-                                                                        sp.metadata.local_rows);
-          EXPECT_TRUE(at::equal(sp.local.narrow(0, 0, sp.metadata.local_rows), want));
-        }
-      }
-      // Unused: a zero gradient of the shard's shape.
-      ASSERT_TRUE(unit->unused.grad().defined()) << "rank " << rank << " unit " << i;
-      EXPECT_EQ(unit->unused.grad().abs().sum().item<double>(), 0.0);
-      EXPECT_EQ(unit->unused.grad().sizes(), unit->unused.sizes());
-    }
-    // Buffers are not sharded.
-    EXPECT_TRUE(at::equal(net->shift, initial->shift));
-    checked[rank]++;
-  });
+  train_sharded(c, 3,
+                [&](int rank, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh&) {
+                  auto net = std::static_pointer_cast<AwkwardNetImpl>(m);
+                  for (size_t i = 0; i < net->units.size(); ++i) {
+                    auto& unit = net->units[i];
+                    // Frozen: sharded, never given a gradient, values unchanged.
+                    EXPECT_FALSE(unit->frozen_bias.grad().defined());
+                    auto meta = fsdp_module_of(*unit)->sharded_parameters();
+                    for (const auto& sp : meta) {
+                      if (sp.name == "frozen_bias" && sp.metadata.local_rows > 0) {
+                        const at::Tensor want = initial->units[i]->frozen_bias.narrow(
+                            0, sp.metadata.local_offset, sp.metadata.local_rows);
+                        EXPECT_TRUE(at::equal(sp.local.narrow(0, 0, sp.metadata.local_rows), want));
+                      }
+                    }
+                    // Unused: a zero gradient of the shard's shape.
+                    ASSERT_TRUE(unit->unused.grad().defined()) << "rank " << rank << " unit " << i;
+                    EXPECT_EQ(unit->unused.grad().abs().sum().item<double>(), 0.0);
+                    EXPECT_EQ(unit->unused.grad().sizes(), unit->unused.sizes());
+                  }
+                  // Buffers are not sharded.
+                  EXPECT_TRUE(at::equal(net->shift, initial->shift));
+                  checked[rank]++;
+                });
   EXPECT_EQ(checked, (std::vector<int>{2, 2, 2}));
 }
 
@@ -176,7 +180,8 @@ TEST(FullyShardAccounting, ShardedStateIsPaddedOneOverW) {
     for (const auto& [name, p] : unique_named_parameters(*net)) {
       full_bytes += p.nbytes();
       const int64_t dim0 = p.dim() == 0 ? 1 : p.size(0);
-      expected_padded += (dim0 + kWorld - 1) / kWorld * (p.numel() / std::max<int64_t>(dim0, 1)) * 4;
+      expected_padded +=
+          (dim0 + kWorld - 1) / kWorld * (p.numel() / std::max<int64_t>(dim0, 1)) * 4;
     }
     TrainCase c = awkward_case();
     c.shard(net.ptr(), mesh);
@@ -192,7 +197,8 @@ TEST(FullyShardAccounting, ShardedStateIsPaddedOneOverW) {
     EXPECT_EQ(param_bytes, expected_padded);
     torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-3));
     auto [x, y] = c.batch(0);
-    c.loss(net.ptr(), x.narrow(0, group->rank() * 3, 3), y.narrow(0, group->rank() * 3, 3)).backward();
+    c.loss(net.ptr(), x.narrow(0, group->rank() * 3, 3), y.narrow(0, group->rank() * 3, 3))
+        .backward();
     opt.step();
     int64_t state_bytes = 0;
     for (const auto& p : params) {
@@ -223,7 +229,8 @@ TEST(FullyShardAccounting, NoUnshardedParametersBetweenUnitsAndCommBytesMatch) {
     group->reset_counters();
     mesh.stats().reset_peaks();
     auto [x, y] = c.batch(0);
-    c.loss(net.ptr(), x.narrow(0, group->rank() * 6, 6), y.narrow(0, group->rank() * 6, 6)).backward();
+    c.loss(net.ptr(), x.narrow(0, group->rank() * 6, 6), y.narrow(0, group->rank() * 6, 6))
+        .backward();
 
     // Between units only the root (which does not reshard after forward) is unsharded.
     ASSERT_EQ(seen.size(), 3u);
@@ -233,7 +240,8 @@ TEST(FullyShardAccounting, NoUnshardedParametersBetweenUnitsAndCommBytesMatch) {
     EXPECT_EQ(mesh.stats().live().unsharded_grad_bytes, 0);
     EXPECT_EQ(mesh.stats().live().comm_buffer_bytes, 0);
     // Peak unsharded parameters: the root plus the largest block.
-    const int64_t largest_block = 4 * std::max({13 * 7 + 13 + 1 + 13 + 3, 7 * 13 + 7 + 1 + 7 + 3, 1 * 7 + 1 + 1 + 1 + 3});
+    const int64_t largest_block =
+        4 * std::max({13 * 7 + 13 + 1 + 13 + 3, 7 * 13 + 7 + 1 + 7 + 3, 1 * 7 + 1 + 1 + 1 + 3});
     EXPECT_EQ(mesh.stats().peak().unsharded_param_bytes, root_unsharded + largest_block);
 
     // Communication: every unit gathered in forward, the blocks again in backward; one

@@ -3,8 +3,8 @@
 // single-process reference: 8 AdamW steps with weight decay and clipping; W = 1 bit-identical,
 // W = 2, 3, 4 within 1e-5 (losses and grad norms relative, parameters absolute); tied
 // embeddings and activation checkpointing too.
-#include "support/test_support.h"
 #include "support/harness.h"
+#include "support/test_support.h"
 
 #include <models/llama/llama.h>
 

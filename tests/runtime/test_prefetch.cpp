@@ -76,12 +76,14 @@ TrainCase deep_case(int prefetch) {
     for (auto& block : net->blocks) fully_shard(block, mesh);
     fully_shard(m, mesh).set_implicit_prefetch(prefetch);
   };
-  c.loss = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x, const at::Tensor& y) {
+  c.loss = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x,
+              const at::Tensor& y) {
     DeepNet net(std::static_pointer_cast<DeepNetImpl>(m));
     return (fsdp::forward(net, x) - y).pow(2).mean();
   };
   c.batch = [](int64_t step) {
-    return std::make_pair(seeded_uniform({12, kWidth}, 300 + step), seeded_uniform({12, 1}, 400 + step));
+    return std::make_pair(seeded_uniform({12, kWidth}, 300 + step),
+                          seeded_uniform({12, 1}, 400 + step));
   };
   c.steps = 6;
   c.lr = 1e-3;
@@ -114,16 +116,18 @@ TEST(Prefetch, BitIdenticalToNoPrefetchAndEqualToReference) {
 // gathered at any time, and nothing is left over after a step.
 TEST(Prefetch, UnshardedUnitsAreBounded) {
   for (int prefetch : {0, 1, 2}) {
-    train_sharded(deep_case(prefetch), 2, [&](int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh& mesh) {
-      const MemorySnapshot peak = mesh.stats().peak();
-      EXPECT_LE(peak.unsharded_units, 2 + prefetch) << "prefetch " << prefetch;
-      EXPECT_GE(peak.unsharded_units, prefetch == 0 ? 2 : 3) << "prefetch " << prefetch << " never prefetched";
-      const MemorySnapshot live = mesh.stats().live();
-      EXPECT_EQ(live.unsharded_units, 0);
-      EXPECT_EQ(live.unsharded_param_bytes, 0);
-      EXPECT_EQ(live.comm_buffer_bytes, 0);
-      mesh.stats().reset_peaks();
-    });
+    train_sharded(deep_case(prefetch), 2,
+                  [&](int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh& mesh) {
+                    const MemorySnapshot peak = mesh.stats().peak();
+                    EXPECT_LE(peak.unsharded_units, 2 + prefetch) << "prefetch " << prefetch;
+                    EXPECT_GE(peak.unsharded_units, prefetch == 0 ? 2 : 3)
+                        << "prefetch " << prefetch << " never prefetched";
+                    const MemorySnapshot live = mesh.stats().live();
+                    EXPECT_EQ(live.unsharded_units, 0);
+                    EXPECT_EQ(live.unsharded_param_bytes, 0);
+                    EXPECT_EQ(live.comm_buffer_bytes, 0);
+                    mesh.stats().reset_peaks();
+                  });
   }
 }
 
@@ -134,14 +138,16 @@ TEST(Prefetch, ForwardPrefetchIsInFlightWhileTheUnitBeforeRuns) {
     DeepNet net(kWidth, kDepth);
     c.shard(net.ptr(), mesh);
     auto [x, y] = c.batch(0);
-    c.loss(net.ptr(), x.narrow(0, group->rank() * 4, 4), y.narrow(0, group->rank() * 4, 4)).backward();
+    c.loss(net.ptr(), x.narrow(0, group->rank() * 4, 4), y.narrow(0, group->rank() * 4, 4))
+        .backward();
     // Second step: the forward order is known, so block i+1's gather is issued before block i runs.
     int in_flight = 0;
     for (size_t i = 0; i + 1 < net->blocks.size(); ++i) {
       auto next = fsdp_module_of(*net->blocks[i + 1]);
       net->blocks[i]->delay = [next, &in_flight] { in_flight += next->gather_in_flight() ? 1 : 0; };
     }
-    c.loss(net.ptr(), x.narrow(0, group->rank() * 4, 4), y.narrow(0, group->rank() * 4, 4)).backward();
+    c.loss(net.ptr(), x.narrow(0, group->rank() * 4, 4), y.narrow(0, group->rank() * 4, 4))
+        .backward();
     EXPECT_EQ(in_flight, kDepth - 1);
   });
 }
@@ -154,8 +160,10 @@ TEST(Prefetch, ExplicitPrefetchAndAsyncUnshard) {
     c.shard(net.ptr(), mesh);
     std::vector<FSDPModule> units;
     for (auto& block : net->blocks) units.push_back(*fsdp_module_of(*block));
-    for (size_t i = 0; i + 2 < units.size(); ++i) units[i].set_modules_to_forward_prefetch({units[i + 1], units[i + 2]});
-    for (size_t i = 2; i < units.size(); ++i) units[i].set_modules_to_backward_prefetch({units[i - 1]});
+    for (size_t i = 0; i + 2 < units.size(); ++i)
+      units[i].set_modules_to_forward_prefetch({units[i + 1], units[i + 2]});
+    for (size_t i = 2; i < units.size(); ++i)
+      units[i].set_modules_to_backward_prefetch({units[i - 1]});
     int forward_hits = 0;
     for (size_t i = 0; i + 2 < units.size(); ++i) {
       FSDPModule a = units[i + 1], b = units[i + 2];
@@ -164,7 +172,8 @@ TEST(Prefetch, ExplicitPrefetchAndAsyncUnshard) {
       };
     }
     auto [x, y] = c.batch(0);
-    c.loss(net.ptr(), x.narrow(0, group->rank() * 4, 4), y.narrow(0, group->rank() * 4, 4)).backward();
+    c.loss(net.ptr(), x.narrow(0, group->rank() * 4, 4), y.narrow(0, group->rank() * 4, 4))
+        .backward();
     EXPECT_EQ(forward_hits, kDepth - 2);
     EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
 
@@ -183,29 +192,33 @@ TEST(Prefetch, ExplicitPrefetchAndAsyncUnshard) {
 TEST(Prefetch, UnitPrefetchedButNotRunNeitherLeaksNorHangs) {
   ProcessGroupOptions options;
   options.timeout = std::chrono::seconds(20);
-  run_ranks_in_threads(2, [](std::shared_ptr<ProcessGroup> group) {
-    DeviceMesh mesh(group);
-    TrainCase c = deep_case(2);
-    DeepNet net(kWidth, kDepth);
-    c.shard(net.ptr(), mesh);
-    auto [x, y] = c.batch(0);
-    const at::Tensor xs = x.narrow(0, group->rank() * 4, 4), ys = y.narrow(0, group->rank() * 4, 4);
-    c.loss(net.ptr(), xs, ys).backward();  // records the order
-    for (auto& p : unique_parameters(*net)) p.mutable_grad() = at::Tensor();  // zero_grad
-    net->skip = 2;  // block 2 is prefetched (from blocks 0 and 1) but skipped
-    c.loss(net.ptr(), xs, ys).backward();
-    EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
-    EXPECT_EQ(mesh.stats().live().comm_buffer_bytes, 0);
-    EXPECT_EQ(mesh.stats().live().unsharded_param_bytes, 0);
-    EXPECT_FALSE(fsdp_module_of(*net->blocks[2])->gather_in_flight());
-    // The skipped block took no part in the step, so, as in plain LibTorch, it has no gradient
-    // (and no rank reduce-scattered one for it).
-    EXPECT_FALSE(net->blocks[2]->fc->weight.grad().defined());
-    EXPECT_TRUE(net->blocks[1]->fc->weight.grad().defined());
-    net->skip = -1;
-    c.loss(net.ptr(), xs, ys).backward();  // and the group still works
-    EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
-  }, options);
+  run_ranks_in_threads(
+      2,
+      [](std::shared_ptr<ProcessGroup> group) {
+        DeviceMesh mesh(group);
+        TrainCase c = deep_case(2);
+        DeepNet net(kWidth, kDepth);
+        c.shard(net.ptr(), mesh);
+        auto [x, y] = c.batch(0);
+        const at::Tensor xs = x.narrow(0, group->rank() * 4, 4),
+                         ys = y.narrow(0, group->rank() * 4, 4);
+        c.loss(net.ptr(), xs, ys).backward();  // records the order
+        for (auto& p : unique_parameters(*net)) p.mutable_grad() = at::Tensor();  // zero_grad
+        net->skip = 2;  // block 2 is prefetched (from blocks 0 and 1) but skipped
+        c.loss(net.ptr(), xs, ys).backward();
+        EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
+        EXPECT_EQ(mesh.stats().live().comm_buffer_bytes, 0);
+        EXPECT_EQ(mesh.stats().live().unsharded_param_bytes, 0);
+        EXPECT_FALSE(fsdp_module_of(*net->blocks[2])->gather_in_flight());
+        // The skipped block took no part in the step, so, as in plain LibTorch, it has no gradient
+        // (and no rank reduce-scattered one for it).
+        EXPECT_FALSE(net->blocks[2]->fc->weight.grad().defined());
+        EXPECT_TRUE(net->blocks[1]->fc->weight.grad().defined());
+        net->skip = -1;
+        c.loss(net.ptr(), xs, ys).backward();  // and the group still works
+        EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
+      },
+      options);
 }
 
 TEST(Prefetch, RandomComputeDelaysPerRank) {
@@ -220,16 +233,18 @@ TEST(Prefetch, RandomComputeDelaysPerRank) {
     auto gen = std::make_shared<std::mt19937>(1234 + rank);
     for (auto& block : net->blocks) {
       block->delay = [gen] {
-        std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 3000)(*gen)));
+        std::this_thread::sleep_for(
+            std::chrono::microseconds(std::uniform_int_distribution<int>(0, 3000)(*gen)));
       };
     }
     return model;
   };
-  const auto ranks = train_sharded(c, 3, [](int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh& mesh) {
-    EXPECT_LE(mesh.stats().peak().unsharded_units, 2 + 2);
-    EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
-    mesh.stats().reset_peaks();
-  });
+  const auto ranks = train_sharded(
+      c, 3, [](int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh& mesh) {
+        EXPECT_LE(mesh.stats().peak().unsharded_units, 2 + 2);
+        EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
+        mesh.stats().reset_peaks();
+      });
   expect_equivalent(reference, ranks, 1e-5, 1e-5);
 }
 

@@ -42,7 +42,8 @@ TrainRecord train_reference_mixed(const TrainCase& c, at::ScalarType param_dtype
     loss.backward();
     optimizer.zero_grad();
     for (size_t i = 0; i < master_params.size(); ++i) {
-      const_cast<at::Tensor&>(master_params[i]).mutable_grad() = compute_params[i].grad().to(at::kFloat);
+      const_cast<at::Tensor&>(master_params[i]).mutable_grad() =
+          compute_params[i].grad().to(at::kFloat);
     }
     record.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(master_params, c.max_grad_norm));
     record.losses.push_back(loss.item<double>());
@@ -57,13 +58,14 @@ TEST(MixedPrecision, Bf16MatchesSingleProcessBf16ComputeWithFp32Masters) {
   opt.mp_policy.param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
   const TrainCase c = gpt_case(opt);
   const TrainRecord reference = train_reference_mixed(c, at::kBFloat16);
-  const auto ranks = train_sharded(c, 4, [](int, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh&) {
-    // Master weights and their gradients stay fp32.
-    for (const auto& p : unique_parameters(*m)) {
-      EXPECT_EQ(p.scalar_type(), at::kFloat);
-      if (p.grad().defined()) EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
-    }
-  });
+  const auto ranks =
+      train_sharded(c, 4, [](int, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh&) {
+        // Master weights and their gradients stay fp32.
+        for (const auto& p : unique_parameters(*m)) {
+          EXPECT_EQ(p.scalar_type(), at::kFloat);
+          if (p.grad().defined()) EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
+        }
+      });
   // bf16 has 8 bits of mantissa: 2e-2 relative on the loss and gradient norm, and 1e-2 on the
   // weights (10 steps of lr 1e-3).
   expect_equivalent(reference, ranks, 2e-2, 1e-2);
@@ -82,8 +84,10 @@ TEST(MixedPrecision, AllGatherMovesHalfTheBytesInBf16) {
       c.shard(model, mesh);
       auto [x, y] = c.batch(0);
       group->reset_counters();
-      c.loss(model, x.narrow(0, 3 * group->rank(), 3), y.narrow(0, 3 * group->rank(), 3)).backward();
-      if (group->rank() == 0) gathered[bf16 ? "bf16" : "fp32"] = group->counters().all_gather.payload_bytes;
+      c.loss(model, x.narrow(0, 3 * group->rank(), 3), y.narrow(0, 3 * group->rank(), 3))
+          .backward();
+      if (group->rank() == 0)
+        gathered[bf16 ? "bf16" : "fp32"] = group->counters().all_gather.payload_bytes;
     });
   }
   EXPECT_GT(gathered["fp32"], 0);
@@ -101,7 +105,8 @@ TrainCase accumulation_case(AccumMode mode, int k) {
   c.before_micro_batch = [mode, k](const std::shared_ptr<torch::nn::Module>& m, int micro) {
     FSDPModule root = *fsdp_module_of(*m);
     const bool last = micro == k - 1;
-    if (mode == AccumMode::kNoSync || mode == AccumMode::kNoReshard) root.set_requires_gradient_sync(last);
+    if (mode == AccumMode::kNoSync || mode == AccumMode::kNoReshard)
+      root.set_requires_gradient_sync(last);
     if (mode == AccumMode::kNoReshard) {
       // Keep every unit gathered from the first forward to the last backward.
       root.set_reshard_after_forward(false);
@@ -147,12 +152,16 @@ TEST_P(Accumulation, CommunicationCountsPerStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, Accumulation,
-                         ::testing::Values(AccumMode::kSync, AccumMode::kNoSync, AccumMode::kNoReshard),
+                         ::testing::Values(AccumMode::kSync, AccumMode::kNoSync,
+                                           AccumMode::kNoReshard),
                          [](const auto& info) {
                            switch (info.param) {
-                             case AccumMode::kSync: return std::string("Sync");
-                             case AccumMode::kNoSync: return std::string("NoSync");
-                             default: return std::string("NoReshard");
+                             case AccumMode::kSync:
+                               return std::string("Sync");
+                             case AccumMode::kNoSync:
+                               return std::string("NoSync");
+                             default:
+                               return std::string("NoReshard");
                            }
                          });
 
@@ -202,30 +211,32 @@ TEST_P(Strategies, BytesHeldAndMovedMatchTheAnalyticCounts) {
     if (name.rfind("transformer.h.", 0) == 0) padded_blocks += bytes;
     full += p.nbytes();
   }
-  train_sharded(c, 4, [&](int, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
-    int64_t param_bytes = 0;
-    for (const auto& p : unique_parameters(*m)) param_bytes += p.nbytes();
-    EXPECT_EQ(param_bytes, padded / shard) << s.name;
-    if (shard == 1) EXPECT_EQ(param_bytes, full) << s.name;
-    const CommCounters n = mesh.counters();
-    const int64_t regathered = s.regathers() ? padded_blocks : 0;
-    EXPECT_EQ(n.all_gather.payload_bytes, shard == 1 ? 0 : padded + regathered) << s.name;
-    // hpZ: the shard group gathers once, in forward; backward gathers in the groups of 2.
-    const int post_forward = s.reshard_after_forward.group_size(shard);
-    const int64_t in_shard_group = post_forward < shard ? padded : padded + regathered;
-    EXPECT_EQ(mesh.shard_group().counters().all_gather.payload_bytes,
-              shard == 1 ? 0 : in_shard_group)
-        << s.name;
-    EXPECT_EQ(n.reduce_scatter.payload_bytes, shard == 1 ? 0 : padded) << s.name;
-    EXPECT_EQ(n.reduce_scatter.sent_bytes, shard == 1 ? 0 : padded / shard * (shard - 1)) << s.name;
-    // Across replicas each rank all-reduces its reduced shard once. Besides: the gradient norm
-    // (8 bytes, on the shard group when it has more than one rank) and, on a 1-D mesh whose
-    // group is the world, the harness's loss average (4 bytes).
-    const int64_t norm = shard > 1 ? 8 : 0;
-    const int64_t loss = s.replicate == 1 ? 4 : 0;
-    const int64_t grads = s.replicate == 1 ? 0 : padded / shard;
-    EXPECT_EQ(n.all_reduce.payload_bytes, grads + norm + loss) << s.name;
-  });
+  train_sharded(
+      c, 4, [&](int, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+        int64_t param_bytes = 0;
+        for (const auto& p : unique_parameters(*m)) param_bytes += p.nbytes();
+        EXPECT_EQ(param_bytes, padded / shard) << s.name;
+        if (shard == 1) EXPECT_EQ(param_bytes, full) << s.name;
+        const CommCounters n = mesh.counters();
+        const int64_t regathered = s.regathers() ? padded_blocks : 0;
+        EXPECT_EQ(n.all_gather.payload_bytes, shard == 1 ? 0 : padded + regathered) << s.name;
+        // hpZ: the shard group gathers once, in forward; backward gathers in the groups of 2.
+        const int post_forward = s.reshard_after_forward.group_size(shard);
+        const int64_t in_shard_group = post_forward < shard ? padded : padded + regathered;
+        EXPECT_EQ(mesh.shard_group().counters().all_gather.payload_bytes,
+                  shard == 1 ? 0 : in_shard_group)
+            << s.name;
+        EXPECT_EQ(n.reduce_scatter.payload_bytes, shard == 1 ? 0 : padded) << s.name;
+        EXPECT_EQ(n.reduce_scatter.sent_bytes, shard == 1 ? 0 : padded / shard * (shard - 1))
+            << s.name;
+        // Across replicas each rank all-reduces its reduced shard once. Besides: the gradient norm
+        // (8 bytes, on the shard group when it has more than one rank) and, on a 1-D mesh whose
+        // group is the world, the harness's loss average (4 bytes).
+        const int64_t norm = shard > 1 ? 8 : 0;
+        const int64_t loss = s.replicate == 1 ? 4 : 0;
+        const int64_t grads = s.replicate == 1 ? 0 : padded / shard;
+        EXPECT_EQ(n.all_reduce.payload_bytes, grads + norm + loss) << s.name;
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(W4, Strategies, ::testing::ValuesIn(kStrategies),
@@ -334,10 +345,13 @@ TEST(TrainingModeErrors, ChangingSyncSettingsDuringBackward) {
     c.shard(model, mesh);
     FSDPModule root = *fsdp_module_of(*model);
     auto [x, y] = c.batch(0);
-    at::Tensor loss = c.loss(model, x.narrow(0, 6 * group->rank(), 6), y.narrow(0, 6 * group->rank(), 6));
-    loss.register_hook([root](const at::Tensor&) { FSDPModule(root).set_requires_gradient_sync(false); });
+    at::Tensor loss =
+        c.loss(model, x.narrow(0, 6 * group->rank(), 6), y.narrow(0, 6 * group->rank(), 6));
+    loss.register_hook(
+        [root](const at::Tensor&) { FSDPModule(root).set_requires_gradient_sync(false); });
     EXPECT_THAT(test::error_message([&] { loss.backward(); }),
-                AllOf(HasSubstr("set_requires_gradient_sync(false)"), HasSubstr("while a backward pass is running")));
+                AllOf(HasSubstr("set_requires_gradient_sync(false)"),
+                      HasSubstr("while a backward pass is running")));
   });
 }
 

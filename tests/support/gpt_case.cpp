@@ -1,6 +1,6 @@
 // See gpt_case.h.
-#include "support/test_support.h"
 #include "support/gpt_case.h"
+#include "support/test_support.h"
 
 #include <fsdp/util/memory_counter.h>
 #include <models/gpt2/gpt2.h>

@@ -10,8 +10,7 @@ namespace fsdp::test {
 namespace {
 
 torch::optim::AdamW make_optimizer(const std::vector<at::Tensor>& params, const TrainCase& c) {
-  return torch::optim::AdamW(params,
-                             torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  return torch::optim::AdamW(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
 }
 
 std::shared_ptr<torch::nn::Module> build(const TrainCase& c, const DeviceMesh* mesh) {
@@ -63,7 +62,8 @@ TrainRecord train_reference(const TrainCase& c) {
 
 std::vector<TrainRecord> train_sharded(
     const TrainCase& c, int world,
-    std::function<void(int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh&)> after_step) {
+    std::function<void(int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh&)>
+        after_step) {
   std::vector<TrainRecord> records(world);
   ProcessGroupOptions options;
   options.timeout = std::chrono::seconds(60);
@@ -83,9 +83,9 @@ std::vector<TrainRecord> train_sharded(
           for (int micro = 0; micro < c.accumulation; ++micro) {
             auto [inputs, targets] = batch_of(c, step * c.accumulation + micro);
             if (c.before_micro_batch) c.before_micro_batch(model, micro);
-            at::Tensor loss = c.loss(model, slice_rows(inputs, rank, world),
-                                     slice_rows(targets, rank, world)) /
-                              c.accumulation;
+            at::Tensor loss =
+                c.loss(model, slice_rows(inputs, rank, world), slice_rows(targets, rank, world)) /
+                c.accumulation;
             loss.backward();
             at::Tensor summed = loss.detach().clone().reshape({1});
             group->all_reduce(summed, ReduceOp::kSum)->wait();
@@ -98,8 +98,10 @@ std::vector<TrainRecord> train_sharded(
         }
         for (const auto& unit : fsdp_modules_under(*model)) {
           for (const auto& sp : unit.sharded_parameters()) {
-            record.params[(unit.path().empty() ? sp.name : unit.path() + "." + sp.name)] = sp.local.detach().clone();
-            record.metadata[(unit.path().empty() ? sp.name : unit.path() + "." + sp.name)] = sp.metadata;
+            record.params[(unit.path().empty() ? sp.name : unit.path() + "." + sp.name)] =
+                sp.local.detach().clone();
+            record.metadata[(unit.path().empty() ? sp.name : unit.path() + "." + sp.name)] =
+                sp.metadata;
           }
         }
       },
@@ -125,7 +127,8 @@ void expect_equivalent(const TrainRecord& reference, const std::vector<TrainReco
       auto it = reference.params.find(name);
       ASSERT_NE(it, reference.params.end()) << "no reference parameter " << name;
       const ShardMetadata& m = got.metadata.at(key);
-      const at::Tensor full = it->second.reshape({m.global_shape.empty() ? 1 : m.global_shape[0], -1});
+      const at::Tensor full =
+          it->second.reshape({m.global_shape.empty() ? 1 : m.global_shape[0], -1});
       const at::Tensor rows = shard.reshape({m.padded_rows, -1});
       if (m.local_rows > 0) {
         const at::Tensor mine = rows.narrow(0, 0, m.local_rows);
@@ -134,12 +137,15 @@ void expect_equivalent(const TrainRecord& reference, const std::vector<TrainReco
         EXPECT_LE(diff, abs_tol) << "parameter " << name << " rank " << r;
       }
       if (m.local_rows < m.padded_rows) {
-        EXPECT_EQ(rows.narrow(0, m.local_rows, m.padded_rows - m.local_rows).abs().sum().item<double>(), 0.0)
+        EXPECT_EQ(
+            rows.narrow(0, m.local_rows, m.padded_rows - m.local_rows).abs().sum().item<double>(),
+            0.0)
             << "padding of " << name << " on rank " << r << " is not zero";
       }
       ++compared;
     }
-    EXPECT_EQ(compared, reference.params.size()) << "rank " << r << " compared a different set of parameters";
+    EXPECT_EQ(compared, reference.params.size())
+        << "rank " << r << " compared a different set of parameters";
   }
 }
 

@@ -60,9 +60,10 @@ struct TrainRecord {
 TrainRecord train_reference(const TrainCase& c);
 
 // Per-rank records of a W-rank run.
-std::vector<TrainRecord> train_sharded(const TrainCase& c, int world,
-                                       std::function<void(int rank, const std::shared_ptr<torch::nn::Module>&,
-                                                          const DeviceMesh&)> after_step = nullptr);
+std::vector<TrainRecord> train_sharded(
+    const TrainCase& c, int world,
+    std::function<void(int rank, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh&)>
+        after_step = nullptr);
 
 // Asserts losses and grad norms within rel_tol and every parameter (the rows each rank owns)
 // within abs_tol, and the padding rows zero.

@@ -6,9 +6,9 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <cerrno>

@@ -86,7 +86,8 @@ TEST(TokenDataset, MicroBatchRejectsWorldNotDividingBatch) {
   const std::string msg = test::error_message([&] { micro_batch(global, 0, 4); });
   EXPECT_NE(msg.find("global batch size 6"), std::string::npos) << msg;
   EXPECT_NE(msg.find("world size 4"), std::string::npos) << msg;
-  EXPECT_NE(test::error_message([&] { micro_batch(global, 3, 3); }).find("rank 3"), std::string::npos);
+  EXPECT_NE(test::error_message([&] { micro_batch(global, 3, 3); }).find("rank 3"),
+            std::string::npos);
 }
 
 TEST(TokenDataset, ShortTextIsRejectedNamingBothLengths) {

@@ -36,8 +36,7 @@ TEST_P(FsdpTrainModel, MatchesTheSingleProcessReference) {
   const ModelCase c = GetParam();
   const std::string common =
       "--model " + c.model + " --steps 3 --global-batch 4 --seq-len 16 --quiet --seed 5";
-  const std::string base =
-      test::temp_path("fsdp_train_" + c.model + "_" + std::to_string(c.world));
+  const std::string base = test::temp_path("fsdp_train_" + c.model + "_" + std::to_string(c.world));
   const CommandResult a = run_command(fsdp_train_binary() + " --nproc " + std::to_string(c.world) +
                                       " " + common + " --metrics " + base + ".jsonl");
   ASSERT_EQ(a.exit_code, 0) << a.output;

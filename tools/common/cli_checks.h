@@ -20,8 +20,8 @@ namespace fsdp::tools {
 
 // A finite real number in [min, max] (or (min, max] when open_min). Rejects nan and inf.
 inline CLI::Validator finite_in(double min, double max, bool open_min = false) {
-  const std::string range =
-      (open_min ? "(" : "[") + CLI::detail::to_string(min) + ", " + CLI::detail::to_string(max) + "]";
+  const std::string range = (open_min ? "(" : "[") + CLI::detail::to_string(min) + ", " +
+                            CLI::detail::to_string(max) + "]";
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         char* end = nullptr;
@@ -44,7 +44,8 @@ inline CLI::Validator integer_at_least(long long min, long long max = LLONG_MAX)
         errno = 0;
         const long long v = std::strtoll(text.c_str(), &end, 10);
         if (text.empty() || *end != '\0') return "'" + text + "' is not a whole number";
-        if (errno == ERANGE || v > max) return text + " is too large (at most " + std::to_string(max) + ")";
+        if (errno == ERANGE || v > max)
+          return text + " is too large (at most " + std::to_string(max) + ")";
         if (v < min) return text + " is less than " + std::to_string(min);
         return "";
       },

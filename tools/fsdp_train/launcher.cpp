@@ -40,7 +40,8 @@ namespace {
 
 std::string describe(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
+  if (WIFSIGNALED(status))
+    return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
   return "ended";
 }
 
@@ -103,7 +104,8 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args) {
     }
     if (pid == 0) {  // stopping, nobody exited yet
       if (std::chrono::steady_clock::now() > stop_deadline) {
-        for (pid_t p : pids) if (p > 0) ::kill(p, SIGKILL);
+        for (pid_t p : pids)
+          if (p > 0) ::kill(p, SIGKILL);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       continue;
@@ -121,7 +123,8 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args) {
       result = exit_code_of(status);
       stopping = true;
       stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      for (pid_t p : pids) if (p > 0) ::kill(p, SIGTERM);
+      for (pid_t p : pids)
+        if (p > 0) ::kill(p, SIGTERM);
     }
   }
   return result;

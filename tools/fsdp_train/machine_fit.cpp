@@ -48,9 +48,10 @@ int64_t local_ranks_bytes(const TrainerOptions& o, int world, int local_ranks) {
   const MemoryEstimateOptions options = estimate_options(o, world);
   const at::ScalarType compute = options.param_dtype().value_or(at::kFloat);
   const int64_t micro_batch = o.global_batch / world / o.grad_accum;
-  const ModelMemorySpec spec = model_spec_of(o)->memory_spec(micro_batch, o.seq_len, compute,
-                                                             o.activation_checkpoint);
-  return int64_t{local_ranks} * (kProcessFootprintBytes + estimate_memory(spec, options).total_bytes);
+  const ModelMemorySpec spec =
+      model_spec_of(o)->memory_spec(micro_batch, o.seq_len, compute, o.activation_checkpoint);
+  return int64_t{local_ranks} *
+         (kProcessFootprintBytes + estimate_memory(spec, options).total_bytes);
 }
 
 int64_t available_memory_bytes() {
@@ -75,9 +76,8 @@ void check_ranks_fit_memory(const TrainerOptions& o, int world, int local_ranks)
                 world, " ranks: ", e.what_without_backtrace());
   }
   TORCH_CHECK(needed <= available, "--nproc ", local_ranks, ": ", local_ranks,
-              " ranks of this run need about ", gib(needed), " (each ",
-              gib(kProcessFootprintBytes), " of process plus ",
-              gib(needed / local_ranks - kProcessFootprintBytes),
+              " ranks of this run need about ", gib(needed), " (each ", gib(kProcessFootprintBytes),
+              " of process plus ", gib(needed / local_ranks - kProcessFootprintBytes),
               " of tensors, as fsdp-estimate predicts), but this machine has ", gib(available),
               " available; use fewer ranks, a smaller --global-batch or --model, or more machines");
 }

@@ -96,8 +96,8 @@ decltype(auto) substitute(const std::vector<at::Tensor>& inputs, T&& arg) {
 }
 
 template <typename Call, typename... Args, std::size_t... I>
-auto call_substituted(Call&& call, const std::vector<at::Tensor>& inputs,
-                      std::index_sequence<I...>, Args&&... args) {
+auto call_substituted(Call&& call, const std::vector<at::Tensor>& inputs, std::index_sequence<I...>,
+                      Args&&... args) {
   return call(substitute<I, Args...>(inputs, std::forward<Args>(args))...);
 }
 

@@ -23,10 +23,18 @@ struct MemorySnapshot {
 
 class RankStats {
  public:
-  void add_unsharded_params(int64_t bytes) { update([&](MemorySnapshot& m) { m.unsharded_param_bytes += bytes; }); }
-  void add_unsharded_grads(int64_t bytes) { update([&](MemorySnapshot& m) { m.unsharded_grad_bytes += bytes; }); }
-  void add_comm_buffers(int64_t bytes) { update([&](MemorySnapshot& m) { m.comm_buffer_bytes += bytes; }); }
-  void add_unsharded_units(int64_t n) { update([&](MemorySnapshot& m) { m.unsharded_units += n; }); }
+  void add_unsharded_params(int64_t bytes) {
+    update([&](MemorySnapshot& m) { m.unsharded_param_bytes += bytes; });
+  }
+  void add_unsharded_grads(int64_t bytes) {
+    update([&](MemorySnapshot& m) { m.unsharded_grad_bytes += bytes; });
+  }
+  void add_comm_buffers(int64_t bytes) {
+    update([&](MemorySnapshot& m) { m.comm_buffer_bytes += bytes; });
+  }
+  void add_unsharded_units(int64_t n) {
+    update([&](MemorySnapshot& m) { m.unsharded_units += n; });
+  }
 
   // Seconds the compute path spent blocked on communication (waiting for an all-gather or a
   // reduce-scatter), since the last reset_exposed_comm().
@@ -68,7 +76,8 @@ class RankStats {
   void update(Fn&& fn) {
     std::lock_guard<std::mutex> lock(mutex_);
     fn(live_);
-    peak_.unsharded_param_bytes = std::max(peak_.unsharded_param_bytes, live_.unsharded_param_bytes);
+    peak_.unsharded_param_bytes =
+        std::max(peak_.unsharded_param_bytes, live_.unsharded_param_bytes);
     peak_.unsharded_grad_bytes = std::max(peak_.unsharded_grad_bytes, live_.unsharded_grad_bytes);
     peak_.comm_buffer_bytes = std::max(peak_.comm_buffer_bytes, live_.comm_buffer_bytes);
     peak_.unsharded_units = std::max(peak_.unsharded_units, live_.unsharded_units);

@@ -53,7 +53,10 @@ class Tracer {
 class TraceScope {
  public:
   TraceScope(Tracer& tracer, const char* category, std::string name, std::string unit = {})
-      : tracer_(tracer), category_(category), name_(std::move(name)), unit_(std::move(unit)),
+      : tracer_(tracer),
+        category_(category),
+        name_(std::move(name)),
+        unit_(std::move(unit)),
         begin_(tracer.enabled() ? Tracer::Clock::now() : Tracer::Clock::time_point{}) {}
   ~TraceScope() {
     if (tracer_.enabled()) {

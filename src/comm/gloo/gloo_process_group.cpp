@@ -20,7 +20,6 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include "../bootstrap.h"
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -36,6 +35,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <utility>
 #include <vector>
+#include "../bootstrap.h"
 
 namespace fsdp::detail {
 namespace {
