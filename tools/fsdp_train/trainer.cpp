@@ -108,36 +108,30 @@ nlohmann::json to_json(const StepRecord& r) {
   return line;
 }
 
-// Every rank's stats, gathered to every rank (one small all-gather per step).
+// The RankStepStats fields every rank sends, named once for packing and unpacking.
+constexpr int64_t RankStepStats::*kGatheredFields[] = {
+    &RankStepStats::param_bytes,      &RankStepStats::grad_bytes,
+    &RankStepStats::optim_bytes,      &RankStepStats::peak_unsharded_bytes,
+    &RankStepStats::all_gather_bytes, &RankStepStats::reduce_scatter_bytes,
+    &RankStepStats::all_reduce_bytes, &RankStepStats::peak_rss_bytes,
+    &RankStepStats::sent_bytes,       &RankStepStats::peak_alloc_bytes,
+    &RankStepStats::activation_bytes};
+constexpr int64_t kGatheredCount = std::size(kGatheredFields);
+
+// Every rank's stats, gathered to every rank (one small all-gather of int64s per step).
 std::vector<RankStepStats> gather_stats(const RankStepStats& mine, ProcessGroup* group) {
   if (group == nullptr) return {mine};
   const int world = group->size();
-  const at::Tensor local =
-      at::tensor({double(mine.param_bytes), double(mine.grad_bytes), double(mine.optim_bytes),
-                  double(mine.peak_unsharded_bytes), double(mine.all_gather_bytes),
-                  double(mine.reduce_scatter_bytes), double(mine.all_reduce_bytes),
-                  double(mine.peak_rss_bytes), double(mine.sent_bytes),
-                  double(mine.peak_alloc_bytes), double(mine.activation_bytes)},
-                 at::kDouble);
-  constexpr int kFields = 11;
-  at::Tensor all = at::empty({world * kFields}, at::kDouble);
+  at::Tensor local = at::empty({kGatheredCount}, at::kLong);
+  for (int64_t i = 0; i < kGatheredCount; ++i)
+    local.data_ptr<int64_t>()[i] = mine.*kGatheredFields[i];
+  at::Tensor all = at::empty({world * kGatheredCount}, at::kLong);
   group->all_gather_into_tensor(all, local)->wait();
   std::vector<RankStepStats> result(world);
-  const double* v = all.data_ptr<double>();
   for (int r = 0; r < world; ++r) {
-    const double* row = v + kFields * r;
-    result[r] = {r,
-                 int64_t(row[0]),
-                 int64_t(row[1]),
-                 int64_t(row[2]),
-                 int64_t(row[3]),
-                 int64_t(row[4]),
-                 int64_t(row[5]),
-                 int64_t(row[6]),
-                 int64_t(row[7]),
-                 int64_t(row[8]),
-                 int64_t(row[9]),
-                 int64_t(row[10])};
+    result[r].rank = r;
+    const int64_t* row = all.data_ptr<int64_t>() + kGatheredCount * r;
+    for (int64_t i = 0; i < kGatheredCount; ++i) result[r].*kGatheredFields[i] = row[i];
   }
   return result;
 }
