@@ -807,9 +807,10 @@ StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
   StepProbe probe = begin_step(run);
   const auto global = data.global_batch(step, o.global_batch, o.seq_len, o.seed);
   dump_batch(run, step, global);
-  probe_before_forward(run, probe);
   const auto [inputs, targets] = micro_batch(global, run.rank, run.world);
+  // Before the probe: the gradients zero_grad frees are not part of what forward keeps.
   run.optimizer->zero_grad();
+  probe_before_forward(run, probe);
   const at::Tensor loss = forward_backward(run, inputs, targets, probe);
   const double norm = clip_gradients(run);
   probe.grad_bytes = grad_bytes(run.params);
