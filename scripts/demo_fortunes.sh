@@ -15,7 +15,7 @@ out="${1:?usage: demo_fortunes.sh OUT_DIR [STEPS] [fsdp-train flags...]}"
 steps="${2:-1000}"
 shift $(( $# >= 2 ? 2 : 1 ))
 py="${FSDP_PYTHON:-$ROOT/.venv/bin/python3}"
-bin="$ROOT/build"
+bin="${FSDP_BIN_DIR:-$ROOT/build}"  # the programs (tests pass their build directory)
 mkdir -p "$out"
 
 echo "== 1. tokenizer and documents"
@@ -52,6 +52,7 @@ echo "== 3. transformers loads the export and generates"
 import sys, torch, transformers
 out = sys.argv[1]
 transformers.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
 model = transformers.LlamaForCausalLM.from_pretrained(f"{out}/model")
 tok = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{out}/tok/tokenizer.json",
                                            bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>")

@@ -163,5 +163,22 @@ TEST(FsdpTrainData, ShardsTrainWithoutATokenizerAndOutOfVocabularyIdsAreNamed) {
   EXPECT_THAT(refused.output, HasSubstr("300"));
 }
 
+// The README's real-text demo at small scale: a tokenizer trained on fortunes, llama-debug on
+// 2 ranks with held-out loss, the export loaded by transformers, which generates from it.
+TEST(FortunesDemo, RunsEndToEndAtSmallScale) {
+  const std::string out = temp_path("demo");
+  const CommandResult r =
+      run_command("env FSDP_PYTHON=" + test::reference_python() +
+                      " bash " FSDP_SOURCE_DIR "/scripts/demo_fortunes.sh " + out + " 4",
+                  600);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("val loss at step 4"));
+  EXPECT_THAT(r.output, HasSubstr("unigram cross-entropy of the held-out text"));
+  std::ifstream generated(out + "/generate.txt");
+  int lines = 0;
+  for (std::string line; std::getline(generated, line);) lines += line.size() > 2 ? 1 : 0;
+  EXPECT_EQ(lines, 3) << "transformers should have generated one continuation per prompt";
+}
+
 }  // namespace
 }  // namespace fsdp::train
