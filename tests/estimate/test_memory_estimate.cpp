@@ -214,7 +214,10 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
   for (const auto& u : spec.units) {
     int64_t numel = 0;
     for (const auto& shape : u.param_shapes) numel += c10::multiply_integers(shape);
-    largest_unit = std::max(largest_unit, numel * static_cast<int64_t>(c10::elementSize(compute)));
+    // The buffer may be a reduce-scatter's, in the reduce dtype (fp32 under bf16 compute).
+    const int64_t element = std::max(c10::elementSize(compute),
+                                     c10::elementSize(options.reduce_dtype().value_or(compute)));
+    largest_unit = std::max(largest_unit, numel * element);
   }
   for (const auto& r : step["ranks"]) {
     const std::string rank = "rank " + r["rank"].dump();
