@@ -12,6 +12,7 @@
 #include "bootstrap.h"
 
 #include "gloo/gloo_process_group.h"
+#include "recording_process_group.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -91,17 +92,29 @@ std::string join_ranks(c10d::Store& store, int rank, int world_size,
 
 std::vector<std::string> available_backends() { return {"gloo"}; }
 
-std::shared_ptr<ProcessGroup> make_backend_group(const c10::intrusive_ptr<c10d::Store>& store,
-                                                 int rank, int world_size,
-                                                 const ProcessGroupOptions& options) {
-  const std::string base = join_ranks(*store, rank, world_size, options.timeout);
-  auto group_store = c10::make_intrusive<c10d::PrefixStore>(base + options.backend, store);
+namespace {
+
+std::shared_ptr<ProcessGroup> make_backend(const c10::intrusive_ptr<c10d::Store>& group_store,
+                                           int rank, int world_size,
+                                           const ProcessGroupOptions& options) {
   if (options.backend == "gloo") {
     return make_gloo_process_group(group_store, rank, world_size, options);
   }
   std::string names;
   for (const auto& name : available_backends()) names += (names.empty() ? "" : ", ") + name;
   TORCH_CHECK(false, "fsdp: backend '", options.backend, "' is not in this build; it has: ", names);
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_backend_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                 int rank, int world_size,
+                                                 const ProcessGroupOptions& options) {
+  const std::string base = join_ranks(*store, rank, world_size, options.timeout);
+  auto group_store = c10::make_intrusive<c10d::PrefixStore>(base + options.backend, store);
+  auto flight_store = c10::make_intrusive<c10d::PrefixStore>(base + "flight", store);
+  return make_recording_group(make_backend(group_store, rank, world_size, options),
+                              std::move(flight_store), "world", options);
 }
 
 }  // namespace fsdp::detail

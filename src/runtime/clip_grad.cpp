@@ -24,6 +24,7 @@ at::Tensor global_norm_tensor(const std::vector<at::Tensor>& grads, const Device
   }
   if (mesh.shard_size() == 1) return local;
   at::Tensor squared = (local.to(at::kDouble) * local.to(at::kDouble)).reshape({1});
+  const CollectiveLabel collective_label("clip_grad_norm");
   mesh.shard_group().all_reduce(squared, ReduceOp::kSum)->wait();
   return squared.sqrt().reshape({}).to(local.scalar_type());
 }

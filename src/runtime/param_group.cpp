@@ -461,6 +461,7 @@ PendingReduce ParamGroup::issue_reduce(UnitGrads grads) {
   reduce.replicate_after = replicas != nullptr && world > 1;
   mesh_.stats().add_comm_buffers(reduce.input.nbytes());
   reduce.issued = Tracer::Clock::now();
+  const CollectiveLabel collective_label(label_);
   try {
     if (world == 1) {
       // No shard dimension (DDP-style replication): the packed gradients are all-reduced
@@ -498,6 +499,7 @@ void ParamGroup::finish_reduce(PendingReduce& reduce) {
 void ParamGroup::all_reduce_across_replicas(const at::Tensor& reduced) {
   // HSDP: this rank's reduced shard, summed over the replicas holding the same shard.
   const auto issued = Tracer::Clock::now();
+  const CollectiveLabel collective_label(label_);
   WorkHandle across = mesh_.replicate_group()->all_reduce(reduced, ReduceOp::kSum);
   wait_for(across, "all-reduce of gradients across replicas");
   mesh_.tracer().complete("comm", "all-reduce", issued, across->finished_at(), label_,
@@ -544,6 +546,7 @@ void ParamGroup::issue_unshard() {
   mesh_.stats().add_comm_buffers(pending->buffer.nbytes());
   mesh_.stats().add_unsharded_units(1);
   pending->issued = Tracer::Clock::now();
+  const CollectiveLabel collective_label(label_);
   try {
     pending->work = group->all_gather_into_tensor(
         pending->buffer, pending->input.defined() ? pending->input : flat_shards_);

@@ -109,6 +109,9 @@ std::vector<nlohmann::json> read_json_lines(const std::string& path) {
 ProcessGroupOptions test_options(std::chrono::milliseconds timeout) {
   ProcessGroupOptions options;
   options.timeout = timeout;
+  // Flight records of tests that fail a collective on purpose go to the temp directory, not to
+  // the build tree.
+  options.flight_recorder_dir = ::testing::TempDir();
   return options;
 }
 

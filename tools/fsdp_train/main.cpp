@@ -11,6 +11,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <sys/stat.h>
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -131,8 +132,10 @@ void add_mode_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
 // Traces, checkpoints, exports and batch dumps.
 void add_output_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
   const auto non_negative = fsdp::tools::integer_at_least(0);
-  app.add_option("--trace", o.trace_dir,
-                 "Write each rank's timeline (Chrome trace JSON) to DIR/rank<N>.json")
+  app.add_option(
+         "--trace", o.trace_dir,
+         "Write each rank's timeline (Chrome trace JSON) to DIR/rank<N>.json, and its flight "
+         "record there if a collective fails")
       ->check(fsdp::tools::output_dir());
   app.add_option(
          "--save", o.save_dir,
@@ -246,6 +249,10 @@ int main(int argc, char** argv) {
       set_intra_op_threads(local_world ? std::max(1, std::atoi(local_world)) : env.world_size);
       fsdp::ProcessGroupOptions pg_options;
       pg_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+      if (!o.trace_dir.empty()) {
+        ::mkdir(o.trace_dir.c_str(), 0755);  // an error shows when the trace is written
+        pg_options.flight_recorder_dir = o.trace_dir;
+      }
       auto group = fsdp::init_process_group(env, pg_options);
       fsdp::train::train(o, group);
       return 0;

@@ -24,6 +24,25 @@ namespace fsdp {
 
 enum class ReduceOp { kSum, kAvg };
 
+// Names the collectives this thread issues while it is alive, for the flight recorder and the
+// messages that name where ranks diverged (FSDP units label theirs with the unit's path, as
+// "h.3"). Scopes nest; the previous label comes back when one ends. Keeps its own copy of the
+// label, so a temporary string is fine.
+class CollectiveLabel {
+ public:
+  explicit CollectiveLabel(std::string label);
+  ~CollectiveLabel();
+  CollectiveLabel(const CollectiveLabel&) = delete;
+  CollectiveLabel& operator=(const CollectiveLabel&) = delete;
+
+  // The innermost live label of this thread, "" when none.
+  static const std::string& current();
+
+ private:
+  std::string label_;
+  const std::string* previous_;
+};
+
 // Handle on one queued collective. wait() blocks until it finished and rethrows its error
 // (for instance a timeout, whose message names the rank, the operation and the peer).
 class Work {
@@ -42,6 +61,11 @@ class Work {
  protected:
   void mark_started() { started_at_.store(Clock::now()); }
   void mark_finished() { finished_at_.store(Clock::now()); }
+  // For a Work that wraps another: takes over the wrapped op's times.
+  void copy_times_from(const Work& other) {
+    started_at_.store(other.started_at());
+    finished_at_.store(other.finished_at());
+  }
 
  private:
   std::atomic<Clock::time_point> started_at_{};
@@ -95,12 +119,13 @@ class ProcessGroup {
   virtual std::shared_ptr<ProcessGroup> split(const std::vector<int>& ranks,
                                               const std::string& name) = 0;
 
-  // A snapshot of this rank's counters since construction or the last reset.
-  CommCounters counters() const {
+  // A snapshot of this rank's counters since construction or the last reset. Virtual so that a
+  // group wrapping another (the flight recorder) reports the wrapped backend's counts.
+  virtual CommCounters counters() const {
     std::lock_guard<std::mutex> lock(counters_mutex_);
     return counters_;
   }
-  void reset_counters() {
+  virtual void reset_counters() {
     std::lock_guard<std::mutex> lock(counters_mutex_);
     counters_ = CommCounters{};
   }

@@ -47,6 +47,18 @@ struct ProcessGroupOptions {
   // Address this rank's gloo transport binds to. (optional) defaults to 127.0.0.1, which serves
   // every rank of one machine; set it to a routable address for multi-node runs.
   std::string hostname = "127.0.0.1";
+  // Where each rank writes its flight record (its last collectives, as JSON) when a collective
+  // fails or times out. (optional) defaults to $FSDP_FLIGHT_RECORDER_DIR, else the working
+  // directory.
+  std::string flight_recorder_dir;
+  // How many of its last collectives each group keeps for that record. (optional) defaults to
+  // 2048.
+  int64_t flight_recorder_entries = 2048;
+  // Check before every collective that all ranks issue the same one (op, dtype, size, unit),
+  // for one extra small all-gather each: a desync then fails at once, naming each rank's
+  // collective, instead of timing out. (optional) defaults to on when the environment has
+  // FSDP_DEBUG=collectives.
+  std::optional<bool> check_collectives;
 };
 
 // What torchrun exports: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
