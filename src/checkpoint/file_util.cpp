@@ -89,7 +89,12 @@ void File::pwrite_all(const void* src, size_t n, uint64_t offset) {
   while (n > 0) {
     const ssize_t put = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
     if (put < 0 && errno == EINTR) continue;
-    TORCH_CHECK(put > 0, system_error("cannot write", path_));
+    TORCH_CHECK(put > 0, system_error("cannot write", path_), " (at byte ", offset, ", ", n,
+                " bytes still to write
+                        errno == ENOSPC
+                    ? "; the file system is full"
+                    : "",
+                ")");
     p += put;
     n -= static_cast<size_t>(put);
     offset += static_cast<uint64_t>(put);
@@ -178,13 +183,15 @@ std::string parent_directory(const std::string& path) {
   return p.substr(0, slash);
 }
 
-void write_file_atomically(const std::string& path, std::string_view content) {
+void write_file_atomically(const std::string& path, std::string_view content,
+                           const std::function<void()>& before_rename) {
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   try {
     File file = File::create(tmp);
     file.pwrite_all(content.data(), content.size(), 0);
     file.sync();
     file.close();
+    if (before_rename) before_rename();
     TORCH_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, system_error("cannot rename", tmp));
   } catch (...) {
     ::unlink(tmp.c_str());

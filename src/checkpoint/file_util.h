@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -72,8 +73,10 @@ void fsync_directory(const std::string& dir);
 std::string parent_directory(const std::string& path);
 
 // Writes content to path + ".tmp-<pid>", fsyncs it, renames it over path and fsyncs the
-// directory: readers see the old file or the new one, never a mix.
-void write_file_atomically(const std::string& path, std::string_view content);
+// directory: readers see the old file or the new one, never a mix. before_rename (optional) runs
+// once the new content is durable, just before the rename (the crash tests use it).
+void write_file_atomically(const std::string& path, std::string_view content,
+                           const std::function<void()>& before_rename = nullptr);
 // Reads a whole file of at most max_bytes; throws naming the path otherwise.
 std::string read_file(const std::string& path, uint64_t max_bytes);
 

@@ -28,6 +28,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/adamw.h>
+#include <csignal>
 #include <nlohmann/json.hpp>
 
 #include <dirent.h>
@@ -183,14 +184,49 @@ uint64_t slots_signature(const std::vector<Slot>& slots) {
   return h.digest();
 }
 
-std::optional<uint64_t> kill_hook(int64_t step, int rank) {
+// Crash injection for the tests of a save killed midway: FSDP_CHECKPOINT_KILL_AT names the save
+// (step), the rank and where it dies with SIGKILL:
+//   <step>:<rank>:<bytes>           after <bytes> bytes of its rank file;
+//   <step>:<rank>:metadata:<bytes>  after <bytes> bytes of metadata.json (rank 0 writes it);
+//   <step>:<rank>:rename            after the directory was renamed into place, before `latest`;
+//   <step>:<rank>:latest            after the new `latest` was written, before its rename.
+struct KillPoint {
+  std::string phase = "data";  // data, metadata, rename or latest
+  uint64_t bytes = 0;
+};
+
+std::optional<KillPoint> kill_point(int64_t step, int rank) {
   const char* value = std::getenv("FSDP_CHECKPOINT_KILL_AT");
   if (value == nullptr) return std::nullopt;
   long long s = 0, r = 0, bytes = 0;
-  TORCH_CHECK(std::sscanf(value, "%lld:%lld:%lld", &s, &r, &bytes) == 3 && bytes >= 0,
-              "FSDP_CHECKPOINT_KILL_AT must be <step>:<rank>:<bytes>, got '", value, "'");
-  if (s == step && r == rank) return static_cast<uint64_t>(bytes);
+  char phase[16] = {0};
+  KillPoint point;
+  if (std::sscanf(value, "%lld:%lld:%15[a-z]:%lld", &s, &r, phase, &bytes) == 4 &&
+      std::strcmp(phase, "metadata") == 0 && bytes >= 0) {
+    point.phase = phase;
+  } else if (std::sscanf(value, "%lld:%lld:%15[a-z]", &s, &r, phase) == 3 &&
+             (std::strcmp(phase, "rename") == 0 || std::strcmp(phase, "latest") == 0)) {
+    point.phase = phase;
+  } else {
+    TORCH_CHECK(std::sscanf(value, "%lld:%lld:%lld", &s, &r, &bytes) == 3 && bytes >= 0,
+                "FSDP_CHECKPOINT_KILL_AT must be <step>:<rank>:<bytes>, "
+                "<step>:<rank>:metadata:<bytes>, <step>:<rank>:rename or <step>:<rank>:latest, "
+                "got '",
+                value, "'");
+  }
+  point.bytes = static_cast<uint64_t>(bytes);
+  if (s == step && r == rank) return point;
   return std::nullopt;
+}
+
+std::optional<uint64_t> kill_hook(int64_t step, int rank) {
+  const auto point = kill_point(step, rank);
+  if (point && point->phase == "data") return point->bytes;
+  return std::nullopt;
+}
+
+void kill_if(const std::optional<KillPoint>& point, const char* phase) {
+  if (point && point->phase == phase) ::raise(SIGKILL);
 }
 
 at::Tensor cpu_rng_state() {
@@ -509,15 +545,22 @@ void publish(const CheckpointIndex& index, const std::string& root, const std::s
   } catch (const FormatError& e) {
     TORCH_INTERNAL_ASSERT(false, "the index just built is invalid: ", e.what());
   }
+  const auto kill = kill_point(index.step, 0);
   {
     detail::File file = detail::File::create(tmp_dir + "/" + kIndexName);
+    if (kill && kill->phase == "metadata") {
+      file.pwrite_all(text.data(), std::min<size_t>(kill->bytes, text.size()), 0);
+      ::raise(SIGKILL);
+    }
     file.pwrite_all(text.data(), text.size(), 0);
     file.sync();
     file.close();
   }
   detail::fsync_directory(tmp_dir);
   detail::publish_directory(tmp_dir, final_dir);
-  detail::write_file_atomically(root + "/" + kLatestName, dir_name + "\n");
+  kill_if(kill, "rename");
+  detail::write_file_atomically(root + "/" + kLatestName, dir_name + "\n",
+                                [&] { kill_if(kill, "latest"); });
   prune(root, dir_name, keep_last);
 }
 

@@ -15,6 +15,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -82,6 +84,86 @@ TEST(CheckpointProcesses, SigkillMidSaveLeavesThePreviousCheckpointLoadable) {
     EXPECT_FALSE(exists(root + "/.tmp-step_00000004")) << "the next save removes the leftovers";
     EXPECT_EQ(read_bytes(root + "/latest"), "step_00000004\n");
   }
+}
+
+// Rank 0 is killed at each later point of publishing the step-4 save: part-way through
+// metadata.json, after the directory was renamed into place, and after the new `latest` was
+// written but before its rename. In each case `latest` still names step 2, and resuming from
+// the root reproduces the uninterrupted run.
+TEST(CheckpointProcesses, SigkillWhilePublishingLeavesThePreviousCheckpointLoadable) {
+  const std::string dir = temp_dir("sigkill_publish");
+  const std::string common =
+      fsdp_train_binary() + " --nproc 2 --steps 4 --global-batch 4 --seq-len 16 --seed 3 --quiet";
+  const CommandResult straight = run_command(common + " --metrics " + dir + "/straight.jsonl");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const auto want = losses(dir + "/straight.jsonl");
+
+  for (const std::string phase : {"metadata:200", "rename", "latest"}) {
+    const std::string root = dir + "/ckpt_" + phase.substr(0, phase.find(':'));
+    const CommandResult crashed = run_command("env FSDP_CHECKPOINT_KILL_AT=4:0:" + phase + " " +
+                                              common + " --save " + root + " --save-every 2");
+    EXPECT_NE(crashed.exit_code, 0) << crashed.output;
+    EXPECT_THAT(crashed.output, HasSubstr("rank 0 of 2 was killed by signal")) << phase;
+    EXPECT_EQ(read_bytes(root + "/latest"), "step_00000002\n") << phase;
+    // Only the rename phase got as far as putting step 4 in place (complete, but unnamed).
+    EXPECT_EQ(exists(root + "/step_00000004"), phase != "metadata:200") << phase;
+
+    const std::string metrics = root + "-resumed.jsonl";
+    const CommandResult resumed =
+        run_command(common + " --resume " + root + " --metrics " + metrics + " --save " + root);
+    ASSERT_EQ(resumed.exit_code, 0) << phase << "\n" << resumed.output;
+    const auto got = losses(metrics);
+    ASSERT_EQ(got.size(), 2u) << phase;
+    for (const auto& [step, loss] : got)
+      EXPECT_EQ(loss, want.at(step)) << phase << " step " << step;
+    EXPECT_EQ(read_bytes(root + "/latest"), "step_00000004\n") << phase;
+  }
+}
+
+// Runs a shell command that must succeed (mount, umount), returning its output.
+CommandResult must_run(const std::string& command) {
+  CommandResult r = run_command(command, 30);
+  EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.output;
+  return r;
+}
+
+// The step-4 save runs out of space on a file system sized for one and a half checkpoints.
+// The error names the file system as full and the file; step 2's checkpoint and `latest` stay
+// intact, and the run resumes from them exactly.
+TEST(DiskFullTest, SaveOnAFullFileSystemFailsClearlyAndKeepsThePreviousCheckpoint) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  const std::string dir = temp_dir("disk_full");
+  const std::string common =
+      fsdp_train_binary() + " --nproc 2 --steps 4 --global-batch 4 --seq-len 16 --seed 3 --quiet";
+  const CommandResult straight = run_command(common + " --metrics " + dir + "/straight.jsonl" +
+                                             " --save " + dir + "/sized --save-every 2");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const auto want = losses(dir + "/straight.jsonl");
+  const int64_t one_kb =
+      std::stoll(must_run("du -sk " + dir + "/sized/step_00000002 | cut -f1").output);
+
+  const std::string mount_point = dir + "/small";
+  must_run("mkdir -p " + mount_point);
+  const CommandResult mounted = run_command(
+      "mount -t tmpfs -o size=" + std::to_string(one_kb * 3 / 2 + 8) + "k tmpfs " + mount_point,
+      30);
+  if (mounted.exit_code != 0) GTEST_SKIP() << "cannot mount a tmpfs here: " << mounted.output;
+  const std::string root = mount_point + "/ckpt";
+  const CommandResult full = run_command(common + " --save " + root + " --save-every 2");
+  const std::string latest = read_bytes(root + "/latest");
+  const CommandResult resumed =
+      run_command(common + " --resume " + root + " --metrics " + dir + "/resumed.jsonl");
+  must_run("umount " + mount_point);
+
+  EXPECT_NE(full.exit_code, 0) << full.output;
+  EXPECT_THAT(full.output, HasSubstr("the file system is full")) << full.output;
+  EXPECT_THAT(full.output, HasSubstr(".tmp-step_00000004/")) << full.output;
+  EXPECT_EQ(latest, "step_00000002\n");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto got = losses(dir + "/resumed.jsonl");
+  ASSERT_EQ(got.size(), 2u);
+  for (const auto& [step, loss] : got) EXPECT_EQ(loss, want.at(step)) << "step " << step;
+  std::cerr << "disk full: " << full.output << "\n";
 }
 
 // --init-from loads an export into a model sharded over other ranks (each rank reads its rows)
