@@ -90,11 +90,7 @@ void File::pwrite_all(const void* src, size_t n, uint64_t offset) {
     const ssize_t put = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
     if (put < 0 && errno == EINTR) continue;
     TORCH_CHECK(put > 0, system_error("cannot write", path_), " (at byte ", offset, ", ", n,
-                " bytes still to write
-                        errno == ENOSPC
-                    ? "; the file system is full"
-                    : "",
-                ")");
+                " bytes still to write", errno == ENOSPC ? "; the file system is full" : "", ")");
     p += put;
     n -= static_cast<size_t>(put);
     offset += static_cast<uint64_t>(put);
