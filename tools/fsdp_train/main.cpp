@@ -145,8 +145,10 @@ void add_output_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
       ->check(non_negative)
       ->capture_default_str();
   app.add_option("--resume", o.resume_dir,
-                 "Continue from this checkpoint directory (or a --save directory: its latest)")
-      ->check(fsdp::tools::existing_dir());
+                 "Continue from this checkpoint directory (or a --save directory: its latest); "
+                 "'auto': from --save DIR's latest when there is one, else start fresh (a "
+                 "restarted job runs the same command)")
+      ->check(fsdp::tools::existing_dir() | CLI::IsMember({"auto"}));
   app.add_option("--export", o.export_path,
                  "Write the final model as Hugging Face GPT-2 safetensors (config.json beside it)")
       ->check(fsdp::tools::output_file(/*created_with_parents=*/true));

@@ -39,6 +39,9 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
+#include <unistd.h>
+#include <csignal>
+#include <sstream>
 
 #include <cerrno>
 #include <chrono>
@@ -346,6 +349,8 @@ void validate(const TrainerOptions& o, int world) {
               "--export-dtype must be fp32 or bf16, got '", o.export_dtype, "'");
   TORCH_CHECK(o.resume_dir.empty() || o.init_from.empty(),
               "--resume and --init-from both set the weights; give one of them");
+  TORCH_CHECK(o.resume_dir != "auto" || !o.save_dir.empty(),
+              "--resume auto resumes from the --save directory; give --save DIR");
   validate_schedule_and_val(o);
   if (!o.data_path.empty() || !o.val_data_path.empty()) {
     load_datasets(o, spec->vocab_size());  // fails early on a missing or short file
@@ -511,6 +516,18 @@ void print_banner(const Run& run, const TokenDataset& data, double unigram_entro
   std::fflush(stdout);
 }
 
+// Where --resume loads from: its directory, or under --resume auto the --save directory when it
+// holds a checkpoint (its `latest`), else nowhere: the first start of a job that restarts with
+// the same command.
+std::string resume_dir_of(const Run& run) {
+  const TrainerOptions& o = run.o;
+  if (o.resume_dir != "auto") return o.resume_dir;
+  if (::access((o.save_dir + "/latest").c_str(), F_OK) == 0) return o.save_dir;
+  if (run.printing)
+    fmt::print("fsdp-train: --resume auto: no checkpoint in {} yet; starting fresh\n", o.save_dir);
+  return "";
+}
+
 // --init-from, then --resume (which sets the first step).
 void load_initial_state(Run& run) {
   const TrainerOptions& o = run.o;
@@ -518,9 +535,10 @@ void load_initial_state(Run& run) {
     checkpoint::load_full(o.init_from, *run.model, run.group.get(), run.spec->hf_layout());
     if (run.printing) fmt::print("fsdp-train: initialized from {}\n", o.init_from);
   }
-  if (o.resume_dir.empty()) return;
+  const std::string resume_dir = resume_dir_of(run);
+  if (resume_dir.empty()) return;
   const checkpoint::LoadResult loaded =
-      checkpoint::load_sharded(o.resume_dir, *run.model, run.optimizer.get(), run.group.get());
+      checkpoint::load_sharded(resume_dir, *run.model, run.optimizer.get(), run.group.get());
   check_resume_compatible(o, loaded.user_json);
   run.first_step = loaded.step;
   TORCH_CHECK(run.first_step <= o.steps, "--resume ", loaded.path, " is at step ", run.first_step,
@@ -800,10 +818,31 @@ void write_trace(Run& run) {
   }
 }
 
+// Crash injection for the restart tests: FSDP_TRAIN_KILL_AT is a comma-separated list of
+// <step>:<rank>:<marker file>. The rank kills itself with SIGKILL at the start of that (0-based)
+// step unless the marker exists, creating it first, so a restarted job that runs the step again
+// goes past it.
+void kill_if_asked(const Run& run, int64_t step) {
+  const char* value = std::getenv("FSDP_TRAIN_KILL_AT");
+  if (value == nullptr) return;
+  std::istringstream specs(value);
+  std::string spec;
+  while (std::getline(specs, spec, ',')) {
+    long long s = 0, r = 0;
+    char marker[4096] = {0};
+    TORCH_CHECK(std::sscanf(spec.c_str(), "%lld:%lld:%4095s", &s, &r, marker) == 3,
+                "FSDP_TRAIN_KILL_AT entries must be <step>:<rank>:<marker file>, got '", spec, "'");
+    if (s != step || r != run.rank || ::access(marker, F_OK) == 0) continue;
+    std::ofstream(marker) << "killed at step " << step << "\n";
+    ::raise(SIGKILL);
+  }
+}
+
 // One optimizer step: forward and backward over the rank's micro-batches, clip, step; then the
 // bookkeeping around it.
 StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
   const TrainerOptions& o = run.o;
+  kill_if_asked(run, step);
   StepProbe probe = begin_step(run);
   const auto global = data.global_batch(step, o.global_batch, o.seq_len, o.seed);
   dump_batch(run, step, global);

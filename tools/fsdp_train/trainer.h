@@ -68,10 +68,11 @@ struct TrainerOptions {
   int prefetch = 1;       // implicit prefetch depth in units (0: off)
   std::string trace_dir;  // empty: no timeline; else DIR/rank<N>.json per rank
   // Checkpoints (include/fsdp/checkpoint/checkpoint.h). Empty strings turn each off.
-  std::string save_dir;               // sharded checkpoints under this root, at the end of training
-  int64_t save_every = 0;             // and every N steps (0: only at the end)
-  std::string resume_dir;             // continue from this checkpoint (or root with `latest`)
-  std::string export_path;            // write the final model here, Hugging Face safetensors
+  std::string save_dir;     // sharded checkpoints under this root, at the end of training
+  int64_t save_every = 0;   // and every N steps (0: only at the end)
+  std::string resume_dir;   // continue from this checkpoint (or root with `latest`); "auto": from
+                            // save_dir's latest if it has one, else start fresh
+  std::string export_path;  // write the final model here, Hugging Face safetensors
   std::string export_dtype = "fp32";  // fp32 or bf16
   // > 0: split the export as transformers' save_pretrained(max_shard_size) does, into
   // model-<k>-of-<n>.safetensors files of at most this many tensor bytes beside export_path,
