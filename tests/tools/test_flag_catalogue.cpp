@@ -64,6 +64,8 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--max-grad-norm", "--max-grad-norm -1"},
     {"fsdp-train", "--max-grad-norm", "--max-grad-norm 0"},
     {"fsdp-train", "--max-grad-norm", "--max-grad-norm nan"},
+    {"fsdp-train", "--skip-nonfinite", "--skip-nonfinite -1"},
+    {"fsdp-train", "--skip-nonfinite", "--skip-nonfinite many"},
     {"fsdp-train", "--seed", "--seed -1"},
     {"fsdp-train", "--seed", "--seed 1.5"},
     {"fsdp-train", "--seed", "--seed 99999999999999999999"},
@@ -104,6 +106,7 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--save-every", "--save-every 5"},  // needs --save
     {"fsdp-train", "--resume", "--resume /nonexistent/ckpt"},
     {"fsdp-train", "--resume", "--resume /etc/hostname"},
+    {"fsdp-train", "--resume", "--resume auto"},  // without --save
     {"fsdp-train", "--export", "--export /"},
     {"fsdp-train", "--export", "--export /etc/hostname/model.safetensors"},
     {"fsdp-train", "--export-dtype", "--export-dtype fp8"},

@@ -195,6 +195,12 @@ void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, int& nproc, double
                  "Clip the global gradient norm to this (inf: no clipping)")
       ->check(fsdp::tools::positive_or_inf())
       ->capture_default_str();
+  app.add_option("--skip-nonfinite", o.skip_nonfinite,
+                 "Skip up to N steps whose loss or gradient norm is not finite (no rank updates); "
+                 "the next one stops training. 0: the first one stops it, naming the step, the "
+                 "ranks and the first unit with a non-finite gradient")
+      ->check(fsdp::tools::integer_at_least(0))
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "Seed of the initial weights and of batch sampling")
       ->check(non_negative)
       ->capture_default_str();

@@ -27,6 +27,7 @@
 #include <fsdp/util/memory_counter.h>
 #include <fsdp_train/corpus.h>
 #include <fsdp_train/data.h>
+#include <fsdp_train/nonfinite.h>
 #include <fsdp_train/schedule.h>
 #include <fsdp_train/sources.h>
 #include <models/model.h>
@@ -45,10 +46,13 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <optional>
+#include <unordered_set>
 
 namespace fsdp::train {
 namespace {
@@ -106,6 +110,7 @@ nlohmann::json to_json(const StepRecord& r) {
                          {"step_s", r.step_s},
                          {"exposed_comm_s", r.exposed_comm_s},
                          {"lr", r.lr},
+                         {"skipped_steps", r.skipped_steps},
                          {"ranks", ranks}};
   if (r.val_loss) line["val_loss"] = *r.val_loss;
   return line;
@@ -399,7 +404,8 @@ struct Run {
   std::ofstream metrics;
   std::ofstream batches;  // --dump-batches, format in trainer.h
   int64_t first_step = 0;
-  double elapsed = 0;  // seconds spent in steps so far
+  double elapsed = 0;         // seconds spent in steps so far
+  int64_t skipped_steps = 0;  // non-finite steps skipped (--skip-nonfinite)
 };
 
 // What a step measures around its forward and backward, for RankStepStats.
@@ -689,7 +695,7 @@ void set_accumulation_state(Run& run, bool last_micro_batch) {
 // The rank's micro-batch runs as grad_accum slices, each loss scaled by 1/grad_accum, so the
 // summed gradient is the same mean as one pass over the micro-batch. Returns the summed loss.
 at::Tensor forward_backward(Run& run, const at::Tensor& inputs, const at::Tensor& targets,
-                            StepProbe& probe) {
+                            StepProbe& probe, bool inject_nan) {
   const int accum = run.o.grad_accum;
   const int64_t slice = inputs.size(0) / accum;
   at::Tensor loss;
@@ -698,6 +704,7 @@ at::Tensor forward_backward(Run& run, const at::Tensor& inputs, const at::Tensor
     at::Tensor micro = run.built->loss(run.built->forward(inputs.narrow(0, k * slice, slice)),
                                        targets.narrow(0, k * slice, slice));
     if (accum > 1) micro = micro / accum;
+    if (inject_nan) micro = micro * std::numeric_limits<double>::quiet_NaN();
     if (k == 0) probe.activation_bytes = activation_bytes_since(run, probe);
     micro.backward();
     loss = k == 0 ? micro.detach() : loss + micro.detach();
@@ -818,6 +825,42 @@ void write_trace(Run& run) {
   }
 }
 
+// The units' parameters as this rank holds them, in backward order (the last unit first), then
+// the root's own (embeddings, final norm, output), for the numerics guard's report.
+std::vector<UnitParams> units_in_backward_order(const Run& run) {
+  std::vector<UnitParams> units;
+  std::unordered_set<const void*> in_units;
+  const auto built_units = run.built->units();
+  for (auto it = built_units.rbegin(); it != built_units.rend(); ++it) {
+    std::vector<at::Tensor> params = unique_parameters(*it->second);
+    for (const auto& p : params) in_units.insert(p.unsafeGetTensorImpl());
+    units.emplace_back(it->first, std::move(params));
+  }
+  std::vector<at::Tensor> root;
+  for (const auto& p : run.params) {
+    if (in_units.count(p.unsafeGetTensorImpl()) == 0) root.push_back(p);
+  }
+  units.emplace_back("root", std::move(root));
+  return units;
+}
+
+// Whether the step may update the weights: yes when its loss and gradient norm are finite.
+// Otherwise every rank (both numbers are global) reports where it went wrong, and stops, or
+// skips the step while --skip-nonfinite allows.
+bool step_is_finite(Run& run, int64_t step, const at::Tensor& loss, double mean_loss, double norm) {
+  if (std::isfinite(mean_loss) && std::isfinite(norm)) return true;
+  const std::string what =
+      describe_nonfinite(step, loss, norm, units_in_backward_order(run), run.group.get());
+  TORCH_CHECK(run.skipped_steps < run.o.skip_nonfinite, what,
+              run.o.skip_nonfinite == 0
+                  ? "; --skip-nonfinite N would skip such steps"
+                  : "; stopping: --skip-nonfinite " + std::to_string(run.o.skip_nonfinite) +
+                        " steps were skipped already");
+  ++run.skipped_steps;
+  if (run.printing) fmt::print("fsdp-train: skipped {} (no update on any rank)\n", what);
+  return false;
+}
+
 // Crash injection for the restart tests: FSDP_TRAIN_KILL_AT is a comma-separated list of
 // <step>:<rank>:<marker file>. The rank kills itself with SIGKILL at the start of that (0-based)
 // step unless the marker exists, creating it first, so a restarted job that runs the step again
@@ -850,13 +893,16 @@ StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
   // Before the probe: the gradients zero_grad frees are not part of what forward keeps.
   run.optimizer->zero_grad();
   probe_before_forward(run, probe);
-  const at::Tensor loss = forward_backward(run, inputs, targets, probe);
+  const at::Tensor loss =
+      forward_backward(run, inputs, targets, probe, nan_injected_at(step, run.rank));
   const double norm = clip_gradients(run);
+  const double mean_loss = mean_over_ranks(loss, run);
   probe.grad_bytes = grad_bytes(run.params);
   const double lr = set_learning_rate(run, step);
-  optimizer_step(run);
-  StepRecord record = record_step(run, step, mean_over_ranks(loss, run), norm, probe);
+  if (step_is_finite(run, step, loss, mean_loss, norm)) optimizer_step(run);
+  StepRecord record = record_step(run, step, mean_loss, norm, probe);
   record.lr = lr;
+  record.skipped_steps = run.skipped_steps;
   return record;
 }
 

@@ -32,6 +32,7 @@ struct TrainerOptions {
   // torchtitan; biases and norm weights do not decay.
   bool decay_matrices_only = false;
   double max_grad_norm = 1.0;
+  int64_t skip_nonfinite = 0;  // steps with a non-finite loss or gradient norm to skip; then stop
   uint64_t seed = 1234;
   // Blocks' reshard_after_forward: 1 true, 0 false, N >= 2 the int N (hpZ group size).
   int reshard_after_forward = 1;
@@ -129,6 +130,7 @@ struct StepRecord {
   std::vector<RankStepStats> ranks;
   double lr = 0;                   // the learning rate the step took
   std::optional<double> val_loss;  // held-out loss after the step, when evaluated
+  int64_t skipped_steps = 0;       // non-finite steps skipped so far (--skip-nonfinite)
 };
 
 struct TrainSummary {
