@@ -11,6 +11,8 @@
 //   the first one's join keys or transport addresses.
 #include "bootstrap.h"
 
+#include <fsdp/util/error.h>
+
 #include "gloo/gloo_process_group.h"
 #include "recording_process_group.h"
 
@@ -59,9 +61,26 @@ std::string join_ranks(c10d::Store& store, int rank, int world_size,
   const auto deadline = Clock::now() + timeout;
   std::vector<bool> seen(world_size, false);
   int missing = world_size;
+  auto absent_ranks = [&] {
+    std::vector<int> absent;
+    for (int r = 0; r < world_size; ++r) {
+      if (!seen[r]) absent.push_back(r);
+    }
+    return (absent.size() == 1 ? "rank " : "ranks ") + list_ranks(absent) + " of " +
+           std::to_string(world_size) + " never arrived";
+  };
+  // A store that goes away mid-join (rank 0, its host, gave up) is reported with who was missing.
+  auto present = [&](int r) {
+    try {
+      return store.check({join_key(r)});
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, prefix, "rendezvous failed: ", absent_ranks(),
+                  " before the store went away: ", error_message(e));
+    }
+  };
   while (true) {
     for (int r = 0; r < world_size; ++r) {
-      if (seen[r] || !store.check({join_key(r)})) {
+      if (seen[r] || !present(r)) {
         continue;
       }
       const auto bytes = store.get(join_key(r));
@@ -75,17 +94,8 @@ std::string join_ranks(c10d::Store& store, int rank, int world_size,
     if (missing == 0) {
       return base;
     }
-    if (Clock::now() >= deadline) {
-      std::vector<int> absent;
-      for (int r = 0; r < world_size; ++r) {
-        if (!seen[r]) {
-          absent.push_back(r);
-        }
-      }
-      TORCH_CHECK(false, prefix, "rendezvous timed out after ", timeout.count(),
-                  " ms: ", absent.size() == 1 ? "rank " : "ranks ", list_ranks(absent), " of ",
-                  world_size, " never arrived");
-    }
+    TORCH_CHECK(Clock::now() < deadline, prefix, "rendezvous timed out after ", timeout.count(),
+                " ms: ", absent_ranks());
     std::this_thread::sleep_for(kJoinPollInterval);
   }
 }

@@ -7,6 +7,7 @@
 #include <fsdp/comm/rendezvous.h>
 
 #include "bootstrap.h"
+#include "cluster_env.h"
 
 #include <fsdp/util/error.h>
 
@@ -88,6 +89,12 @@ void check_launch_env(const LaunchEnv& env) {
 }  // namespace
 
 LaunchEnv launch_env_from_environment() {
+  if (!read_env("RANK")) {
+    if (auto slurm = detail::launch_env_from_slurm()) {
+      check_launch_env(*slurm);
+      return *slurm;
+    }
+  }
   LaunchEnv env;
   env.world_size = parse_int_env("WORLD_SIZE", require_env("WORLD_SIZE"));
   env.rank = parse_int_env("RANK", require_env("RANK"));
@@ -116,6 +123,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env,
   // would only say that some did not come.
   store_options.waitWorkers = false;
   store_options.timeout = options.timeout;
+  ProcessGroupOptions resolved = options;
+  if (resolved.hostname.empty())
+    resolved.hostname = detail::transport_address_towards(env.master_addr);
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
@@ -132,7 +142,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env,
   }
   return init_process_group(
       RendezvousStore(std::make_shared<RendezvousStore::Impl>(RendezvousStore::Impl{store})),
-      env.rank, env.world_size, options);
+      env.rank, env.world_size, resolved);
 }
 
 RendezvousStore make_in_process_store(std::chrono::milliseconds timeout) {

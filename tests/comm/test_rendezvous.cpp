@@ -51,6 +51,46 @@ TEST(LaunchEnvTest, RankOutsideWorldIsNamedWithBothValues) {
               HasSubstr("RANK=2 is outside [0, WORLD_SIZE=2)"));
 }
 
+// What Slurm's srun sets, with no torchrun variable: rank, world and local rank from SLURM_*, the
+// master from the first host of the job's host list, one port per job.
+EnvValues slurm_env(const std::string& nodelist) {
+  return {{"RANK", std::nullopt},        {"WORLD_SIZE", std::nullopt},
+          {"LOCAL_RANK", std::nullopt},  {"MASTER_ADDR", std::nullopt},
+          {"MASTER_PORT", std::nullopt}, {"SLURM_PROCID", "3"},
+          {"SLURM_NTASKS", "4"},         {"SLURM_LOCALID", "1"},
+          {"SLURM_NODEID", "1"},         {"SLURM_JOB_NODELIST", nodelist},
+          {"SLURM_JOB_ID", "123456"}};
+}
+
+TEST(LaunchEnvTest, ReadsSlurmVariablesWithTheMasterFromTheHostList) {
+  for (const auto& [nodelist, master] :
+       std::vector<std::pair<std::string, std::string>>{{"gpu[07-08],cpu1", "gpu07"},
+                                                        {"a-node,b-node", "a-node"},
+                                                        {"n[3,5-6]", "n3"},
+                                                        {"10.9.0.1", "10.9.0.1"}}) {
+    test::ScopedEnv env(slurm_env(nodelist));
+    const LaunchEnv launch = launch_env_from_environment();
+    EXPECT_EQ(launch.rank, 3);
+    EXPECT_EQ(launch.world_size, 4);
+    EXPECT_EQ(launch.local_rank, 1);
+    EXPECT_EQ(launch.master_addr, master) << nodelist;
+    EXPECT_EQ(launch.master_port, 20000 + 123456 % 20000);
+  }
+}
+
+TEST(LaunchEnvTest, SlurmMistakesAreNamed) {
+  auto values = slurm_env("node[");
+  {
+    test::ScopedEnv env(values);
+    EXPECT_THAT(test::error_message([] { launch_env_from_environment(); }),
+                HasSubstr("host list 'node[' is malformed"));
+  }
+  values[6].second = std::nullopt;  // SLURM_NTASKS
+  test::ScopedEnv env(values);
+  EXPECT_THAT(test::error_message([] { launch_env_from_environment(); }),
+              HasSubstr("SLURM_PROCID is set but SLURM_NTASKS is not"));
+}
+
 TEST(LaunchEnvTest, MalformedValueIsQuoted) {
   auto values = torchrun_env("0", "2");
   values[4].second = "29x";

@@ -251,9 +251,12 @@ int main(int argc, char** argv) {
       fsdp::train::train(o, nullptr);
       return 0;
     }
-    if (!nproc_given && std::getenv("RANK") != nullptr) {
+    // Launched by torchrun (RANK) or by Slurm's srun (SLURM_PROCID): this process is one rank.
+    if (!nproc_given &&
+        (std::getenv("RANK") != nullptr || std::getenv("SLURM_PROCID") != nullptr)) {
       const fsdp::LaunchEnv env = fsdp::launch_env_from_environment();
       const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+      if (local_world == nullptr) local_world = std::getenv("SLURM_NTASKS_PER_NODE");
       set_intra_op_threads(local_world ? std::max(1, std::atoi(local_world)) : env.world_size);
       fsdp::ProcessGroupOptions pg_options;
       pg_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));

@@ -44,9 +44,11 @@ struct ProcessGroupOptions {
   // How long any collective, and the rendezvous itself, may take before it fails with an
   // error naming the rank and the operation. (optional) defaults to 300 s.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-  // Address this rank's gloo transport binds to. (optional) defaults to 127.0.0.1, which serves
-  // every rank of one machine; set it to a routable address for multi-node runs.
-  std::string hostname = "127.0.0.1";
+  // Address this rank's transport binds to, which the other ranks connect to. (optional)
+  // defaults to $FSDP_HOSTNAME, else, for a group formed from a LaunchEnv, the address of the
+  // interface that routes to MASTER_ADDR (127.0.0.1 when the master is this host's loopback),
+  // and 127.0.0.1 for ranks as threads.
+  std::string hostname;
   // Where each rank writes its flight record (its last collectives, as JSON) when a collective
   // fails or times out. (optional) defaults to $FSDP_FLIGHT_RECORDER_DIR, else the working
   // directory.
@@ -61,7 +63,9 @@ struct ProcessGroupOptions {
   std::optional<bool> check_collectives;
 };
 
-// What torchrun exports: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+// Who a rank is and where the rendezvous store is: what torchrun exports (RANK, WORLD_SIZE,
+// LOCAL_RANK, MASTER_ADDR, MASTER_PORT), or what Slurm's srun does (see
+// launch_env_from_environment).
 struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
@@ -79,7 +83,9 @@ struct LaunchEnv {
 
 // Reads the torchrun variables, plus TORCHELASTIC_USE_AGENT_STORE (torchrun sets it when its
 // agent hosts the store on MASTER_PORT) and FSDP_MASTER_LISTEN_FD (fsdp-train --nproc hands
-// rank 0 the bound socket). Throws, naming the variable and its value, when one is missing or
+// rank 0 the bound socket). Without RANK, Slurm's: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+// the master from MASTER_ADDR or the first host of SLURM_JOB_NODELIST, and MASTER_PORT or
+// 20000 + SLURM_JOB_ID % 20000. Throws, naming the variable and its value, when one is missing or
 // malformed, or when RANK is outside [0, WORLD_SIZE).
 LaunchEnv launch_env_from_environment();
 

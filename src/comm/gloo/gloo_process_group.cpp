@@ -53,6 +53,11 @@ bool mentions_timeout(const std::string& message) {
   return lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
 }
 
+// Ranks as threads leave the hostname empty: they all live on this host's loopback.
+std::string transport_hostname(const ProcessGroupOptions& options) {
+  return options.hostname.empty() ? "127.0.0.1" : options.hostname;
+}
+
 class GlooWork final : public Work {
  public:
   explicit GlooWork(std::vector<at::Tensor> tensors) : tensors_(std::move(tensors)) {}
@@ -123,11 +128,12 @@ class GlooProcessGroup final : public ProcessGroup {
     gloo_options->threads = 1;
     try {
       gloo_options->devices.push_back(
-          c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+          c10d::ProcessGroupGloo::createDeviceForHostname(transport_hostname(options)));
       pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, size_, gloo_options);
     } catch (const std::exception& e) {
       TORCH_CHECK(false, prefix(), "gloo could not connect to the other ranks on hostname '",
-                  options.hostname, "' within ", timeout_.count(), " ms: ", error_message(e));
+                  transport_hostname(options), "' within ", timeout_.count(),
+                  " ms: ", error_message(e));
     }
     progress_thread_ = std::thread([this] { progress_loop(); });
   }

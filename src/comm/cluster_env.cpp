@@ -1,0 +1,114 @@
+// Launch variables of Slurm, and the transport address of a multi-host run (see cluster_env.h).
+//
+// The transport address matters because gloo binds one address per rank and announces it to
+// the others: 127.0.0.1 serves one host only. Asking the kernel which source address it would
+// use towards the master (connect() on a UDP socket sends nothing) picks the interface that
+// actually routes between the hosts, without naming interfaces per cluster.
+#include "cluster_env.h"
+
+#include <c10/util/Exception.h>
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace fsdp::detail {
+namespace {
+
+std::optional<std::string> env_value(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return std::nullopt;
+  return std::string(value);
+}
+
+int env_int(const char* name) {
+  const auto value = env_value(name);
+  TORCH_CHECK(value.has_value(), "fsdp: SLURM_PROCID is set but ", name,
+              " is not; launch with srun, or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and "
+              "MASTER_PORT");
+  char* end = nullptr;
+  errno = 0;
+  const long parsed = std::strtol(value->c_str(), &end, 10);
+  TORCH_CHECK(!value->empty() && *end == '\0' && errno == 0 && parsed >= 0 && parsed <= 1 << 30,
+              "fsdp: environment variable ", name, "='", *value, "' is not a non-negative integer");
+  return static_cast<int>(parsed);
+}
+
+int slurm_master_port() {
+  if (env_value("MASTER_PORT")) return env_int("MASTER_PORT");
+  if (env_value("SLURM_JOB_ID")) return 20000 + env_int("SLURM_JOB_ID") % 20000;
+  return 29500;
+}
+
+}  // namespace
+
+std::string first_host_of(const std::string& hostlist) {
+  const std::string first = hostlist.substr(0, hostlist.find_first_of(",["));
+  TORCH_CHECK(!hostlist.empty() && !first.empty(), "fsdp: Slurm host list '", hostlist,
+              "' names no host");
+  if (hostlist.size() == first.size() || hostlist[first.size()] == ',') return first;
+  // "prefix[03-05,9]...": the first entry of the bracket, with its zero padding.
+  const size_t close = hostlist.find(']', first.size());
+  const std::string range = hostlist.substr(first.size() + 1, close - first.size() - 1);
+  const std::string low = range.substr(0, range.find_first_of(",-"));
+  TORCH_CHECK(close != std::string::npos && !low.empty() &&
+                  low.find_first_not_of("0123456789") == std::string::npos,
+              "fsdp: Slurm host list '", hostlist, "' is malformed (expected e.g. node[01-04])");
+  return first + low;
+}
+
+std::optional<LaunchEnv> launch_env_from_slurm() {
+  if (!env_value("SLURM_PROCID")) return std::nullopt;
+  LaunchEnv env;
+  env.rank = env_int("SLURM_PROCID");
+  env.world_size = env_int("SLURM_NTASKS");
+  env.local_rank = env_int("SLURM_LOCALID");
+  if (auto addr = env_value("MASTER_ADDR")) {
+    env.master_addr = *addr;
+  } else {
+    auto nodes = env_value("SLURM_JOB_NODELIST");
+    if (!nodes) nodes = env_value("SLURM_NODELIST");
+    TORCH_CHECK(nodes.has_value(), "fsdp: SLURM_PROCID is set but neither SLURM_JOB_NODELIST ",
+                "nor SLURM_NODELIST (nor MASTER_ADDR) names the master host");
+    env.master_addr = first_host_of(*nodes);
+  }
+  env.master_port = slurm_master_port();
+  return env;
+}
+
+std::string transport_address_towards(const std::string& host) {
+  if (auto forced = env_value("FSDP_HOSTNAME"); forced && !forced->empty()) return *forced;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), "9", &hints, &found);
+  TORCH_CHECK(rc == 0 && found != nullptr, "fsdp: cannot resolve the master host '", host,
+              "': ", ::gai_strerror(rc));
+  sockaddr_in target{};
+  std::memcpy(&target, found->ai_addr, sizeof(target));
+  ::freeaddrinfo(found);
+  if ((ntohl(target.sin_addr.s_addr) >> 24) == 127) return "127.0.0.1";
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  TORCH_CHECK(fd >= 0, "fsdp: socket() failed: ", std::strerror(errno));
+  sockaddr_in local{};
+  socklen_t len = sizeof(local);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&target), sizeof(target)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  const int error = errno;
+  ::close(fd);
+  TORCH_CHECK(ok, "fsdp: no route from this host to the master '", host,
+              "': ", std::strerror(error), " (set FSDP_HOSTNAME to this host's address)");
+  char text[INET_ADDRSTRLEN] = {0};
+  ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text));
+  return text;
+}
+
+}  // namespace fsdp::detail
