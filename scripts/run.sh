@@ -83,6 +83,17 @@ fi
 export FSDP_PYTHON="$PYTHON"
 case "$mode" in
   train) exec ./build/fsdp-train "$@" ;;
-  test) cd build && exec ctest --output-on-failure -j"$(nproc)" "$@" ;;
+  test)
+    cd build
+    # A failure's output scrolls far up a 400-test log: on failure, run the failed tests once
+    # more, alone, so the end of the log shows their messages and whether they fail again. The
+    # exit status stays the first run's.
+    status=0
+    ctest --output-on-failure -j"$(nproc)" "$@" || status=$?
+    if [ "$status" -ne 0 ]; then
+      echo "== the failed tests again, one at a time, with their output"
+      ctest --rerun-failed --output-on-failure "$@" || true
+    fi
+    exit "$status" ;;
   build) ;;
 esac

@@ -29,7 +29,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -43,6 +45,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto kReportWait = std::chrono::seconds(3);
 constexpr auto kReportPoll = std::chrono::milliseconds(20);
+// How long past kReportWait a rank waits for the store calls themselves to return.
+constexpr auto kReportGrace = std::chrono::seconds(1);
 
 // ---- Settings from options and the environment ----
 
@@ -105,19 +109,34 @@ class Recorder {
            "': flight recorder: " + describe_divergence(by_rank, world_size_) + "; " + dump(mine);
   }
 
-  // Publishes this rank's records and collects the others' that arrive in time.
+  // Publishes this rank's records and collects the others' that arrive in time. The store
+  // calls run on a thread of their own: a store whose host is unreachable (a cut link) blocks
+  // a socket read for minutes, and a rank that has already failed must not wait for that. Such
+  // a thread is left behind, detached, and ends with the process.
   std::map<int, std::vector<CollectiveRecord>> exchange(const std::vector<CollectiveRecord>& mine) {
+    if (!store_) return {};
+    const auto wait = std::min<Clock::duration>(kReportWait, options_.timeout);
+    auto result = std::make_shared<std::promise<std::map<int, std::vector<CollectiveRecord>>>>();
+    std::future<std::map<int, std::vector<CollectiveRecord>>> done = result->get_future();
+    std::thread([store = store_, rank = rank_, world = world_size_, text = encode_records(mine),
+                 deadline = Clock::now() + wait, result] {
+      result->set_value(collect_records(*store, rank, world, text, deadline));
+    }).detach();
+    if (done.wait_for(wait + kReportGrace) != std::future_status::ready) return {};
+    return done.get();
+  }
+
+  static std::map<int, std::vector<CollectiveRecord>> collect_records(
+      c10d::Store& store, int rank, int world_size, const std::string& text,
+      Clock::time_point deadline) {
     std::map<int, std::vector<CollectiveRecord>> by_rank;
-    if (!store_) return by_rank;
     auto key = [](int r) { return "flight/" + std::to_string(r); };
     try {
-      const std::string text = encode_records(mine);
-      store_->set(key(rank_), std::vector<uint8_t>(text.begin(), text.end()));
-      const auto deadline = Clock::now() + std::min<Clock::duration>(kReportWait, options_.timeout);
-      while (static_cast<int>(by_rank.size()) < world_size_ - 1 && Clock::now() < deadline) {
-        for (int r = 0; r < world_size_; ++r) {
-          if (r == rank_ || by_rank.count(r) != 0 || !store_->check({key(r)})) continue;
-          const std::vector<uint8_t> bytes = store_->get(key(r));
+      store.set(key(rank), std::vector<uint8_t>(text.begin(), text.end()));
+      while (static_cast<int>(by_rank.size()) < world_size - 1 && Clock::now() < deadline) {
+        for (int r = 0; r < world_size; ++r) {
+          if (r == rank || by_rank.count(r) != 0 || !store.check({key(r)})) continue;
+          const std::vector<uint8_t> bytes = store.get(key(r));
           by_rank[r] = decode_records(std::string(bytes.begin(), bytes.end()));
         }
         std::this_thread::sleep_for(kReportPoll);
