@@ -126,9 +126,10 @@ class Recorder {
     return done.get();
   }
 
-  static std::map<int, std::vector<CollectiveRecord>> collect_records(
-      c10d::Store& store, int rank, int world_size, const std::string& text,
-      Clock::time_point deadline) {
+  static std::map<int, std::vector<CollectiveRecord>> collect_records(c10d::Store& store, int rank,
+                                                                      int world_size,
+                                                                      const std::string& text,
+                                                                      Clock::time_point deadline) {
     std::map<int, std::vector<CollectiveRecord>> by_rank;
     auto key = [](int r) { return "flight/" + std::to_string(r); };
     try {

@@ -105,8 +105,8 @@ std::vector<Outcome> run_launches(const TwoHosts& hosts, const std::string& dir,
     const std::string base = dir + "/launch" + std::to_string(i);
     const int delay = i < delay_s.size() ? delay_s[i] : 0;
     script << "( sleep " << delay << "; " << hosts.on(launches[i].host)
-           << "env FSDP_FLIGHT_RECORDER_DIR=" << dir << " " << launches[i].env
-           << " " << launches[i].command << " > " << base << ".out 2>&1; echo $? > " << base
+           << "env FSDP_FLIGHT_RECORDER_DIR=" << dir << " " << launches[i].env << " "
+           << launches[i].command << " > " << base << ".out 2>&1; echo $? > " << base
            << ".rc; date +%s.%N > " << base << ".end ) &\n";
   }
   script << "wait\n";
