@@ -6,6 +6,10 @@
 # tokenizers, and the llm.c token shard parser).
 #
 #   bash tests/fuzz/run_fuzz.sh [SECONDS_PER_TARGET]   (default 60)
+#   FSDP_FUZZ_RUNS=1000000 bash tests/fuzz/run_fuzz.sh   (a number of executions per target
+#                                                        instead, however long it takes)
+#   FSDP_FUZZ_TARGETS="index safetensors"                (only these targets)
+#   FSDP_FUZZ_MAX_LEN=65536                              (the largest input libFuzzer makes)
 #
 # Needs Debian's clang and libclang-rt-14-dev (the fuzzer runtime) and libxxhash-dev; installs
 # them when missing. Seeds: a real export and checkpoint index from build/fsdp-train when it
@@ -110,17 +114,20 @@ open(f"{work}/corpus_token_shard/u32", "wb").write(shard(20240801, 7, "I", [1, 1
 PY
 
 status=0
-for target in safetensors index tokenizer_json tokenizer_encode token_shard; do
+limit=(-max_total_time="$seconds")
+[ -z "${FSDP_FUZZ_RUNS:-}" ] || limit=(-runs="$FSDP_FUZZ_RUNS")
+for target in ${FSDP_FUZZ_TARGETS:-safetensors index tokenizer_json tokenizer_encode token_shard}; do
   log="$work/fuzz_$target.log"
   dict=()
   case "$target" in safetensors|index|tokenizer_json) dict=(-dict="$PWD/tests/fuzz/json.dict") ;; esac
-  ( cd "$work" && ./fuzz_$target -max_total_time="$seconds" -max_len=65536 -timeout=10 \
+  ( cd "$work" && ./fuzz_$target "${limit[@]}" -max_len="${FSDP_FUZZ_MAX_LEN:-65536}" -timeout=10 \
       -rss_limit_mb=2048 "${dict[@]}" -print_final_stats=1 \
       -artifact_prefix="$work/crash_${target}_" "corpus_$target" ) >"$log" 2>&1 || status=1
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
   crashes=$(find "$work" -maxdepth 1 -name "crash_${target}_*" | wc -l)
   corpus=$(ls "$work/corpus_$target" | wc -l)
-  echo "fuzz_$target: $runs runs in ${seconds}s, corpus $corpus inputs, crashes found: $crashes"
+  took=$(grep -o 'Done [0-9]* runs in [0-9]* second' "$log" | grep -o 'in [0-9]*' | tail -1 || true)
+  echo "fuzz_$target: $runs runs ${took:-in ${seconds}}s, corpus $corpus inputs, crashes found: $crashes"
   if [ "$crashes" != 0 ]; then tail -40 "$log"; status=1; fi
 done
 exit $status
