@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The library and its tests under a sanitizer, in a build directory of their own:
+#
+#   bash scripts/sanitize.sh asan [ctest args...]   AddressSanitizer + UndefinedBehaviorSanitizer
+#   bash scripts/sanitize.sh tsan [ctest args...]   ThreadSanitizer
+#
+# Without ctest args each mode runs its documented subset (below); with them, what they select
+# (for example `-R Desync`). Our code is instrumented; LibTorch, gloo and c10d come from the
+# PyTorch wheel and are not, so a report inside them is seen only where our code is on the
+# stack (a race, a bad access through our pointer). Every suppression is in
+# scripts/sanitizers/, each with the reason. The project's environment (.venv) must exist:
+# `bash scripts/run.sh build` makes it.
+#
+# The subsets:
+# - asan: the comm, runtime, checkpoint and models suites in process (ranks as threads: every
+#   collective, every strategy, mixed precision, prefetch, checkpoints that reshard), the
+#   desync and flight-recorder tests, and a 2-rank fsdp-train run of the default model. These
+#   cover the code whose bugs ASan finds (storage freed and refilled in place, copy-in and
+#   copy-out offsets, the ring reduce-scatter's chunk arithmetic, the safetensors parser).
+# - tsan: the comm suite and the runtime's multi-rank tests, where progress threads, gloo's
+#   threads and autograd's threads meet.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+mode="${1:-}"
+shift || true
+case "$mode" in asan|tsan) ;; *) echo "usage: $0 asan|tsan [ctest args...]" >&2; exit 2 ;; esac
+
+PYTHON="$ROOT/.venv/bin/python3"
+[ -x "$PYTHON" ] || { echo "sanitize: $PYTHON is missing: run bash scripts/run.sh build" >&2; exit 2; }
+prefix="${FSDP_TORCH_PREFIX:-$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')}"
+SUPP="$ROOT/scripts/sanitizers"
+build="build-$mode"
+
+if [ "$mode" = asan ]; then
+  # vptr: UBSan's dynamic-type check needs the RTTI of every class it sees, and LibTorch's
+  # (uninstrumented, hidden-visibility typeinfo) makes it report every torch::nn module as a
+  # wrong type. Everything else UBSan checks stays on, and any report fails the run.
+  flags="-fsanitize=address,undefined -fno-sanitize=vptr -fno-sanitize-recover=undefined"
+  tests=(test_comm test_runtime test_checkpoint test_models fsdp-train)
+  # test_checkpoint's process tests (SIGKILL, a full disk) run fsdp-train many times over; the
+  # in-process cases cover the same code.
+  subset=("test_comm" "test_runtime" "test_models"
+          "test_checkpoint --gtest_filter=-CheckpointProcesses.*:DiskFullTest.*")
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:suppressions=$SUPP/asan.supp"
+  export LSAN_OPTIONS="suppressions=$SUPP/lsan.supp:print_suppressions=0"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$SUPP/ubsan.supp"
+else
+  flags="-fsanitize=thread"
+  tests=(test_comm test_runtime fsdp-train)
+  subset=("test_comm" "test_runtime --gtest_filter=*Equivalence*:Prefetch.*:W4/Strategies.*")
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPP/tsan.supp"
+fi
+
+echo "== configuring $build ($flags)"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$prefix" \
+  -DFSDP_PYTHON="$PYTHON" -DFSDP_BUILD_BENCH=OFF \
+  -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" \
+  -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
+echo "== building ${tests[*]}"
+cmake --build "$build" -j"$(nproc)" --target "${tests[@]}" fsdp-estimate fsdp-tokenize
+
+export FSDP_PYTHON="$PYTHON"
+status=0
+if [ "$mode" = asan ]; then
+  echo "== fsdp-train, 2 ranks, under $mode"
+  "$build/fsdp-train" --nproc 2 --steps 20 --quiet || status=$?
+fi
+cd "$build"
+if [ $# -gt 0 ]; then
+  echo "== ctest $* under $mode"
+  ctest --output-on-failure -j"$(nproc)" "$@" || status=$?
+else
+  for run in "${subset[@]}"; do
+    echo "== $run under $mode"
+    # shellcheck disable=SC2086  # the binary and its filter, split on purpose
+    ./tests/$run --gtest_brief=1 || status=$?
+  done
+fi
+exit "$status"
