@@ -29,7 +29,7 @@ models/llama/llama.cpp); config.json beside --init (written by --export) says wh
   over all ranks; rank r trains on rows [r*B/W, (r+1)*B/W) of each, each micro-batch loss
   divided by K before backward (K > 1: gradient accumulation, see --accum-mode);
 - the optimizer: AdamW(lr, betas (0.9, 0.95), eps 1e-8 (torch::optim::AdamW's default too),
-  weight_decay; with --decay-matrices-only on 2-D and larger parameters only, as fsdp-train),
+  weight_decay on 2-D and larger parameters only, as fsdp-train; --decay-all: on every one),
   single-tensor implementation (foreach=False; CPU's default anyway); gradient
   clipping with torch.nn.utils.clip_grad_norm_(max_norm), norm reported before clipping;
 - the reported loss: the mean over ranks and micro-batches of the micro-batch mean losses;
@@ -517,9 +517,9 @@ def train(rank, world, args):
         train_model = model
 
     params = list(model.parameters())  # the tied weight once, in named_parameters order
-    # fsdp-train's param groups: one, everything decays; with --decay-matrices-only two: weight
-    # decay on matrices and embeddings (2-D and up), none on biases and norm weights.
-    decays = [not args.decay_matrices_only or p.dim() >= 2 for p in params]
+    # fsdp-train's param groups: weight decay on matrices and embeddings (2-D and up), none on
+    # biases and norm weights; with --decay-all one group, everything decays.
+    decays = [args.decay_all or p.dim() >= 2 for p in params]
     groups = [{"params": [p for p, d in zip(params, decays) if d],
                "weight_decay": args.weight_decay}]
     if not all(decays):
@@ -651,9 +651,9 @@ def main():
     p.add_argument("--export", help="final parameters, in fsdp-train --export's layout")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--decay-matrices-only", action="store_true",
-                   help="weight decay on 2-D and larger parameters only, as fsdp-train "
-                        "--decay-matrices-only (default: every parameter)")
+    p.add_argument("--decay-all", action="store_true",
+                   help="weight decay on every parameter, as fsdp-train --decay-all (default: "
+                        "2-D and larger parameters only)")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--reshard-after-forward", type=int, choices=[0, 1], default=1)
     p.add_argument("--param-dtype", choices=list(DTYPES), default=None)

@@ -60,7 +60,7 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--weight-decay", "--weight-decay -0.1"},
     {"fsdp-train", "--weight-decay", "--weight-decay nan"},
     {"fsdp-train", "--weight-decay", "--weight-decay 1e300"},
-    {"fsdp-train", "--decay-matrices-only", "--decay-matrices-only=maybe"},
+    {"fsdp-train", "--decay-all", "--decay-all=maybe"},
     {"fsdp-train", "--max-grad-norm", "--max-grad-norm -1"},
     {"fsdp-train", "--max-grad-norm", "--max-grad-norm 0"},
     {"fsdp-train", "--max-grad-norm", "--max-grad-norm nan"},

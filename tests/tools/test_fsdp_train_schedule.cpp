@@ -155,19 +155,19 @@ TEST(FsdpTrainSchedule, ResumedCosineRunIsBitIdentical) {
   EXPECT_THAT(other.output, HasSubstr("--data"));
 }
 
-// --decay-matrices-only: two param groups on every rank as in the reference, so a sharded run
-// still matches it; and the flag changes training (biases and norm weights no longer decay).
-TEST(FsdpTrainSchedule, DecayMatricesOnlyMatchesTheReference) {
+// Weight decay on matrices only (two param groups) on every rank, so a sharded run matches the
+// single process; --decay-all changes training (biases and norm weights decay too). The FSDP2
+// parity cases hold both groupings to PyTorch's.
+TEST(FsdpTrainSchedule, DecayGroupsMatchTheSingleProcess) {
   const std::string args = std::string(kCommon) + " --steps 3 --weight-decay 0.5";
   const std::string sharded = temp_path("decay_w2.jsonl");
   const std::string reference = temp_path("decay_w1.jsonl");
   const std::string all = temp_path("decay_all.jsonl");
-  const CommandResult a = run("--nproc 2 " + args + " --decay-matrices-only --metrics " + sharded);
+  const CommandResult a = run("--nproc 2 " + args + " --metrics " + sharded);
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  const CommandResult b =
-      run("--no-fsdp " + args + " --decay-matrices-only --metrics " + reference);
+  const CommandResult b = run("--no-fsdp " + args + " --metrics " + reference);
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  const CommandResult c = run("--no-fsdp " + args + " --metrics " + all);
+  const CommandResult c = run("--no-fsdp " + args + " --decay-all --metrics " + all);
   ASSERT_EQ(c.exit_code, 0) << c.output;
   const auto x = read_json_lines(sharded);
   const auto y = read_json_lines(reference);

@@ -94,6 +94,24 @@ inline CLI::Validator existing_dir() {
   return CLI::Validator([](std::string& p) { return detail::path_problem(p, S_IFDIR); }, "DIR");
 }
 
+// Hugging Face weights to read: a safetensors file (or a sharded checkpoint's index), or a
+// directory holding model.safetensors.index.json or model.safetensors, as save_pretrained
+// writes them.
+inline CLI::Validator hf_weights() {
+  return CLI::Validator(
+      [](std::string& p) -> std::string {
+        struct stat st {};
+        if (::stat(p.c_str(), &st) != 0) return "'" + p + "': " + std::strerror(errno);
+        if (!S_ISDIR(st.st_mode)) return detail::path_problem(p, S_IFREG);
+        for (const char* name : {"/model.safetensors.index.json", "/model.safetensors"}) {
+          if (::stat((p + name).c_str(), &st) == 0) return "";
+        }
+        return "directory '" + p +
+               "' holds neither model.safetensors.index.json nor model.safetensors";
+      },
+      "FILE|DIR");
+}
+
 // An existing file or directory to read (a file, or a directory of files).
 inline CLI::Validator existing_path() {
   return CLI::Validator(

@@ -66,9 +66,8 @@ void add_data_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
       ->check(non_empty())
       ->capture_default_str();
   app.add_option("--val-data", o.val_data_path,
-                 "Held-out data for --val-every, read as --data (default: the last 10% of the "
-                 "embedded corpus, trained on too, "
-                 "when training on it)")
+                 "Held-out data for --val-every, read as --data (default, when training on the "
+                 "embedded corpus: its last 10%, which then does not train)")
       ->check(data_spec());
   app.add_option("--val-every", o.val_every, "Held-out loss every N steps (0: only at the end)")
       ->check(non_negative)
@@ -155,8 +154,9 @@ void add_output_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
   app.add_option("--export-dtype", o.export_dtype, "Element type of --export: fp32 or bf16")
       ->capture_default_str();
   app.add_option("--init-from", o.init_from,
-                 "Initialize the model from a Hugging Face GPT-2 safetensors file")
-      ->check(fsdp::tools::existing_file());
+                 "Initialize the model from Hugging Face weights: a model.safetensors file, or a "
+                 "sharded checkpoint (its model.safetensors.index.json, or the directory)")
+      ->check(fsdp::tools::hf_weights());
   app.add_option("--dump-batches", o.dump_batches_path,
                  "Write every step's global (inputs, targets) batch to this file (rank 0; format "
                  "in trainer.h)")
@@ -188,9 +188,10 @@ void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, int& nproc, double
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")
       ->check(finite_in(0, 1e6))
       ->capture_default_str();
-  app.add_flag("--decay-matrices-only", o.decay_matrices_only,
-               "Weight decay only on 2-D and larger parameters (matrices, embeddings), as nanoGPT; "
-               "biases and norm weights do not decay (default: all decay)");
+  app.add_flag("--decay-all", o.decay_all,
+               "Weight decay on every parameter; by default only 2-D and larger ones (matrices, "
+               "embeddings) decay, as in nanoGPT and torchtitan, and biases and norm weights "
+               "do not");
   app.add_option("--max-grad-norm", o.max_grad_norm,
                  "Clip the global gradient norm to this (inf: no clipping)")
       ->check(fsdp::tools::positive_or_inf())

@@ -198,7 +198,7 @@ nlohmann::json trainer_json(const TrainerOptions& o) {
           {"seq_len", o.seq_len},
           {"lr", o.lr},
           {"weight_decay", o.weight_decay},
-          {"decay_matrices_only", o.decay_matrices_only},
+          {"decay_all", o.decay_all},
           {"max_grad_norm", o.max_grad_norm},
           {"no_fsdp", o.no_fsdp},
           {"reshard_after_forward", o.reshard_after_forward},
@@ -442,15 +442,13 @@ FullyShardOptions unit_shard_options(const Run& run, const MixedPrecisionPolicy&
   return unit_options;
 }
 
-// AdamW over every parameter, in one group with --weight-decay; with --decay-matrices-only two
-// groups, as nanoGPT and torchtitan: weight decay on matrices and embeddings (2-D and up), none
-// on biases and norm weights.
+// AdamW in two groups, as nanoGPT and torchtitan: --weight-decay on matrices and embeddings (2-D
+// and up), none on biases and norm weights; with --decay-all one group, everything decays.
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<at::Tensor>& params,
                                                     const TrainerOptions& o) {
   const auto options = torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95});
   std::vector<at::Tensor> decayed, undecayed;
-  for (const auto& p : params)
-    (!o.decay_matrices_only || p.dim() >= 2 ? decayed : undecayed).push_back(p);
+  for (const auto& p : params) (o.decay_all || p.dim() >= 2 ? decayed : undecayed).push_back(p);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!decayed.empty()) {
     groups.emplace_back(decayed,

@@ -27,10 +27,10 @@ struct TrainerOptions {
   int64_t global_batch = 16;  // sequences per optimizer step, over all ranks
   int64_t seq_len = 64;
   double lr = 3e-3;
-  double weight_decay = 0.1;  // on every parameter, unless decay_matrices_only
+  double weight_decay = 0.1;  // on 2-D and larger parameters, on every one with decay_all
   // Weight decay on 2-D and larger parameters only (matrices, embeddings), as nanoGPT and
   // torchtitan; biases and norm weights do not decay.
-  bool decay_matrices_only = false;
+  bool decay_all = false;
   double max_grad_norm = 1.0;
   int64_t skip_nonfinite = 0;  // steps with a non-finite loss or gradient norm to skip; then stop
   uint64_t seed = 1234;
@@ -51,11 +51,11 @@ struct TrainerOptions {
   std::string tokenizer_path;       // tokenizer.json (tokenizer_config.json beside it); "": bytes
   std::string text_field = "text";  // the field of a .jsonl document
   // Held-out loss: K global batches of val_data_path (empty: with the embedded corpus, its last
-  // 10%, which is trained on too; with --data, none), drawn from a fixed seed so every
+  // 10%, which then does not train; with --data, none), drawn from a fixed seed so every
   // evaluation sees the same tokens, forward only, every val_every steps (0: only at the end)
   // and at the end.
   std::string val_data_path;
-  int64_t val_every = 0;
+  int64_t val_every = 200;
   int64_t val_batches = 4;
   // Learning-rate schedule (schedule.h): constant, cosine or wsd, after warmup_steps of linear
   // warm-up, down to min_lr; wsd decays over the last decay_frac of the steps.
