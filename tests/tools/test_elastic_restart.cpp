@@ -65,6 +65,11 @@ TEST(ElasticRestartTest, TorchrunRestartsAfterTwoKillsAndTheWeightsAreByteIdenti
   EXPECT_THAT(restarted.output, HasSubstr("resumed from"));
   EXPECT_EQ(read_bytes(dir + "/restarted/model.safetensors"),
             read_bytes(dir + "/straight/model.safetensors"));
+  // For the record: the two exports' digests.
+  std::cerr << run_command("sha256sum " + dir + "/straight/model.safetensors " + dir +
+                               "/restarted/model.safetensors",
+                           30)
+                   .output;
 }
 
 TEST(ElasticRestartTest, RestartAtAnotherWorldSizeEndsWithinToleranceOfTheUninterruptedRun) {
