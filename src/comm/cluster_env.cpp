@@ -1,4 +1,5 @@
-// Launch variables of Slurm, and the transport address of a multi-host run (see cluster_env.h).
+// Launch variables of Slurm and Open MPI, and the transport address of a multi-host run
+// (see cluster_env.h).
 //
 // The transport address matters because gloo binds one address per rank and announces it to
 // the others: 127.0.0.1 serves one host only. Asking the kernel which source address it would
@@ -28,11 +29,13 @@ std::optional<std::string> env_value(const char* name) {
   return std::string(value);
 }
 
-int env_int(const char* name) {
+// The integer in variable name, which the launcher that set `marker` (SLURM_PROCID for srun,
+// OMPI_COMM_WORLD_RANK for mpirun) also sets.
+int env_int(const char* name, const char* marker = "SLURM_PROCID") {
   const auto value = env_value(name);
-  TORCH_CHECK(value.has_value(), "fsdp: SLURM_PROCID is set but ", name,
-              " is not; launch with srun, or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and "
-              "MASTER_PORT");
+  TORCH_CHECK(value.has_value(), "fsdp: ", marker, " is set but ", name,
+              " is not; launch with srun or mpirun, or set RANK, WORLD_SIZE, LOCAL_RANK, "
+              "MASTER_ADDR and MASTER_PORT");
   char* end = nullptr;
   errno = 0;
   const long parsed = std::strtol(value->c_str(), &end, 10);
@@ -80,6 +83,25 @@ std::optional<LaunchEnv> launch_env_from_slurm() {
     env.master_addr = first_host_of(*nodes);
   }
   env.master_port = slurm_master_port();
+  return env;
+}
+
+std::optional<LaunchEnv> launch_env_from_open_mpi() {
+  constexpr char kMarker[] = "OMPI_COMM_WORLD_RANK";
+  if (!env_value(kMarker)) return std::nullopt;
+  LaunchEnv env;
+  env.rank = env_int(kMarker, kMarker);
+  env.world_size = env_int("OMPI_COMM_WORLD_SIZE", kMarker);
+  env.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", kMarker);
+  // mpirun names no master host: the job passes it, as with torch's env:// rendezvous under
+  // mpirun (`mpirun -x MASTER_ADDR=host0 ...`).
+  const auto addr = env_value("MASTER_ADDR");
+  TORCH_CHECK(addr.has_value() && !addr->empty(), "fsdp: ", kMarker,
+              " is set (an Open MPI launch) but MASTER_ADDR is not: Open MPI does not say which "
+              "host rank 0 is on; pass it, e.g. mpirun -x MASTER_ADDR=<rank 0's host> -x "
+              "MASTER_PORT=29500");
+  env.master_addr = *addr;
+  env.master_port = env_value("MASTER_PORT") ? env_int("MASTER_PORT", kMarker) : 29500;
   return env;
 }
 

@@ -1,4 +1,4 @@
-// Private to src/comm: what a launcher other than torchrun tells a rank, and which address its
+// Private to src/comm: what a launcher other than torchrun (srun, mpirun) tells a rank, and which address its
 // transport should bind so that the other hosts reach it.
 #pragma once
 
@@ -15,6 +15,12 @@ namespace fsdp::detail {
 // SLURM_JOB_ID % 20000 (one port per job, so jobs sharing a node do not collide), else 29500.
 // nullopt when SLURM_PROCID is not set. Throws naming a variable that is missing or malformed.
 std::optional<LaunchEnv> launch_env_from_slurm();
+
+// The launch described by Open MPI's mpirun variables: OMPI_COMM_WORLD_RANK, _SIZE and
+// _LOCAL_RANK; the master is MASTER_ADDR, which the job must pass (mpirun -x MASTER_ADDR=...),
+// since mpirun names no host for rank 0; the port MASTER_PORT, else 29500. nullopt when
+// OMPI_COMM_WORLD_RANK is not set. Throws naming a variable that is missing or malformed.
+std::optional<LaunchEnv> launch_env_from_open_mpi();
 
 // The first host of a Slurm host list: "node[03-05,9],gpu1" gives "node03", "a,b" gives "a".
 // Throws naming the list when it is empty or malformed.

@@ -90,9 +90,11 @@ void check_launch_env(const LaunchEnv& env) {
 
 LaunchEnv launch_env_from_environment() {
   if (!read_env("RANK")) {
-    if (auto slurm = detail::launch_env_from_slurm()) {
-      check_launch_env(*slurm);
-      return *slurm;
+    auto cluster = detail::launch_env_from_slurm();
+    if (!cluster) cluster = detail::launch_env_from_open_mpi();
+    if (cluster) {
+      check_launch_env(*cluster);
+      return *cluster;
     }
   }
   LaunchEnv env;

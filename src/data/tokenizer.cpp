@@ -14,6 +14,7 @@
 #include <fsdp/data/error.h>
 #include <fsdp/data/tokenizer.h>
 
+#include "data/normalize.h"
 #include "data/regex.h"
 
 #include <nlohmann/json.hpp>
@@ -248,6 +249,7 @@ struct Tokenizer::Impl {
   bool fuse_unk = false;
   std::vector<PreStep> steps;
   AddedMatcher added_raw, added_normalized;
+  bool nfc = false;  // the normalizer: NFC, or none
   bool byte_level_decoder = false;
   std::optional<uint32_t> bos, eos;
   uint64_t token_count = 0, max_id = 0;
@@ -261,10 +263,11 @@ struct Tokenizer::Impl {
   std::vector<uint32_t> cache_ids;
   std::vector<Symbol> symbols;
   std::vector<HeapItem> heap;
-  std::string utf8_scratch;
+  std::string utf8_scratch, nfc_scratch;
 
   void load(const json& root);
   void load_model(const json& model);
+  void load_normalizer(const json& normalizer, const std::string& where);
   std::unordered_map<std::string, uint32_t> load_vocab(const json& vocab, const std::string& where);
   void load_merges(const json& list, const std::unordered_map<std::string, uint32_t>& model_ids,
                    const std::string& where);
@@ -304,9 +307,9 @@ void Tokenizer::Impl::load(const json& root) {
              source);
   FSDP_DATA_CHECK(field(root, "truncation") == nullptr, source,
                   ": truncation is set; unsupported (encode() never truncates)");
-  FSDP_DATA_CHECK(field(root, "normalizer") == nullptr, source, ": normalizer '",
-                  type_of(root["normalizer"], source + ": normalizer"),
-                  "' is unsupported (only null)");
+  if (const json* normalizer = field(root, "normalizer")) {
+    load_normalizer(*normalizer, source + ": normalizer");
+  }
   const json* model = field(root, "model");
   FSDP_DATA_CHECK(model != nullptr && model->is_object(), source, " has no model object");
   const json* vocab = field(*model, "vocab");
@@ -487,6 +490,24 @@ void Tokenizer::Impl::load_pre_tokenizer(const json& pre, const std::string& whe
   steps.push_back(std::move(step));
 }
 
+void Tokenizer::Impl::load_normalizer(const json& normalizer, const std::string& where) {
+  const std::string t = type_of(normalizer, where);
+  if (t == "NFC") {
+    check_keys(normalizer, {"type"}, where);
+    nfc = true;
+    return;
+  }
+  FSDP_DATA_CHECK(t == "Sequence", where, " type '", t,
+                  "' is unsupported (only NFC, or a Sequence of NFC)");
+  check_keys(normalizer, {"type", "normalizers"}, where);
+  const json* list = field(normalizer, "normalizers");
+  FSDP_DATA_CHECK(list != nullptr && list->is_array(), where, ".normalizers must be a list");
+  // NFC is idempotent, so a Sequence of NFCs (or an empty one) is NFC (or nothing).
+  for (size_t i = 0; i < list->size(); ++i) {
+    load_normalizer((*list)[i], where + ".normalizers[" + std::to_string(i) + "]");
+  }
+}
+
 void Tokenizer::Impl::load_added(const json& added) {
   FSDP_DATA_CHECK(added.is_array(), source, ": added_tokens must be a list");
   for (size_t i = 0; i < added.size(); ++i) {
@@ -529,7 +550,10 @@ void Tokenizer::Impl::load_added(const json& added) {
     set_token(tid, content);
     id_special[tid] = special ? 1 : 0;
     token_ids[content] = tid;
-    (normalized ? added_normalized : added_raw).add(content, tid);
+    // `tokenizers` matches a normalized token by its normalized content.
+    std::string matched = content;
+    if (normalized && nfc) detail::to_nfc(content, matched);
+    (normalized ? added_normalized : added_raw).add(matched, tid);
   }
 }
 
@@ -568,8 +592,9 @@ void Tokenizer::Impl::encode_added(std::string_view text, std::vector<uint32_t>&
 }
 
 void Tokenizer::Impl::encode_normalized_pass(std::string_view text, std::vector<uint32_t>& out) {
-  // Second pass: tokens with normalized=true, in each piece left by the first (the normalizer
-  // is the identity).
+  // Second pass: the normalizer on each piece left by the first, then the tokens with
+  // normalized=true in what it gives.
+  if (nfc && detail::to_nfc(text, nfc_scratch)) text = nfc_scratch;
   size_t pos = 0, begin = 0, len = 0;
   uint32_t id = 0;
   while (!added_normalized.empty() && added_normalized.find(text, pos, begin, len, id)) {

@@ -91,6 +91,43 @@ TEST(LaunchEnvTest, SlurmMistakesAreNamed) {
               HasSubstr("SLURM_PROCID is set but SLURM_NTASKS is not"));
 }
 
+// What Open MPI's mpirun sets, plus the master the job passes with -x.
+EnvValues open_mpi_env(std::optional<std::string> master_addr) {
+  return {{"RANK", std::nullopt},
+          {"WORLD_SIZE", std::nullopt},
+          {"LOCAL_RANK", std::nullopt},
+          {"SLURM_PROCID", std::nullopt},
+          {"MASTER_ADDR", std::move(master_addr)},
+          {"MASTER_PORT", std::nullopt},
+          {"OMPI_COMM_WORLD_RANK", "5"},
+          {"OMPI_COMM_WORLD_SIZE", "8"},
+          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}};
+}
+
+TEST(LaunchEnvTest, ReadsOpenMpiVariablesWithThePassedMaster) {
+  test::ScopedEnv env(open_mpi_env("node0"));
+  const LaunchEnv launch = launch_env_from_environment();
+  EXPECT_EQ(launch.rank, 5);
+  EXPECT_EQ(launch.world_size, 8);
+  EXPECT_EQ(launch.local_rank, 1);
+  EXPECT_EQ(launch.master_addr, "node0");
+  EXPECT_EQ(launch.master_port, 29500);
+}
+
+TEST(LaunchEnvTest, OpenMpiWithoutAMasterSaysHowToPassIt) {
+  {
+    test::ScopedEnv env(open_mpi_env(std::nullopt));
+    EXPECT_THAT(test::error_message([] { launch_env_from_environment(); }),
+                AllOf(HasSubstr("OMPI_COMM_WORLD_RANK is set"), HasSubstr("MASTER_ADDR is not"),
+                      HasSubstr("mpirun -x MASTER_ADDR=")));
+  }
+  auto values = open_mpi_env("node0");
+  values[7].second = "eight";  // OMPI_COMM_WORLD_SIZE
+  test::ScopedEnv env(values);
+  EXPECT_THAT(test::error_message([] { launch_env_from_environment(); }),
+              HasSubstr("OMPI_COMM_WORLD_SIZE='eight' is not a non-negative integer"));
+}
+
 TEST(LaunchEnvTest, MalformedValueIsQuoted) {
   auto values = torchrun_env("0", "2");
   values[4].second = "29x";

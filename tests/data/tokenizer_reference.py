@@ -23,6 +23,9 @@ Tokenizers (all byte-level BPE, as GPT-2, Llama 3 and Qwen2 ship):
   llama3       Sequence[Split(Llama 3's regex, Isolated), ByteLevel(use_regex=false)],
                ignore_merges=true, specials <|begin_of_text|>, <|end_of_text|>, <|reserved_0|>,
                <|reserved_01|> (a longer token sharing a prefix), added "<|res"
+  qwen2        Qwen2's: normalizer NFC, Sequence[Split(Qwen2's regex: single digits), ByteLevel],
+               special <|endoftext|>, <|im_start|>; added "cafe\u0301" (normalized: matched as
+               its NFC form "café") and "n\u0303o" (not normalized: matched only decomposed)
 
 Invalid UTF-8: documents are raw bytes; C++ encodes the bytes, `tokenizers` the same bytes
 decoded with errors="replace" (the rule our encode() applies itself), so the invalid-UTF-8
@@ -34,11 +37,13 @@ import json
 import os
 import random
 import struct
+import unicodedata
 import sys
 
 try:
     import tokenizers
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                            pre_tokenizers, trainers)
 except ImportError:
     sys.exit(f"{sys.executable}: cannot import tokenizers; install it with "
              f"`{sys.executable} -m pip install tokenizers==0.23.3`")
@@ -46,8 +51,10 @@ except ImportError:
 FORTUNES = "/usr/share/games/fortunes"
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 CATEGORIES = ["fortunes", "code", "digits", "whitespace", "emoji", "cjk", "scripts",
-              "contractions", "special", "invalid_utf8", "random_unicode", "mixed"]
+              "contractions", "special", "invalid_utf8", "random_unicode", "mixed", "unnormalized"]
 
 
 def fortune_texts():
@@ -65,6 +72,13 @@ def train(texts, name):
         tok.pre_tokenizer = bl
         specials = ["<|endoftext|>"]
         vocab = 6000
+    elif name == "qwen2":
+        tok = Tokenizer(models.BPE())
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False), bl])
+        specials = ["<|endoftext|>", "<|im_start|>"]
+        vocab = 7000
     else:
         tok = Tokenizer(models.BPE(ignore_merges=True))
         tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -77,6 +91,9 @@ def train(texts, name):
     tok.train_from_iterator([t.decode("utf-8", "replace") for t in texts], trainer=trainer)
     if name == "gpt2":
         tok.add_tokens([AddedToken("<|sep|>", normalized=True), AddedToken(" Fortune", normalized=True)])
+    elif name == "qwen2":
+        tok.add_tokens([AddedToken("cafe\u0301", normalized=True),
+                        AddedToken("n\u0303o", normalized=False)])
     else:
         tok.add_tokens([AddedToken("<|res", normalized=True)])
     return tok
@@ -195,7 +212,34 @@ def synthetic(rng):
         yield "invalid_utf8", doc
     for i in range(300):
         yield "random_unicode", rand_unicode(rng, rng.randint(10, 400), all_ranges).encode()
-    return
+    yield from unnormalized(rng, words)
+
+
+def unnormalized(rng, words):
+    """Text that NFC changes: decomposed accents and Hangul, combining marks out of canonical
+    order, singletons (the Angstrom and Ohm signs), composition exclusions, mixed with the same
+    text already composed and with the qwen2 file's added tokens in both forms."""
+    accented = ["café", "naïve", "Ångström", "São Paulo", "Việt Nam", "Nguyễn", "Straße", "über",
+                "façade", "résumé", "Ελληνικά", "ἀρχή", "Привет", "йод", "한국어", "가나다", "ﬁne",
+                "\u212b", "\u2126", "\u0958", "\u2adc", "\u1e9b\u0323", "cafe\u0301", "n\u0303o",
+                "ño", "no"]
+    marks = ["\u0300", "\u0301", "\u0302", "\u0303", "\u0308", "\u0323", "\u0327", "\u031b",
+             "\u0345", "\u05b4", "\u0e49", "\u3099", "\u1161", "\u11a8"]
+    bases = ["a", "e", "o", "u", "A", "O", "\u03b1", "\u0438", "\u304b", "\u1100", "\uac00", " ", "1"]
+    for i in range(300):
+        parts = []
+        for _ in range(rng.randint(10, 80)):
+            r = rng.random()
+            if r < 0.4:
+                w = rng.choice(accented)
+                parts.append(unicodedata.normalize(rng.choice(["NFD", "NFC", "NFKD"]), w)
+                             if rng.random() < 0.7 else w)
+            elif r < 0.7:
+                parts.append(rng.choice(bases) + "".join(rng.choice(marks)
+                                                         for _ in range(rng.randint(1, 4))))
+            else:
+                parts.append(rng.choice(words + [" ", "\n", ", ", "'s "]))
+        yield "unnormalized", "".join(parts).encode()
 
 
 def build_docs(repo, rng):
@@ -259,6 +303,10 @@ def main():
     tok["llama3"] = write_tokenizer(args.out_dir, "llama3", json.loads(llama.to_str()),
                                     {"bos_token": {"content": "<|begin_of_text|>"},
                                      "eos_token": "<|end_of_text|>"})
+
+    qwen = train(texts, "qwen2")
+    tok["qwen2"] = write_tokenizer(args.out_dir, "qwen2", json.loads(qwen.to_str()),
+                                   {"eos_token": "<|endoftext|>"})
 
     docs = build_docs(args.repo, rng)
     with open(os.path.join(args.out_dir, "docs.bin"), "wb") as f:

@@ -22,7 +22,7 @@ work="${FSDP_FUZZ_DIR:-/tmp/fsdp_fuzz}"
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()
-for p in clang libclang-rt-14-dev libxxhash-dev nlohmann-json3-dev libpcre2-dev; do
+for p in clang libclang-rt-14-dev libxxhash-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -39,7 +39,7 @@ for target in safetensors index; do
 done
 for target in tokenizer_json tokenizer_encode token_shard; do
   clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -Iinclude -Isrc -Itests tests/fuzz/fuzz_$target.cpp src/data/*.cpp -lpcre2-8 \
+    -Iinclude -Isrc -Itests tests/fuzz/fuzz_$target.cpp src/data/*.cpp -lpcre2-8 -lutf8proc \
     -o "$work/fuzz_$target"
   mkdir -p "$work/corpus_$target"
 done

@@ -182,6 +182,25 @@ const BadFlag kCatalogue[] = {
     {"fsdp-tokenize", "--quiet", "--tokenizer /etc/hostname --output /tmp/x.bin --quiet=maybe /etc/hostname"},
     {"fsdp-tokenize", "input", "--tokenizer /etc/hostname --output /tmp/x.bin /nonexistent/corpus.txt"},
     {"fsdp-tokenize", "input", "--tokenizer /etc/hostname --output /tmp/x.bin"},  // none given
+    // --- fsdp-comm-bench ---
+    {"fsdp-comm-bench", "--nproc", "--nproc 0"},
+    {"fsdp-comm-bench", "--nproc", "--nproc two"},
+    {"fsdp-comm-bench", "--backend", "--backend carrier-pigeon"},
+    {"fsdp-comm-bench", "--collectives", "--collectives all_gather,all_to_all"},
+    {"fsdp-comm-bench", "--min-bytes", "--min-bytes 0"},
+    {"fsdp-comm-bench", "--min-bytes", "--min-bytes 4X"},
+    {"fsdp-comm-bench", "--min-bytes", "--min-bytes -1K"},
+    {"fsdp-comm-bench", "--max-bytes", "--max-bytes 99999999G"},
+    {"fsdp-comm-bench", "--max-bytes", "--min-bytes 1M --max-bytes 1K"},  // below --min-bytes
+    {"fsdp-comm-bench", "--step-factor", "--step-factor 1"},
+    {"fsdp-comm-bench", "--iters", "--iters 0"},
+    {"fsdp-comm-bench", "--warmup", "--warmup -1"},
+    {"fsdp-comm-bench", "--time-budget-s", "--time-budget-s 0"},
+    {"fsdp-comm-bench", "--time-budget-s", "--time-budget-s nan"},
+    {"fsdp-comm-bench", "--dtype", "--dtype int8"},
+    {"fsdp-comm-bench", "--output", "--output /nonexistent/x.json"},
+    {"fsdp-comm-bench", "--output", "--output /"},
+    {"fsdp-comm-bench", "--timeout-s", "--timeout-s -5"},
 };
 // clang-format on
 

@@ -2,7 +2,7 @@
 // reproduce the --no-fsdp reference step by step; bad input ends with a clear message and a
 // non-zero exit, never a hang.
 #include <fsdp/comm/rendezvous.h>
-#include <fsdp_train/launcher.h>
+#include <common/launcher.h>
 
 #include "support/test_support.h"
 

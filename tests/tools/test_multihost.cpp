@@ -1,11 +1,11 @@
 // Many hosts on one machine: two network namespaces joined by a veth pair, each a "host" with
 // an address of its own, so every byte between the hosts crosses a real (virtual) link that the
 // test can cut. fsdp-train runs 2 hosts x 2 ranks, launched the ways clusters launch (PyTorch's
-// torchrun with c10d rendezvous, and the variables Slurm's srun sets), and must give exactly
-// the losses of the same run on one host. Faults: a rank killed on one host, and the link cut
-// mid-step, end every survivor within --timeout-s + 5 s with an error naming the lost rank or
-// the collective; a host that never comes is named; a master that starts last is waited for.
-// Needs root (network namespaces); skipped, with the reason, otherwise.
+// torchrun with c10d rendezvous, and the variables Slurm's srun and Open MPI's mpirun set), and
+// must give exactly the losses of the same run on one host. Faults: a rank killed on one host, and
+// the link cut mid-step, end every survivor within --timeout-s + 5 s with an error naming the lost
+// rank or the collective; a host that never comes is named; a master that starts last is waited
+// for. Needs root (network namespaces); skipped, with the reason, otherwise.
 #include "support/checkpoint_util.h"
 #include "support/test_support.h"
 
@@ -138,6 +138,22 @@ std::vector<Launch> slurm_launches(const std::string& command, const std::string
   return launches;
 }
 
+// Open MPI's mpirun variables for rank r of 4, two per host; mpirun names no master, so the job
+// passes MASTER_ADDR (mpirun -x MASTER_ADDR=...).
+std::vector<Launch> open_mpi_launches(const std::string& command) {
+  std::vector<Launch> launches;
+  for (int r = 0; r < 4; ++r) {
+    launches.push_back(
+        {r / 2,
+         "OMPI_COMM_WORLD_RANK=" + std::to_string(r) +
+             " OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=" + std::to_string(r % 2) +
+             " OMPI_COMM_WORLD_LOCAL_SIZE=2 OMPI_COMM_WORLD_NODE_RANK=" + std::to_string(r / 2) +
+             " MASTER_ADDR=" + TwoHosts::address(0) + " MASTER_PORT=29511",
+         command});
+  }
+  return launches;
+}
+
 std::vector<double> losses(const std::string& metrics) {
   std::vector<double> out;
   for (const auto& line : test::read_json_lines(metrics)) out.push_back(line["loss"].get<double>());
@@ -193,6 +209,18 @@ TEST(MultiHostTest, SlurmVariablesOnTwoHostsGiveTheLossesOfOneHost) {
       run_launches(hosts, dir,
                    slurm_launches(test::fsdp_train_binary() + kFlags + " --steps 6 --metrics " +
                                   dir + "/two_hosts.jsonl"));
+  for (const auto& o : outcomes) ASSERT_EQ(o.exit_code, 0) << all_output(outcomes);
+  EXPECT_EQ(losses(dir + "/two_hosts.jsonl"), one_host_losses(dir));
+}
+
+TEST(MultiHostTest, OpenMpiVariablesOnTwoHostsGiveTheLossesOfOneHost) {
+  TwoHosts hosts;
+  SKIP_WITHOUT_HOSTS(hosts);
+  const std::string dir = test::temp_dir("multihost_open_mpi");
+  const auto outcomes =
+      run_launches(hosts, dir,
+                   open_mpi_launches(test::fsdp_train_binary() + kFlags + " --steps 6 --metrics " +
+                                     dir + "/two_hosts.jsonl"));
   for (const auto& o : outcomes) ASSERT_EQ(o.exit_code, 0) << all_output(outcomes);
   EXPECT_EQ(losses(dir + "/two_hosts.jsonl"), one_host_losses(dir));
 }

@@ -69,7 +69,8 @@ TEST_P(ReadmeFlags, EveryHelpFlagIsDocumented) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Programs, ReadmeFlags,
-                         ::testing::Values("fsdp-train", "fsdp-estimate", "fsdp-tokenize"),
+                         ::testing::Values("fsdp-train", "fsdp-estimate", "fsdp-tokenize",
+                                           "fsdp-comm-bench"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& c : name) c = c == '-' ? '_' : c;
@@ -78,8 +79,10 @@ INSTANTIATE_TEST_SUITE_P(Programs, ReadmeFlags,
 
 TEST(ReadmeFlagTables, EveryDocumentedFlagExists) {
   const std::string text = readme();
-  const std::pair<const char*, const char*> sections[] = {{"fsdp-train", "## fsdp-train"},
-                                                          {"fsdp-tokenize", "fsdp-tokenize --"}};
+  const std::pair<const char*, const char*> sections[] = {
+      {"fsdp-train", "## fsdp-train"},
+      {"fsdp-tokenize", "fsdp-tokenize --"},
+      {"fsdp-comm-bench", "## fsdp-comm-bench"}};
   for (const auto& [program, heading] : sections) {
     const std::set<std::string> documented = table_flags(text, heading);
     const std::set<std::string> real = help_flags(program);

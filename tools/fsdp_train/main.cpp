@@ -2,9 +2,9 @@
 // under torchrun-style variables (RANK, WORLD_SIZE, ...) it is one rank; with --no-fsdp it is
 // the single-process reference. With none of these it launches 2 local ranks.
 #include <common/cli_checks.h>
+#include <common/launcher.h>
 #include <fsdp/comm/rendezvous.h>
 #include <fsdp/data/corpus.h>
-#include <fsdp_train/launcher.h>
 #include <fsdp_train/machine_fit.h>
 #include <fsdp_train/trainer.h>
 #include <models/model.h>
@@ -252,12 +252,12 @@ int main(int argc, char** argv) {
       fsdp::train::train(o, nullptr);
       return 0;
     }
-    // Launched by torchrun (RANK) or by Slurm's srun (SLURM_PROCID): this process is one rank.
-    if (!nproc_given &&
-        (std::getenv("RANK") != nullptr || std::getenv("SLURM_PROCID") != nullptr)) {
+    // Launched by torchrun, Slurm's srun or Open MPI's mpirun: this process is one rank.
+    if (!nproc_given && fsdp::tools::launched_as_a_rank()) {
       const fsdp::LaunchEnv env = fsdp::launch_env_from_environment();
       const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
       if (local_world == nullptr) local_world = std::getenv("SLURM_NTASKS_PER_NODE");
+      if (local_world == nullptr) local_world = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
       set_intra_op_threads(local_world ? std::max(1, std::atoi(local_world)) : env.world_size);
       fsdp::ProcessGroupOptions pg_options;
       pg_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -274,7 +274,7 @@ int main(int argc, char** argv) {
     fsdp::train::validate(o, ranks);  // report bad flags once, before starting any rank
     fsdp::train::check_ranks_fit_memory(o, ranks, ranks);
     std::vector<std::string> args(argv + 1, argv + argc);
-    return fsdp::train::launch_local_ranks(ranks, fsdp::train::strip_flag(args, "--nproc"));
+    return fsdp::tools::launch_local_ranks(ranks, fsdp::tools::strip_flag(args, "--nproc"));
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "fsdp-train: error: %s\n", e.what_without_backtrace());
   } catch (const std::exception& e) {

@@ -64,7 +64,7 @@ struct ProcessGroupOptions {
 };
 
 // Who a rank is and where the rendezvous store is: what torchrun exports (RANK, WORLD_SIZE,
-// LOCAL_RANK, MASTER_ADDR, MASTER_PORT), or what Slurm's srun does (see
+// LOCAL_RANK, MASTER_ADDR, MASTER_PORT), or what Slurm's srun or Open MPI's mpirun does (see
 // launch_env_from_environment).
 struct LaunchEnv {
   int rank = 0;
@@ -85,7 +85,9 @@ struct LaunchEnv {
 // agent hosts the store on MASTER_PORT) and FSDP_MASTER_LISTEN_FD (fsdp-train --nproc hands
 // rank 0 the bound socket). Without RANK, Slurm's: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
 // the master from MASTER_ADDR or the first host of SLURM_JOB_NODELIST, and MASTER_PORT or
-// 20000 + SLURM_JOB_ID % 20000. Throws, naming the variable and its value, when one is missing or
+// 20000 + SLURM_JOB_ID % 20000. Without either, Open MPI's: OMPI_COMM_WORLD_RANK, _SIZE,
+// _LOCAL_RANK, with MASTER_ADDR (required: mpirun -x MASTER_ADDR=...) and MASTER_PORT or 29500.
+// Throws, naming the variable and its value, when one is missing or
 // malformed, or when RANK is outside [0, WORLD_SIZE).
 LaunchEnv launch_env_from_environment();
 

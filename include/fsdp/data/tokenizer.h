@@ -6,7 +6,8 @@
 // - model: BPE with merges as "a b" strings or ["a", "b"] pairs, ignore_merges, unk_token
 //   (with fuse_unk); dropout must be null or 0, continuing_subword_prefix and
 //   end_of_word_suffix null or empty, byte_fallback false.
-// - normalizer: null.
+// - normalizer: null, NFC (Qwen2's), or a Sequence of NFCs; NFC by utf8proc, applied to the
+//   text between tokens with normalized=false, as `tokenizers` does.
 // - pre_tokenizer: ByteLevel (add_prefix_space, use_regex with GPT-2's pattern), Split with a
 //   Regex or String pattern and behavior "Isolated" (invert false), or a Sequence of these.
 // - decoder: ByteLevel or null (then decode() throws).

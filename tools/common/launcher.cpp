@@ -4,7 +4,7 @@
 // TCPStore that rank 0 hosts on MASTER_PORT. The parent never joins the group, so a child that
 // dies is noticed here by waitpid and the survivors are stopped instead of waiting out their
 // collective timeouts.
-#include <fsdp_train/launcher.h>
+#include <common/launcher.h>
 
 #include <fsdp/comm/rendezvous.h>
 
@@ -16,12 +16,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <thread>
 
-namespace fsdp::train {
+namespace fsdp::tools {
 
 std::vector<std::string> strip_flag(const std::vector<std::string>& args, const std::string& flag) {
   std::vector<std::string> out;
@@ -130,4 +131,11 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args) {
   return result;
 }
 
-}  // namespace fsdp::train
+bool launched_as_a_rank() {
+  for (const char* name : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+
+}  // namespace fsdp::tools
