@@ -90,8 +90,8 @@ void check_report(const nlohmann::json& report, int w) {
 
 TEST(CommBench, LocalRanksReportNcclTestsColumnsAndTheirFit) {
   const std::string out = temp_path("comm_bench_w2.json");
-  const CommandResult r =
-      run_command(program_path("fsdp-comm-bench") + " --nproc 2" + kSmall + " --output " + out, 120);
+  const CommandResult r = run_command(
+      program_path("fsdp-comm-bench") + " --nproc 2" + kSmall + " --output " + out, 120);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("algbw GB/s"));
   EXPECT_THAT(r.output, HasSubstr("busbw GB/s"));
@@ -104,10 +104,10 @@ TEST(CommBench, UnderTorchrunEachProcessIsOneRank) {
   const std::string python = reference_python();
   const std::string torchrun = python.substr(0, python.rfind('/')) + "/torchrun";
   const std::string out = temp_path("comm_bench_torchrun.json");
-  const CommandResult r = run_command(torchrun + " --standalone --nproc-per-node 4 " +
-                                          "--no-python " + program_path("fsdp-comm-bench") +
-                                          kSmall + " --output " + out,
-                                      180);
+  const CommandResult r =
+      run_command(torchrun + " --standalone --nproc-per-node 4 " + "--no-python " +
+                      program_path("fsdp-comm-bench") + kSmall + " --output " + out,
+                  180);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   check_report(read_json(out), 4);
 }

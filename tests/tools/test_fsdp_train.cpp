@@ -1,8 +1,8 @@
 // fsdp-train as real processes: --nproc launches ranks that rendezvous over TCP and must
 // reproduce the --no-fsdp reference step by step; bad input ends with a clear message and a
 // non-zero exit, never a hang.
-#include <fsdp/comm/rendezvous.h>
 #include <common/launcher.h>
+#include <fsdp/comm/rendezvous.h>
 
 #include "support/test_support.h"
 
