@@ -22,8 +22,7 @@ bool to_nfc(std::string_view text, std::string& out) {
   if (n < 0) {
     std::free(composed);
     // encode() replaces invalid UTF-8 before it normalizes, so this is a bug, not bad input.
-    throw_data_error("NFC normalization failed on ", text.size(), " bytes: ",
-                     utf8proc_errmsg(n));
+    throw_data_error("NFC normalization failed on ", text.size(), " bytes: ", utf8proc_errmsg(n));
   }
   out.assign(reinterpret_cast<const char*>(composed), static_cast<size_t>(n));
   std::free(composed);

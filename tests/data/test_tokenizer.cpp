@@ -200,7 +200,7 @@ TEST(Tokenizer, NfcComposesReordersAndKeepsNulBytes) {
   EXPECT_EQ(nfc("cafe\u0301"), "caf\u00e9");
   EXPECT_EQ(nfc("a\u0323\u0302"), "\u1ead");  // dot below then circumflex
   EXPECT_EQ(nfc("a\u0302\u0323"), "\u1ead");  // the other order: reordered, then composed
-  EXPECT_EQ(nfc("\u212b"), "\u00c5");          // ANGSTROM SIGN -> A WITH RING ABOVE
+  EXPECT_EQ(nfc("\u212b"), "\u00c5");         // ANGSTROM SIGN -> A WITH RING ABOVE
   EXPECT_EQ(nfc("\u1100\u1161\u11a8"), "\uac01");
   EXPECT_EQ(nfc(std::string("e\0\u0301x", 5)), std::string("e\0\u0301x", 5));
   EXPECT_EQ(nfc(std::string("\0e\u0301", 4)), std::string("\0\u00e9", 3));
@@ -223,9 +223,9 @@ TEST(TokenizerDifferential, SameIdsAsHuggingFaceTokenizers) {
                       "python that has it), and Debian's fortunes (`apt-get install fortunes`).";
 
   const std::array<const char*, 13> categories = {
-      "fortunes",       "code",  "digits",      "whitespace", "emoji",
-      "cjk",            "scripts", "contractions", "special",    "invalid_utf8",
-      "random_unicode", "mixed", "unnormalized"};
+      "fortunes",    "code",         "digits",  "whitespace",   "emoji",          "cjk",
+      "scripts",     "contractions", "special", "invalid_utf8", "random_unicode", "mixed",
+      "unnormalized"};
   const std::string docs = read_bytes(out_dir + "/docs.bin");
   std::vector<std::pair<int, std::string_view>> documents;
   for (size_t pos = 0; pos < docs.size();) {
@@ -239,8 +239,7 @@ TEST(TokenizerDifferential, SameIdsAsHuggingFaceTokenizers) {
   for (const auto& d : documents) total_bytes += d.second.size();
   ASSERT_GT(total_bytes, size_t{1} << 20) << "the differential test needs at least 1 MB of text";
 
-  for (const char* name :
-       {"gpt2", "gpt2_prefix", "gpt2_unk", "gpt2_shuffled", "llama3", "qwen2"}) {
+  for (const char* name : {"gpt2", "gpt2_prefix", "gpt2_unk", "gpt2_shuffled", "llama3", "qwen2"}) {
     SCOPED_TRACE(name);
     const std::string dir = out_dir + "/" + name;
     Tokenizer t = Tokenizer::from_file(dir + "/tokenizer.json", dir + "/tokenizer_config.json");
