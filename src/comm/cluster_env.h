@@ -1,5 +1,5 @@
-// Private to src/comm: what a launcher other than torchrun (srun, mpirun) tells a rank, and which address its
-// transport should bind so that the other hosts reach it.
+// Private to src/comm: what a launcher other than torchrun (srun, mpirun) tells a rank, and which
+// address its transport should bind so that the other hosts reach it.
 #pragma once
 
 #include <fsdp/comm/rendezvous.h>
