@@ -18,8 +18,26 @@ double micros(Tracer::Clock::time_point t) {
 void Tracer::complete(const char* category, std::string name, Clock::time_point begin,
                       Clock::time_point end, std::string unit, int64_t bytes, const char* track) {
   if (!enabled_) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back({category, std::move(name), begin, end, std::move(unit), bytes, track});
+  }
+  sample_counters();
+}
+
+void Tracer::sample_counters() {
+  if (!enabled_ || !sampler_) return;
+  // Sampled outside the lock: the sampler takes locks of its own.
+  Sample sample = sampler_();
+  const Clock::time_point at = Clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
-  events_.push_back({category, std::move(name), begin, end, std::move(unit), bytes, track});
+  samples_.push_back({at, std::move(sample)});
+}
+
+void Tracer::set_counter_sampler(std::string name, std::function<Sample()> sampler) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  counter_name_ = std::move(name);
+  sampler_ = std::move(sampler);
 }
 
 size_t Tracer::size() const {
@@ -55,6 +73,15 @@ void Tracer::write_chrome_trace(const std::string& path, int rank) const {
                         {"dur", std::max(0.0, micros(e.end) - micros(e.begin))},
                         {"pid", rank},
                         {"tid", std::string(e.track) == "comm" ? 1 : 0},
+                        {"args", args}});
+    }
+    for (const CounterSample& c : samples_) {
+      nlohmann::json args = nlohmann::json::object();
+      for (const auto& [series, value] : c.values) args[series] = value;
+      events.push_back({{"name", counter_name_},
+                        {"ph", "C"},
+                        {"ts", micros(c.at)},
+                        {"pid", rank},
                         {"args", args}});
     }
   }

@@ -105,7 +105,9 @@ TEST(FsdpTrain, TraceAndExposedCommunication) {
   const CommandResult r = run("--nproc 2 --steps 3 --global-batch 4 --seq-len 16 --quiet --trace " +
                               dir + " --metrics " + metrics);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const auto& line : read_json_lines(metrics)) {
+  const auto lines = read_json_lines(metrics);
+  ASSERT_EQ(lines.size(), 3u);
+  for (const auto& line : lines) {
     ASSERT_TRUE(line.contains("exposed_comm_s"));
     EXPECT_GE(line["exposed_comm_s"].get<double>(), 0.0);
     EXPECT_LE(line["exposed_comm_s"].get<double>(), line["step_s"].get<double>());
@@ -116,7 +118,18 @@ TEST(FsdpTrain, TraceAndExposedCommunication) {
     const auto trace = nlohmann::json::parse(in);
     std::map<std::string, int> count;  // "cat/name" -> events
     std::set<std::string> gathered_units;
+    std::map<std::string, int64_t> most;  // memory counter series -> its largest sample
+    int samples = 0;
     for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] == "C") {
+        ++samples;
+        EXPECT_EQ(e["name"], "memory (bytes)");
+        for (const auto& [series, value] : e["args"].items()) {
+          EXPECT_GE(value.get<int64_t>(), 0) << series;
+          most[series] = std::max(most[series], value.get<int64_t>());
+        }
+        continue;
+      }
       if (e["ph"] != "X") continue;
       EXPECT_GE(e["dur"].get<double>(), 0.0);
       EXPECT_EQ(e["pid"], rank);
@@ -139,6 +152,21 @@ TEST(FsdpTrain, TraceAndExposedCommunication) {
     EXPECT_EQ(count["copy/copy-in"], count["comm/reduce-scatter"]);
     EXPECT_EQ(gathered_units.size(), 3u);
     EXPECT_TRUE(gathered_units.count("transformer.h.1"));
+    // The memory track: a sample after every event and at every change of the runtime's
+    // memory; its unsharded bytes peak where the metrics say (params + grads together peak at
+    // peak_unsharded_bytes, so each alone is at most that; gathered parameters and gradients
+    // awaiting their reduce-scatter are both seen), and every tensor of the rank includes them.
+    int events = 0;
+    for (const auto& [key, n] : count) events += n;
+    EXPECT_GT(samples, events);
+    const int64_t peak_unsharded = lines.back()["ranks"][rank]["peak_unsharded_bytes"];
+    EXPECT_GT(most["unsharded params"], 0);
+    EXPECT_LE(most["unsharded params"], peak_unsharded);
+    EXPECT_GT(most["unsharded grads"], 0);
+    EXPECT_LE(most["unsharded grads"], peak_unsharded);
+    EXPECT_GT(most["comm buffers"], 0);
+    EXPECT_GE(most["all tensors"],
+              most["unsharded params"] + lines.back()["ranks"][rank]["param_bytes"].get<int64_t>());
   }
 }
 

@@ -464,6 +464,22 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<at::Tensor
 
 // Builds the model; under FSDP with deferred initialization: each unit is sharded as soon as
 // it is built, so a rank never holds more than the root's parameters plus one unit in full.
+// --trace's memory counter track: at every traced event and every change of the runtime's
+// memory, the bytes of the runtime's categories
+// (unsharded parameters and gradients, communication buffers) and of every live CPU tensor of
+// the process (one rank per process under --nproc and launchers: the rank's own), which
+// includes the sharded state, activations and temporaries.
+void trace_memory(Tracer& tracer, RankStats& stats) {
+  stats.set_observer([&tracer] { tracer.sample_counters(); });
+  tracer.set_counter_sampler("memory (bytes)", [&stats] {
+    const MemorySnapshot live = stats.live();
+    return Tracer::Sample{{"unsharded params", live.unsharded_param_bytes},
+                          {"unsharded grads", live.unsharded_grad_bytes},
+                          {"comm buffers", live.comm_buffer_bytes},
+                          {"all tensors", process_cpu_memory().live_bytes()}};
+  });
+}
+
 void build_model(Run& run) {
   const TrainerOptions& o = run.o;
   MixedPrecisionPolicy mp_policy;
@@ -486,6 +502,7 @@ void build_model(Run& run) {
     run.root->set_implicit_prefetch(o.prefetch);
     run.tracer = &run.mesh->tracer();
   }
+  if (!o.trace_dir.empty() && run.mesh) trace_memory(*run.tracer, run.mesh->stats());
   run.tracer->enable(!o.trace_dir.empty());
   run.params = unique_parameters(*run.model);
   run.optimizer = make_optimizer(run.params, o);
@@ -613,6 +630,8 @@ void set_up(Run& run) {
     install_cpu_memory_counter();
     run.count_thread.emplace(run.thread_memory);
   }
+  // --trace's memory track counts every tensor of the model too.
+  if (!run.o.trace_dir.empty()) install_cpu_memory_counter();
   run.spec = model_spec_of(run.o);
   build_mesh(run);
   build_model(run);

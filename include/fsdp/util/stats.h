@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 
 namespace fsdp {
@@ -64,6 +65,10 @@ class RankStats {
     std::lock_guard<std::mutex> lock(mutex_);
     return peak_unsharded_;
   }
+  // Called after every change of a live count, on the thread that made it, outside the stats'
+  // lock (--trace samples its memory track here). Set it before the runtime runs.
+  void set_observer(std::function<void()> observer) { observer_ = std::move(observer); }
+
   // Peaks restart from the live values (call at the start of a step).
   void reset_peaks() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -74,6 +79,12 @@ class RankStats {
  private:
   template <typename Fn>
   void update(Fn&& fn) {
+    apply(fn);
+    if (observer_) observer_();
+  }
+
+  template <typename Fn>
+  void apply(Fn&& fn) {
     std::lock_guard<std::mutex> lock(mutex_);
     fn(live_);
     peak_.unsharded_param_bytes =
@@ -89,6 +100,7 @@ class RankStats {
   MemorySnapshot peak_;
   int64_t peak_unsharded_ = 0;
   double exposed_comm_s_ = 0;
+  std::function<void()> observer_;
 };
 
 }  // namespace fsdp

@@ -6,10 +6,15 @@
 // unit and the bytes) and copy (copy-out after an all-gather, copy-in before a reduce-scatter).
 // Timestamps come from the steady clock, which all processes of a machine share, so the ranks'
 // files line up. Recording is off until enable(); a disabled tracer costs one branch per event.
+//
+// Counter tracks ("ph":"C", which Perfetto draws as graphs): with a sampler set, every event
+// also records the sampler's values at its end, and so does every sample_counters() call (the
+// trainer samples live tensor bytes by category whenever the runtime's memory changes).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -30,6 +35,16 @@ class Tracer {
                 Clock::time_point end, std::string unit = {}, int64_t bytes = -1,
                 const char* track = "compute");
 
+  // Named values sampled for the counter track `name` after every event (nullptr: none). The
+  // sampler may be called from any thread that records an event; it must be thread-safe. Set it
+  // before enable(), not while events are being recorded.
+  using Sample = std::vector<std::pair<std::string, int64_t>>;
+  void set_counter_sampler(std::string name, std::function<Sample()> sampler);
+
+  // Records the sampler's values now (when enabled and a sampler is set); complete() does this
+  // after every event, and a caller may at any other moment, such as when memory changes.
+  void sample_counters();
+
   size_t size() const;
   // Writes every event recorded so far as {"traceEvents": [...]} with pid = rank. Throws if the
   // file cannot be written.
@@ -44,9 +59,16 @@ class Tracer {
     int64_t bytes;
     const char* track;
   };
+  struct CounterSample {
+    Clock::time_point at;
+    Sample values;
+  };
   bool enabled_ = false;
   mutable std::mutex mutex_;
   std::vector<Event> events_;
+  std::string counter_name_;
+  std::function<Sample()> sampler_;
+  std::vector<CounterSample> samples_;
 };
 
 // Records [construction, destruction) as one complete event when the tracer is enabled.
