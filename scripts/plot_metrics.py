@@ -99,7 +99,8 @@ def plot_memory(records, out):
     peak_field, peak_label = MEMORY_FIELDS[-1]
     peaks = [r.get(peak_field, 0) / 2**20 for r in ranks]
     if any(peaks):
-        ax.scatter(x, peaks, marker="_", s=2000, color="black", label=peak_label, zorder=3)
+        ax.hlines(peaks, [i - 0.3 for i in x], [i + 0.3 for i in x], colors="black", linewidth=2,
+                  label=peak_label, zorder=3)
     ax.set_xticks(x, [f"rank {r.get('rank', i)}" for i, r in enumerate(ranks)])
     ax.set_ylabel("MiB")
     ax.set_title(f"memory per rank at step {records[-1]['step']}")
