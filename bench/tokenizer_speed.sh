@@ -19,13 +19,13 @@ if [ -z "$py" ]; then if [ -x .venv/bin/python3 ]; then py=.venv/bin/python3; el
 repeats="${2:-3}"
 dir="${FSDP_BENCH_DIR:-/tmp/fsdp_tokenizer_bench}"
 mkdir -p "$dir"
-[ -f "$dir/gpt2/tokenizer.json" ] || "$py" tests/data/tokenizer_reference.py "$dir" >/dev/null
+[ -f "$dir/qwen2/tokenizer.json" ] || "$py" tests/data/tokenizer_reference.py "$dir" >/dev/null
 text="$dir/fortunes.txt"
 for f in /usr/share/games/fortunes/*; do
   case "$f" in *.dat|*.u8) ;; *) cat "$f" ;; esac
 done > "$text"
 
-for name in gpt2 llama3; do
+for name in gpt2 llama3 qwen2; do
   ours=$(build/bench/tokenizer-speed "$dir/$name/tokenizer.json" "$text" "$repeats" "$dir/$name.ours.ids")
   RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false "$py" - "$dir/$name/tokenizer.json" "$text" "$repeats" \
       "$dir/$name.ours.ids" "$name" "$ours" <<'PY'
