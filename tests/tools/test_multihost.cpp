@@ -201,28 +201,27 @@ TEST(MultiHostTest, TorchrunOnTwoHostsGivesTheLossesOfOneHost) {
   EXPECT_EQ(losses(dir + "/two_hosts.jsonl"), one_host_losses(dir));
 }
 
-TEST(MultiHostTest, SlurmVariablesOnTwoHostsGiveTheLossesOfOneHost) {
+// fsdp-train launched on the two hosts by launches_for(command) trains exactly as on one host.
+void expect_the_losses_of_one_host(const std::string& name,
+                                   std::vector<Launch> (*launches_for)(const std::string&)) {
   TwoHosts hosts;
   SKIP_WITHOUT_HOSTS(hosts);
-  const std::string dir = test::temp_dir("multihost_slurm");
+  const std::string dir = test::temp_dir("multihost_" + name);
   const auto outcomes =
       run_launches(hosts, dir,
-                   slurm_launches(test::fsdp_train_binary() + kFlags + " --steps 6 --metrics " +
-                                  dir + "/two_hosts.jsonl"));
+                   launches_for(test::fsdp_train_binary() + kFlags + " --steps 6 --metrics " + dir +
+                                "/two_hosts.jsonl"));
   for (const auto& o : outcomes) ASSERT_EQ(o.exit_code, 0) << all_output(outcomes);
   EXPECT_EQ(losses(dir + "/two_hosts.jsonl"), one_host_losses(dir));
 }
 
+TEST(MultiHostTest, SlurmVariablesOnTwoHostsGiveTheLossesOfOneHost) {
+  expect_the_losses_of_one_host("slurm",
+                                [](const std::string& command) { return slurm_launches(command); });
+}
+
 TEST(MultiHostTest, OpenMpiVariablesOnTwoHostsGiveTheLossesOfOneHost) {
-  TwoHosts hosts;
-  SKIP_WITHOUT_HOSTS(hosts);
-  const std::string dir = test::temp_dir("multihost_open_mpi");
-  const auto outcomes =
-      run_launches(hosts, dir,
-                   open_mpi_launches(test::fsdp_train_binary() + kFlags + " --steps 6 --metrics " +
-                                     dir + "/two_hosts.jsonl"));
-  for (const auto& o : outcomes) ASSERT_EQ(o.exit_code, 0) << all_output(outcomes);
-  EXPECT_EQ(losses(dir + "/two_hosts.jsonl"), one_host_losses(dir));
+  expect_the_losses_of_one_host("open_mpi", open_mpi_launches);
 }
 
 // Seconds from the moment in file `marker` was written (its mtime) to each launch's end.
