@@ -7,6 +7,7 @@
 
 #include <common/cli_checks.h>
 #include <common/launcher.h>
+#include <common/report_errors.h>
 #include <fsdp/comm/rendezvous.h>
 
 #include <ATen/Parallel.h>
@@ -161,7 +162,7 @@ int main(int argc, char** argv) {
   Flags f;
   add_flags(app, f);
   CLI11_PARSE(app, argc, argv);
-  try {
+  return fsdp::tools::run_reporting_errors("fsdp-comm-bench", [&]() -> int {
     finish_options(f);
     const bool nproc_given = app.count("--nproc") > 0;
     if (!nproc_given && fsdp::tools::launched_as_a_rank()) {
@@ -169,10 +170,5 @@ int main(int argc, char** argv) {
     }
     std::vector<std::string> args(argv + 1, argv + argc);
     return fsdp::tools::launch_local_ranks(f.nproc, fsdp::tools::strip_flag(args, "--nproc"));
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "fsdp-comm-bench: error: %s\n", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdp-comm-bench: error: %s\n", e.what());
-  }
-  return 1;
+  });
 }

@@ -11,6 +11,7 @@
 #include <models/model.h>
 
 #include <common/cli_checks.h>
+#include <common/report_errors.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -174,7 +175,7 @@ int main(int argc, char** argv) {
   add_flags(app, f);
   CLI11_PARSE(app, argc, argv);
 
-  try {
+  return fsdp::tools::run_reporting_errors("fsdp-estimate", [&]() -> int {
     const auto spec = sized_spec(f);
     TORCH_CHECK(f.seq_len <= spec->max_seq_len(), "--seq-len ", f.seq_len, " is outside [1, ",
                 spec->max_seq_len(), "], the positions model '", f.model, "' has");
@@ -210,10 +211,5 @@ int main(int argc, char** argv) {
     }
     std::cout << out.dump(f.pretty ? 2 : -1) << '\n';
     return 0;
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "fsdp-estimate: error: %s\n", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdp-estimate: error: %s\n", e.what());
-  }
-  return 1;
+  });
 }

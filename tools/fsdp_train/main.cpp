@@ -3,6 +3,7 @@
 // the single-process reference. With none of these it launches 2 local ranks.
 #include <common/cli_checks.h>
 #include <common/launcher.h>
+#include <common/report_errors.h>
 #include <fsdp/comm/rendezvous.h>
 #include <fsdp/data/corpus.h>
 #include <fsdp_train/machine_fit.h>
@@ -242,7 +243,7 @@ int main(int argc, char** argv) {
   add_flags(app, o, nproc, timeout_s);
   CLI11_PARSE(app, argc, argv);
 
-  try {
+  return fsdp::tools::run_reporting_errors("fsdp-train", [&]() -> int {
     const bool nproc_given = app.count("--nproc") > 0;
     if (o.no_fsdp) {
       TORCH_CHECK(!nproc_given, "--no-fsdp runs one process; drop --nproc ", nproc);
@@ -275,10 +276,5 @@ int main(int argc, char** argv) {
     fsdp::train::check_ranks_fit_memory(o, ranks, ranks);
     std::vector<std::string> args(argv + 1, argv + argc);
     return fsdp::tools::launch_local_ranks(ranks, fsdp::tools::strip_flag(args, "--nproc"));
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "fsdp-train: error: %s\n", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdp-train: error: %s\n", e.what());
-  }
-  return 1;
+  });
 }
