@@ -2,7 +2,7 @@
 // nccl-tests, on the same process groups fsdp-train uses. With --nproc N (default 2) it launches
 // N local ranks of itself; under torchrun or Slurm each process is one rank. Rank 0 prints the
 // table and, with --output, writes the measurements and an alpha-beta fit per collective as
-// JSON (what fsdp-plan reads as a link's latency and inverse bandwidth).
+// JSON (a link's latency and inverse bandwidth, for planning).
 #include "bench.h"
 
 #include <common/cli_checks.h>
@@ -130,6 +130,10 @@ int run_rank(const Flags& f) {
   const nlohmann::json fit = fsdp::tools::fit_alpha_beta(results);
   std::printf("# alpha-beta fit (time = alpha + beta * size):\n");
   for (const auto& [name, v] : fit.items()) {
+    if (v["points"].get<int>() < 2) {
+      std::printf("#   %-20s one size only: no fit\n", name.c_str());
+      continue;
+    }
     std::printf("#   %-20s alpha %.1f us, beta %.3f ns/B (%.3f GB/s), max error %.0f%%\n",
                 name.c_str(), v["alpha_s"].get<double>() * 1e6,
                 v["beta_s_per_byte"].get<double>() * 1e9,
