@@ -1,6 +1,7 @@
 // scripts/plot_metrics.py on a real fsdp-train --metrics file (2 ranks, held-out loss): it
 // writes the three PNGs, each a real image of the size the script asks matplotlib for, and a
-// file that is not fsdp-train's metrics fails naming the file and line.
+// file that is not fsdp-train's metrics fails naming the file and line. Likewise
+// scripts/plot_trace_memory.py on a real --trace file's memory counter track.
 #include "support/checkpoint_util.h"
 #include "support/test_support.h"
 
@@ -57,6 +58,27 @@ TEST(PlotMetrics, DrawsLossThroughputAndMemoryFromARealRun) {
     EXPECT_EQ(png_size(png), want);
     EXPECT_GT(png.size(), 10000u) << "an almost empty image";
   }
+}
+
+TEST(PlotMetrics, DrawsTheTraceMemoryTrack) {
+  const std::string dir = temp_dir("plot_trace_memory");
+  const CommandResult train =
+      run_command(fsdp_train_binary() + " --nproc 2 --steps 2 --global-batch 4 --seq-len 16 " +
+                  "--quiet --trace " + dir + "/trace");
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const std::string script =
+      reference_python() + " " FSDP_SOURCE_DIR "/scripts/plot_trace_memory.py ";
+  const CommandResult r =
+      run_command(script + dir + "/trace/rank1.json " + dir + "/memory.png --steps 1", 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string png = read_bytes(dir + "/memory.png");
+  EXPECT_EQ(png_size(png), (std::pair<uint32_t, uint32_t>{1000, 450}));
+  EXPECT_GT(png.size(), 10000u) << "an almost empty image";
+  // A trace without the track (an empty trace here) is refused, naming the track.
+  std::ofstream(dir + "/empty.json") << "{\"traceEvents\": []}";
+  const CommandResult bad = run_command(script + dir + "/empty.json " + dir + "/x.png", 60);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.output, HasSubstr("has no 'memory (bytes)' counter track"));
 }
 
 TEST(PlotMetrics, ABadLineIsNamed) {
