@@ -16,12 +16,11 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/optim/sgd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -55,51 +54,26 @@ struct Options {
   int units = 64;
   int64_t dim = 64, batch = 8;
   int steps = 60;
-  bool fsdp = true;
+  bool no_fsdp = false;
 };
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&] {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "unit-overhead: %s needs a value\n", flag.c_str());
-        std::exit(2);
-      }
-      return std::atoll(argv[++i]);
-    };
-    if (flag == "--units")
-      o.units = static_cast<int>(value());
-    else if (flag == "--dim")
-      o.dim = value();
-    else if (flag == "--batch")
-      o.batch = value();
-    else if (flag == "--steps")
-      o.steps = static_cast<int>(value());
-    else if (flag == "--no-fsdp")
-      o.fsdp = false;
-    else {
-      std::fprintf(stderr, "unit-overhead: unknown flag %s\n", flag.c_str());
-      std::exit(2);
-    }
-  }
-  if (o.units < 1 || o.dim < 1 || o.batch < 1 || o.steps <= 10) {
-    std::fprintf(stderr, "unit-overhead: --units, --dim, --batch must be >= 1, --steps > 10\n");
-    std::exit(2);
-  }
-  return o;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  CLI::App app{"unit-overhead: step time of a model of many tiny FSDP units"};
+  Options o;
+  app.add_option("--units", o.units, "FSDP units")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--dim", o.dim, "Width of each unit")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--batch", o.batch, "Rows per step")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--steps", o.steps, "Steps; the first 10 are not timed")
+      ->check(CLI::Range(11, 1 << 20));
+  app.add_flag("--no-fsdp", o.no_fsdp, "The same model without FSDP, one process");
+  CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);  // one intra-op thread per rank, as the FSDP2 side
   std::shared_ptr<fsdp::ProcessGroup> group;
-  if (o.fsdp) {
+  if (!o.no_fsdp) {
     fsdp::LaunchEnv env;  // a group of one unless a launcher says otherwise
-    if (std::getenv("RANK") != nullptr) env = fsdp::launch_env_from_environment();
+    if (fsdp::launched_by_a_launcher()) env = fsdp::launch_env_from_environment();
     group = fsdp::init_process_group(env);
   }
   torch::manual_seed(0);
@@ -129,7 +103,7 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"side\": \"ours\", \"fsdp\": %s, \"world\": %d, \"units\": %d, \"median_step_us\": "
         "%.1f}\n",
-        o.fsdp ? "true" : "false", group ? group->size() : 1, o.units, timed[timed.size() / 2]);
+        o.no_fsdp ? "false" : "true", group ? group->size() : 1, o.units, timed[timed.size() / 2]);
   }
   return 0;
 }

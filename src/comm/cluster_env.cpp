@@ -23,15 +23,19 @@
 namespace fsdp::detail {
 namespace {
 
+// The variable each launcher sets for a rank's global rank; its presence says which launched us.
+constexpr char kSlurmRank[] = "SLURM_PROCID";
+constexpr char kOpenMpiRank[] = "OMPI_COMM_WORLD_RANK";
+
 std::optional<std::string> env_value(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr) return std::nullopt;
   return std::string(value);
 }
 
-// The integer in variable name, which the launcher that set `marker` (SLURM_PROCID for srun,
-// OMPI_COMM_WORLD_RANK for mpirun) also sets.
-int env_int(const char* name, const char* marker = "SLURM_PROCID") {
+// The integer in variable name, which the launcher that set `marker` (kSlurmRank for srun,
+// kOpenMpiRank for mpirun) also sets.
+int env_int(const char* name, const char* marker = kSlurmRank) {
   const auto value = env_value(name);
   TORCH_CHECK(value.has_value(), "fsdp: ", marker, " is set but ", name,
               " is not; launch with srun or mpirun, or set RANK, WORLD_SIZE, LOCAL_RANK, "
@@ -68,9 +72,9 @@ std::string first_host_of(const std::string& hostlist) {
 }
 
 std::optional<LaunchEnv> launch_env_from_slurm() {
-  if (!env_value("SLURM_PROCID")) return std::nullopt;
+  if (!env_value(kSlurmRank)) return std::nullopt;
   LaunchEnv env;
-  env.rank = env_int("SLURM_PROCID");
+  env.rank = env_int(kSlurmRank);
   env.world_size = env_int("SLURM_NTASKS");
   env.local_rank = env_int("SLURM_LOCALID");
   if (auto addr = env_value("MASTER_ADDR")) {
@@ -87,7 +91,7 @@ std::optional<LaunchEnv> launch_env_from_slurm() {
 }
 
 std::optional<LaunchEnv> launch_env_from_open_mpi() {
-  constexpr char kMarker[] = "OMPI_COMM_WORLD_RANK";
+  constexpr const char* kMarker = kOpenMpiRank;
   if (!env_value(kMarker)) return std::nullopt;
   LaunchEnv env;
   env.rank = env_int(kMarker, kMarker);
@@ -104,6 +108,8 @@ std::optional<LaunchEnv> launch_env_from_open_mpi() {
   env.master_port = env_value("MASTER_PORT") ? env_int("MASTER_PORT", kMarker) : 29500;
   return env;
 }
+
+bool cluster_launcher_present() { return env_value(kSlurmRank) || env_value(kOpenMpiRank); }
 
 std::string transport_address_towards(const std::string& host) {
   if (auto forced = env_value("FSDP_HOSTNAME"); forced && !forced->empty()) return *forced;

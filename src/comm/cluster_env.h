@@ -22,6 +22,9 @@ std::optional<LaunchEnv> launch_env_from_slurm();
 // OMPI_COMM_WORLD_RANK is not set. Throws naming a variable that is missing or malformed.
 std::optional<LaunchEnv> launch_env_from_open_mpi();
 
+// Whether srun or mpirun started this process (SLURM_PROCID or OMPI_COMM_WORLD_RANK is set).
+bool cluster_launcher_present();
+
 // The first host of a Slurm host list: "node[03-05,9],gpu1" gives "node03", "a,b" gives "a".
 // Throws naming the list when it is empty or malformed.
 std::string first_host_of(const std::string& hostlist);

@@ -88,6 +88,10 @@ void check_launch_env(const LaunchEnv& env) {
 
 }  // namespace
 
+bool launched_by_a_launcher() {
+  return read_env("RANK").has_value() || detail::cluster_launcher_present();
+}
+
 LaunchEnv launch_env_from_environment() {
   if (!read_env("RANK")) {
     auto cluster = detail::launch_env_from_slurm();

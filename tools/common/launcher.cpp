@@ -16,7 +16,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -129,13 +128,6 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args) {
     }
   }
   return result;
-}
-
-bool launched_as_a_rank() {
-  for (const char* name : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}) {
-    if (std::getenv(name) != nullptr) return true;
-  }
-  return false;
 }
 
 }  // namespace fsdp::tools

@@ -14,11 +14,6 @@ namespace fsdp::tools {
 // first failing rank's exit code (128 + signal for a signal).
 int launch_local_ranks(int nproc, const std::vector<std::string>& args);
 
-// Whether a launcher made this process one rank of a job: torchrun (RANK), Slurm's srun
-// (SLURM_PROCID) or Open MPI's mpirun (OMPI_COMM_WORLD_RANK); then it must not launch ranks
-// of its own.
-bool launched_as_a_rank();
-
 // args without the launcher's own flag (`--nproc N` or `--nproc=N`), for the children.
 std::vector<std::string> strip_flag(const std::vector<std::string>& args, const std::string& flag);
 

@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
   return fsdp::tools::run_reporting_errors("fsdp-comm-bench", [&]() -> int {
     finish_options(f);
     const bool nproc_given = app.count("--nproc") > 0;
-    if (!nproc_given && fsdp::tools::launched_as_a_rank()) {
+    if (!nproc_given && fsdp::launched_by_a_launcher()) {
       return run_rank(f);
     }
     std::vector<std::string> args(argv + 1, argv + argc);

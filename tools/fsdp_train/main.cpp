@@ -254,7 +254,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     // Launched by torchrun, Slurm's srun or Open MPI's mpirun: this process is one rank.
-    if (!nproc_given && fsdp::tools::launched_as_a_rank()) {
+    if (!nproc_given && fsdp::launched_by_a_launcher()) {
       const fsdp::LaunchEnv env = fsdp::launch_env_from_environment();
       const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
       if (local_world == nullptr) local_world = std::getenv("SLURM_NTASKS_PER_NODE");

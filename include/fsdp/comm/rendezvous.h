@@ -91,6 +91,11 @@ struct LaunchEnv {
 // malformed, or when RANK is outside [0, WORLD_SIZE).
 LaunchEnv launch_env_from_environment();
 
+// Whether a launcher made this process one rank of a job, so that launch_env_from_environment
+// describes it: torchrun (RANK), Slurm's srun (SLURM_PROCID) or Open MPI's mpirun
+// (OMPI_COMM_WORLD_RANK). A program that launches local ranks itself must not then.
+bool launched_by_a_launcher();
+
 // Joins the group described by env: rank 0 hosts a c10d TCPStore at MASTER_ADDR:MASTER_PORT,
 // every rank checks that all agree on WORLD_SIZE and waits for the others. Throws with the
 // missing ranks named if they do not all arrive within options.timeout, and with both values

@@ -79,20 +79,17 @@ class RankStats {
  private:
   template <typename Fn>
   void update(Fn&& fn) {
-    apply(fn);
-    if (observer_) observer_();
-  }
-
-  template <typename Fn>
-  void apply(Fn&& fn) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    fn(live_);
-    peak_.unsharded_param_bytes =
-        std::max(peak_.unsharded_param_bytes, live_.unsharded_param_bytes);
-    peak_.unsharded_grad_bytes = std::max(peak_.unsharded_grad_bytes, live_.unsharded_grad_bytes);
-    peak_.comm_buffer_bytes = std::max(peak_.comm_buffer_bytes, live_.comm_buffer_bytes);
-    peak_.unsharded_units = std::max(peak_.unsharded_units, live_.unsharded_units);
-    peak_unsharded_ = std::max(peak_unsharded_, live_.unsharded_bytes());
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fn(live_);
+      peak_.unsharded_param_bytes =
+          std::max(peak_.unsharded_param_bytes, live_.unsharded_param_bytes);
+      peak_.unsharded_grad_bytes = std::max(peak_.unsharded_grad_bytes, live_.unsharded_grad_bytes);
+      peak_.comm_buffer_bytes = std::max(peak_.comm_buffer_bytes, live_.comm_buffer_bytes);
+      peak_.unsharded_units = std::max(peak_.unsharded_units, live_.unsharded_units);
+      peak_unsharded_ = std::max(peak_unsharded_, live_.unsharded_bytes());
+    }
+    if (observer_) observer_();  // outside the lock: the observer reads live()
   }
 
   mutable std::mutex mutex_;
