@@ -23,6 +23,10 @@
 // Collectives run on the process group's progress thread with temporaries of their own (see
 // concurrent_temporaries). Parameters and optimizer state (from the previous step) are live
 // throughout; zero_grad set the gradients to none before the first forward.
+// The walk is shared: a StepObserver (step_replay.h) sees each of its events, which is how the
+// step-time planner times the same schedule.
+#include "estimate/step_replay.h"
+
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fsdp/memory_estimate.h>
@@ -104,9 +108,15 @@ class Replay {
   std::vector<std::pair<std::string, int64_t>> timeline_;
 };
 
+using detail::ComputePhase;
+using detail::kRootUnit;
+using detail::ReductionKind;
+
 class StepModel {
  public:
-  StepModel(const ModelMemorySpec& model, const MemoryEstimateOptions& o) : o_(o) {
+  StepModel(const ModelMemorySpec& model, const MemoryEstimateOptions& o,
+            detail::StepObserver& observer)
+      : o_(o), obs_(observer) {
     TORCH_CHECK(o.world_size() >= 1, "estimate_memory: world_size must be at least 1, got ",
                 o.world_size());
     TORCH_CHECK(o.grad_accum() >= 1, "estimate_memory: grad_accum must be at least 1, got ",
@@ -197,6 +207,7 @@ class StepModel {
       forward(reshard_after_forward_ && !keep);
       backward(sync, !keep || last);
     }
+    obs_.optimizer_step(shard_numel);
     r_.transient(2 * max_shard * master_, "optimizer step");
 
     e.peak_unsharded_bytes = r_.peak_unsharded();
@@ -250,6 +261,8 @@ class StepModel {
     // A gather from an hpZ piece runs on the post-forward group's own thread.
     issued_since_compute_.push_back(
         {gather_buffer_bytes(u), s.piece ? kPostForwardGroup : kShardGroup});
+    obs_.issue_gather(i, gather_buffer_bytes(u), s.piece ? post_forward_size_ : shard_, s.piece,
+                      input);
     s.gathering = true;
   }
 
@@ -260,6 +273,7 @@ class StepModel {
     const UnitSizes& u = unit(i);
     if (s.gathering) {
       // Copy-out into the unsharded storages while the buffers are alive, then free them.
+      obs_.wait_gather(i, unsharded_bytes(u));
       r_.alloc(unsharded_bytes(u), phase);
       r_.count_unsharded(unsharded_bytes(u));
       const int64_t input = s.piece ? piece_bytes(u) : cast_copy_bytes(u);
@@ -286,6 +300,7 @@ class StepModel {
     issue(-1);
     for (int k = 0; k < o_.prefetch() && k < n; ++k) issue(k);
     wait(-1, "forward of root");
+    obs_.compute(kRootUnit, ComputePhase::kRootStem);
     r_.alloc(root_before_, "forward of root");
     r_.transient(concurrent_temporaries(), "forward of root");
     for (int i = 0; i < n; ++i) {
@@ -293,6 +308,7 @@ class StepModel {
       for (int k = 1; k <= o_.prefetch() && i + k < n; ++k) issue(i + k);
       const std::string phase = "forward of " + units_[i].name;
       wait(i, phase);
+      obs_.compute(i, ComputePhase::kForward);
       r_.alloc(units_[i].saved, phase);
       r_.transient(units_[i].forward_ws + concurrent_temporaries(), phase);
       if (reshard_after_forward && post_forward_size_ > 0) {
@@ -305,6 +321,7 @@ class StepModel {
         reshard(i);
       }
     }
+    obs_.compute(kRootUnit, ComputePhase::kRootHead);
     r_.alloc(root_after_, "end of forward");
     r_.transient(root_forward_ws_, "end of forward");
   }
@@ -313,6 +330,7 @@ class StepModel {
     const int n = static_cast<int>(units_.size());
     // The root's head: the output's and loss's gradients, then the root's full gradients (the
     // tied embedding's among them), alive until the root's post-backward at the end.
+    obs_.compute(kRootUnit, ComputePhase::kRootHeadBackward);
     r_.transient(root_backward_peak_ + concurrent_temporaries(), "backward of root (head)");
     r_.free(root_after_);
     r_.alloc(root_.full_numel * compute_, "backward of root (head)");
@@ -323,14 +341,16 @@ class StepModel {
         if (!state(i - k).unsharded) issue(i - k);
       }
       wait(i, phase);
+      obs_.compute(i, ComputePhase::kBackward);
       r_.transient(units_[i].backward_peak + concurrent_temporaries(), phase);
       // Its end state: the saved activations gone, the full gradients made.
       r_.free(units_[i].saved);
       r_.alloc(units_[i].full_numel * compute_, phase);
       post_backward(i, sync, reshard_after_backward, phase);
     }
+    obs_.compute(kRootUnit, ComputePhase::kRootStemBackward);
     r_.free(root_before_);
-    post_backward(-1, sync, reshard_after_backward, "end of backward");
+    post_backward(kRootUnit, sync, reshard_after_backward, "end of backward");
     if (sync) {
       while (!pending_.empty()) finish_oldest();
     }
@@ -361,8 +381,10 @@ class StepModel {
       s.unsynced = false;
     }
     if (!sync) {
+      obs_.keep_gradients(i, full);
       keep_unsynced(u, s, full, grads, phase);
     } else if (shard_ == 1 && replicate_ == 1) {
+      obs_.keep_gradients(i, full);
       keep_single_rank(u, s, full, phase);
     } else {
       issue_reduction(i, u, full, phase);
@@ -402,6 +424,9 @@ class StepModel {
     const int64_t output = shard_ == 1 ? 0 : u.shard_numel * reduce_;  // no_shard: in place
     r_.alloc(output, phase);
     pending_.push_back({input, output, u.shard_numel, i});
+    obs_.issue_reduction(i, full, input,
+                         shard_ == 1 ? ReductionKind::kAllReduce : ReductionKind::kReduceScatter,
+                         shard_ == 1 ? replicate_ : shard_);
     // The reduce-scatter's input, then (HSDP) the reduced shard across replicas; with one rank
     // per shard group (DDP), the all-reduce of the packed gradients in place.
     if (shard_ > 1) reduce_scatter_bytes_ += input;
@@ -414,6 +439,8 @@ class StepModel {
   void finish_oldest() {
     const Pending p = pending_.front();
     pending_.pop_front();
+    obs_.finish_reduction(p.unit, shard_ == 1 ? p.input : p.output,
+                          shard_ > 1 && replicate_ > 1 ? replicate_ : 1);
     r_.count_comm(-p.input);
     // The reduced shard becomes the gradient (in the master dtype); an earlier pass's sharded
     // gradient is added to it and freed.
@@ -455,6 +482,7 @@ class StepModel {
   std::vector<Issued> issued_since_compute_;
 
   MemoryEstimateOptions o_;
+  detail::StepObserver& obs_;
   int shard_ = 1, replicate_ = 1;
   int64_t master_ = 4, compute_ = 4, reduce_ = 4;
   bool cast_ = false;
@@ -518,8 +546,18 @@ std::string MemoryEstimate::to_json() const {
       all_reduce_bytes);
 }
 
+namespace detail {
+
+MemoryEstimate replay_step(const ModelMemorySpec& model, const MemoryEstimateOptions& options,
+                           StepObserver* observer) {
+  StepObserver none;
+  return StepModel(model, options, observer != nullptr ? *observer : none).run();
+}
+
+}  // namespace detail
+
 MemoryEstimate estimate_memory(const ModelMemorySpec& model, const MemoryEstimateOptions& options) {
-  return StepModel(model, options).run();
+  return detail::replay_step(model, options, nullptr);
 }
 
 }  // namespace fsdp

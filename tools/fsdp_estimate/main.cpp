@@ -10,7 +10,7 @@
 #include <fsdp/memory_estimate.h>
 #include <models/model.h>
 
-#include <common/cli_checks.h>
+#include <common/model_flags.h>
 #include <common/report_errors.h>
 
 #include <CLI/CLI.hpp>
@@ -20,151 +20,15 @@
 
 namespace {
 
-at::ScalarType parse_dtype(const std::string& flag, const std::string& name) {
-  if (name == "fp32") return at::kFloat;
-  if (name == "bf16") return at::kBFloat16;
-  if (name == "fp16") return at::kHalf;
-  if (name == "fp64") return at::kDouble;
-  TORCH_CHECK(false, flag, " must be fp32, bf16, fp16 or fp64, got '", name, "'");
-}
-
-// The command line, with each flag's default.
-struct Flags {
-  std::string model = "tiny";
-  int64_t vocab_size = 0, n_positions = 0, n_embd = 0, n_layer = 0, n_head = 0;
-  int world = 2, replicate = 1, prefetch = 1, grad_accum = 1;
-  std::string accum_mode = "sync";
-  std::string strategy = "full_shard", param_dtype, reduce_dtype, master_dtype = "fp32";
-  int64_t global_batch = 16, seq_len = 64;
-  bool activation_checkpoint = false, no_fsdp = false, pretty = false, timeline = false;
-  int reshard_after_forward = 1;
+struct Flags : fsdp::tools::ModelFlags {
+  bool pretty = false, timeline = false;
 };
 
 void add_flags(CLI::App& app, Flags& f) {
-  app.add_option("--model", f.model,
-                 "Model config to start from: " + fsdp::models::model_names_joined())
-      ->check(CLI::IsMember(fsdp::models::model_names()))
-      ->capture_default_str();
-  const auto positive = fsdp::tools::integer_at_least(1);
-  app.add_option("--vocab-size", f.vocab_size, "Override the config's vocab_size")->check(positive);
-  app.add_option("--n-positions", f.n_positions,
-                 "Override the config's longest sequence (GPT-2 n_positions, Llama "
-                 "max_position_embeddings)")
-      ->check(positive);
-  app.add_option("--n-embd", f.n_embd,
-                 "Override the config's width (GPT-2 n_embd, Llama hidden_size)")
-      ->check(positive);
-  app.add_option("--n-layer", f.n_layer, "Override the config's number of layers")->check(positive);
-  app.add_option("--n-head", f.n_head, "Override the config's attention heads")->check(positive);
-  app.add_option("--world-size,--nproc", f.world, "Ranks")->check(positive)->capture_default_str();
-  app.add_option("--strategy", f.strategy, "full_shard, shard_grad_op, no_shard or hybrid_shard")
-      ->check(CLI::IsMember({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}))
-      ->capture_default_str();
-  app.add_option("--replicate", f.replicate, "Replicas for hybrid_shard (divides the world size)")
-      ->check(fsdp::tools::integer_at_least(1))
-      ->capture_default_str();
-  app.add_option("--param-dtype", f.param_dtype,
-                 "Mixed precision: dtype of unsharded parameters and compute (fp32, bf16, fp16)");
-  app.add_option("--reduce-dtype", f.reduce_dtype,
-                 "Mixed precision: dtype of gradient reduction (default: --param-dtype)");
-  app.add_option("--master-dtype", f.master_dtype,
-                 "dtype of sharded parameters, gradients and optimizer state")
-      ->capture_default_str();
-  app.add_option("--global-batch", f.global_batch, "Sequences per step over all ranks")
-      ->check(fsdp::tools::integer_at_least(1))
-      ->capture_default_str();
-  app.add_option("--seq-len", f.seq_len, "Tokens per sequence")
-      ->check(fsdp::tools::integer_at_least(1))
-      ->capture_default_str();
-  app.add_flag("--activation-checkpoint", f.activation_checkpoint,
-               "Every block checkpoints its forward");
-  app.add_option("--reshard-after-forward", f.reshard_after_forward,
-                 "As fsdp-train's: 1 blocks reshard after forward, 0 they keep their parameters, "
-                 "N >= 2 they keep a 1/N piece (hpZ)")
-      ->check(fsdp::tools::integer_at_least(0))
-      ->capture_default_str();
-  app.add_option("--prefetch", f.prefetch, "Implicit prefetch depth (0: off)")
-      ->check(fsdp::tools::integer_at_least(0))
-      ->capture_default_str();
-  app.add_option("--grad-accum", f.grad_accum,
-                 "Forward/backward passes per step, each on 1/K of the rank's batch")
-      ->check(fsdp::tools::integer_at_least(1))
-      ->capture_default_str();
-  app.add_option("--accum-mode", f.accum_mode, "sync, no-sync or no-reshard (see fsdp-train)")
-      ->check(CLI::IsMember({"sync", "no-sync", "no-reshard"}))
-      ->capture_default_str();
-  app.add_flag("--no-fsdp", f.no_fsdp, "Plain single-process training (fsdp-train --no-fsdp)");
+  fsdp::tools::add_size_flags(app, f);
+  fsdp::tools::add_mode_flags(app, f);
   app.add_flag("--pretty", f.pretty, "Indent the JSON");
   app.add_flag("--timeline", f.timeline, "Add the most bytes live in each phase of the step");
-}
-
-// The model's spec with the size flags applied; their errors name the flags.
-std::shared_ptr<const fsdp::models::ModelSpec> sized_spec(const Flags& f) {
-  fsdp::models::SizeOverrides overrides;
-  overrides.vocab_size = f.vocab_size;
-  overrides.max_seq_len = f.n_positions;
-  overrides.dim = f.n_embd;
-  overrides.n_layers = f.n_layer;
-  overrides.n_heads = f.n_head;
-  try {
-    return fsdp::models::model_spec(f.model)->with_overrides(overrides);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "--n-embd, --n-head, --n-layer, --vocab-size or --n-positions: ",
-                e.what_without_backtrace());
-  }
-}
-
-// The estimator's options, every flag that depends on another checked.
-fsdp::MemoryEstimateOptions estimate_options(const Flags& f) {
-  fsdp::MemoryEstimateOptions options;
-  options.world_size(f.world)
-      .strategy(fsdp::parse_sharding_strategy(f.strategy))
-      .replicate(f.replicate)
-      .master_dtype(parse_dtype("--master-dtype", f.master_dtype))
-      .prefetch(f.prefetch)
-      .grad_accum(f.grad_accum)
-      .accumulation(fsdp::parse_accumulation_mode(f.accum_mode))
-      .reshard_after_forward_size(f.reshard_after_forward == 0   ? 1
-                                  : f.reshard_after_forward == 1 ? 0
-                                                                 : f.reshard_after_forward)
-      .fsdp(!f.no_fsdp);
-  TORCH_CHECK(options.strategy() == fsdp::ShardingStrategy::kHybridShard || f.replicate == 1,
-              "--replicate ", f.replicate, " needs --strategy hybrid_shard");
-  TORCH_CHECK(f.world % f.replicate == 0, "--replicate ", f.replicate,
-              " does not divide --world-size ", f.world);
-  const int shard_group = f.strategy == "hybrid_shard" ? f.world / f.replicate
-                          : f.strategy == "no_shard"   ? 1
-                                                       : f.world;
-  TORCH_CHECK(f.reshard_after_forward <= 1 || shard_group % f.reshard_after_forward == 0,
-              "--reshard-after-forward ", f.reshard_after_forward,
-              " (a group size) does not divide the shard group of ", shard_group, " ranks");
-  if (!f.param_dtype.empty()) options.param_dtype(parse_dtype("--param-dtype", f.param_dtype));
-  if (!f.reduce_dtype.empty()) options.reduce_dtype(parse_dtype("--reduce-dtype", f.reduce_dtype));
-  return options;
-}
-
-// The run's settings as printed under "settings".
-nlohmann::json settings_json(const Flags& f, const fsdp::models::ModelSpec& spec,
-                             int64_t micro_batch) {
-  const std::string& param_dtype = f.param_dtype.empty() ? f.master_dtype : f.param_dtype;
-  nlohmann::json settings = {
-      {"model", f.model},
-      {"parameters", spec.num_parameters()},
-      {"world_size", f.world},
-      {"strategy", f.no_fsdp ? std::string("none") : f.strategy},
-      {"replicate", f.replicate},
-      {"reshard_after_forward", f.reshard_after_forward},
-      {"param_dtype", param_dtype},
-      {"reduce_dtype", f.reduce_dtype.empty() ? param_dtype : f.reduce_dtype},
-      {"global_batch", f.global_batch},
-      {"micro_batch", micro_batch},
-      {"seq_len", f.seq_len},
-      {"activation_checkpoint", f.activation_checkpoint},
-      {"prefetch", f.prefetch},
-      {"grad_accum", f.grad_accum},
-      {"accum_mode", f.accum_mode}};
-  for (const auto& [key, value] : spec.sizes()) settings[key] = value;
-  return settings;
 }
 
 }  // namespace
@@ -176,34 +40,17 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   return fsdp::tools::run_reporting_errors("fsdp-estimate", [&]() -> int {
-    const auto spec = sized_spec(f);
-    TORCH_CHECK(f.seq_len <= spec->max_seq_len(), "--seq-len ", f.seq_len, " is outside [1, ",
-                spec->max_seq_len(), "], the positions model '", f.model, "' has");
-    if (f.no_fsdp) f.world = 1;
-    TORCH_CHECK(f.world >= 1, "--world-size must be at least 1, got ", f.world);
-    TORCH_CHECK(f.grad_accum >= 1, "--grad-accum must be at least 1, got ", f.grad_accum);
-    TORCH_CHECK(f.global_batch >= 1 && f.global_batch % (int64_t(f.world) * f.grad_accum) == 0,
-                "--global-batch ", f.global_batch,
-                " is not a positive multiple of ranks x micro-batches = ", f.world, " x ",
-                f.grad_accum);
-    const fsdp::MemoryEstimateOptions options = estimate_options(f);
+    const auto spec = fsdp::tools::sized_spec(f);
+    const int64_t micro_batch = fsdp::tools::checked_micro_batch(f, *spec);  // sequences per pass
+    const fsdp::MemoryEstimateOptions options = fsdp::tools::estimate_options(f);
     const at::ScalarType compute =
         f.no_fsdp ? options.master_dtype() : options.param_dtype().value_or(options.master_dtype());
-    const int64_t micro_batch = f.global_batch / f.world / f.grad_accum;  // sequences per pass
-    fsdp::ModelMemorySpec memory;
-    try {
-      memory = spec->memory_spec(micro_batch, f.seq_len, compute, f.activation_checkpoint);
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "--global-batch ", f.global_batch, " and --seq-len ", f.seq_len, " on ",
-                  f.world, " ranks of model '", f.model,
-                  "' (sizes from --n-embd, --n-layer, "
-                  "--vocab-size): ",
-                  e.what_without_backtrace());
-    }
+    const fsdp::ModelMemorySpec memory =
+        fsdp::tools::memory_spec_for(f, *spec, micro_batch, compute, f.activation_checkpoint);
     const fsdp::MemoryEstimate e = fsdp::estimate_memory(memory, options);
 
     nlohmann::json out = nlohmann::json::parse(e.to_json());
-    out["settings"] = settings_json(f, *spec, micro_batch);
+    out["settings"] = fsdp::tools::settings_json(f, *spec, micro_batch);
     if (f.timeline) {
       out["timeline"] = nlohmann::json::array();
       for (const auto& [phase, bytes] : e.timeline)

@@ -1,0 +1,142 @@
+// Step-time planner: predicts, before training, how long one FSDP training step takes, how much
+// of its communication the compute thread waits for, tokens/s, MFU and the rank's peak memory,
+// from the model, the training mode and a description of the hardware.
+//
+// Method. The step is the memory estimator's replay of the runtime's schedule
+// (src/estimate/step_replay.h: the same walk, so the same gathers, prefetches, reshards and
+// reductions in the same order). Two kinds of timeline run through it:
+//   compute  the rank's compute thread: each unit's forward and backward, from its matmuls
+//            (2 m k n FLOPs each at an achieved rate that may depend on the matmul's size),
+//            its attention (4 B H T^2 d_head FLOPs forward, counted over the full T x T as
+//            torchtitan's MFU does) and its other work (bytes over the memory bandwidth);
+//            backward does twice the forward's FLOPs and bytes, plus one forward again under
+//            activation checkpointing; copies into and out of communication buffers and AdamW
+//            are memory-bound too.
+//   comm     one per process group, serial: gloo's progress thread (and NCCL's stream) runs one
+//            collective at a time in issue order. A collective starts when it is issued and its
+//            group is free, and lasts alpha + beta * size (fsdp-comm-bench's fit for that
+//            collective and group size, or a ring over the hardware's links).
+// Waiting for an all-gather or a reduction moves the compute thread to the collective's end;
+// that wait is the exposed communication (fsdp-train's exposed_comm_s). The gradient-norm
+// all-reduce of clipping and AdamW end the step.
+// What the planner does not model: the CPU time a collective takes from compute on a host
+// whose ranks share cores (loopback transfers run on the same cores), kernel launch and
+// framework overhead, and stragglers. bench/RESULTS.md compares predictions with measurements.
+#pragma once
+
+#include <fsdp/memory_estimate.h>
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fsdp {
+
+// alpha-beta cost of moving bytes: time = alpha_s + beta_s_per_byte * bytes.
+struct AlphaBeta {
+  double alpha_s = 0;
+  double beta_s_per_byte = 0;
+};
+
+// A machine, as a hardware file (JSON, see bench/hardware/ and README "fsdp-plan") describes it.
+// Rates are per device; on a CPU host (cpu_cores > 0) the device is the host, and the ranks
+// launched on it share its cores as fsdp-train does (each max(1, cores / ranks) intra-op
+// threads).
+struct HardwareSpec {
+  std::string name;
+  // Memory per device (a CPU host's: shared by its ranks), in bytes.
+  int64_t memory_bytes = 0;
+  // Ranks per node: a collective over more ranks crosses the inter-node link.
+  int devices_per_node = 1;
+  // > 0: a CPU host with this many cores, shared by every rank (all ranks on one host).
+  int cpu_cores = 0;
+  // Fraction of one core's rate a rank gets per extra intra-op thread (W = 1 on a CPU host).
+  double parallel_efficiency = 1;
+  // Dense peak FLOP/s per dtype ("fp32", "bf16", "fp16"), per device.
+  std::map<std::string, double> peak_flops;
+  // Fraction of peak_flops a training matmul achieves (documented in the file: measured, or a
+  // published GEMM efficiency). A size curve, when given, replaces it per matmul.
+  double matmul_fraction = 0;
+  // (FLOPs of one matmul, fraction of peak) in increasing FLOPs; interpolated in log FLOPs.
+  std::vector<std::pair<double, double>> matmul_curve;
+  // Fraction of peak_flops attention achieves (counted FLOPs, full T x T), and optionally a curve
+  // over the head dimension.
+  double attention_fraction = 0;
+  std::vector<std::pair<double, double>> attention_curve;
+  // Bytes per second of memory-bound work (copies, elementwise ops, AdamW).
+  double memory_bandwidth = 0;
+  // Seconds per parameter element of one AdamW step, when measured (0: 28 bytes per element
+  // over memory_bandwidth: read parameter, gradient and two moments, write three).
+  double adamw_s_per_param = 0;
+  // Per link, per direction: NVLink within a node, the network between nodes.
+  AlphaBeta intra_node, inter_node;
+  // Measured fits (fsdp-comm-bench --output's "fit"), by group size, then collective name
+  // ("all_gather", "reduce_scatter", "all_reduce"); sizes are nccl-tests' (see bench.h).
+  std::map<int, std::map<std::string, AlphaBeta>> collectives;
+
+  // Parses a hardware file's text; origin names it in errors. Throws naming a missing or bad
+  // field and the file.
+  static HardwareSpec from_json(const std::string& text, const std::string& origin);
+};
+
+// One forward matmul: [m, k] x [k, n].
+struct Matmul {
+  int64_t m = 0, k = 0, n = 0;
+};
+
+// What one unit computes in forward; backward does twice as much (plus the forward again under
+// activation checkpointing).
+struct UnitComputeSpec {
+  std::vector<Matmul> matmuls;
+  // Attention: batch x heads independent problems of seq x seq over head_dim (0: none).
+  int64_t attention_batch_heads = 0, attention_seq = 0, attention_head_dim = 0;
+  // Bytes read and written by the forward's work outside matmuls and attention.
+  int64_t other_bytes = 0;
+};
+
+// A model's compute for one rank's micro-batch: the root's part before the units (embeddings),
+// the units in forward order, and the root's part after them (final norm, output, loss).
+struct ModelComputeSpec {
+  UnitComputeSpec root_stem, root_head;
+  std::vector<UnitComputeSpec> units;
+  // Tokens of the micro-batch.
+  int64_t tokens = 0;
+};
+
+struct StepTimeOptions {
+  // Strategy, world size, dtypes, hpZ, prefetch, accumulation: as for the memory estimator.
+  TORCH_ARG(MemoryEstimateOptions, memory) = {};
+  // Units recompute their forward in backward. (optional) defaults to false.
+  TORCH_ARG(bool, activation_checkpoint) = false;
+  // The step clips the gradient norm (fsdp-train does by default): one more pass over the
+  // gradients and an all-reduce of a scalar. (optional) defaults to true.
+  TORCH_ARG(bool, clip_grad_norm) = true;
+};
+
+struct StepTimePlan {
+  double step_s = 0;
+  double compute_s = 0;       // the compute thread's busy time
+  double exposed_comm_s = 0;  // its time waiting for collectives
+  double comm_s = 0;          // the collectives' own time, hidden or not
+  double optimizer_s = 0;     // clipping and AdamW
+  double tokens_per_s = 0;    // of the whole job
+  // Model FLOPs (forward 2 m k n + attention, times 3; no recompute) per step over step_s times
+  // the peak of the devices the job uses.
+  double mfu = 0;
+  double model_flops_per_step = 0;
+  int64_t tokens_per_step = 0;
+  // The memory estimator's answer for the same configuration.
+  MemoryEstimate memory;
+};
+
+// Plans one steady-state step. memory and compute describe the same model and micro-batch.
+// Throws naming the value on a bad configuration, or when the hardware file lacks what this
+// one needs (the peak of the compute dtype).
+StepTimePlan plan_step_time(const ModelMemorySpec& memory, const ModelComputeSpec& compute,
+                            const StepTimeOptions& options, const HardwareSpec& hardware);
+
+}  // namespace fsdp

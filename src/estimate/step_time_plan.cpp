@@ -1,0 +1,372 @@
+// The step-time planner (include/fsdp/step_time_plan.h): a compute clock and one serial clock per
+// process group, moved by the events of the memory estimator's replay (step_replay.h).
+//
+// Invariants: the compute clock never goes back; a collective never starts before it is issued
+// nor before the previous collective of its group ends (one progress thread per group); the
+// exposed time is exactly the sum of the compute clock's jumps to a collective's end. Every rank
+// runs the same schedule on the same sizes, so one rank's timeline is the step's.
+#include "estimate/step_replay.h"
+
+#include <c10/util/Exception.h>
+#include <fsdp/step_time_plan.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <nlohmann/json.hpp>
+
+namespace fsdp {
+namespace {
+
+using detail::ComputePhase;
+using detail::kRootUnit;
+using detail::ReductionKind;
+using nlohmann::json;
+
+// AdamW moves about this many bytes per fp32 element: reads the parameter, its gradient and two
+// moments, writes the parameter and the two moments.
+constexpr double kAdamWBytesPerParam = 28;
+
+// ---- Hardware files ----
+
+const json& field(const json& j, const char* key, const std::string& where) {
+  TORCH_CHECK(j.is_object() && j.contains(key), "hardware file ", where, ": missing field '", key,
+              "'");
+  return j.at(key);
+}
+
+double number(const json& j, const char* key, const std::string& where, bool positive = true) {
+  const json& v = field(j, key, where);
+  TORCH_CHECK(v.is_number(), "hardware file ", where, ": '", key, "' must be a number, got ",
+              v.dump());
+  const double x = v.get<double>();
+  TORCH_CHECK(std::isfinite(x) && (positive ? x > 0 : x >= 0), "hardware file ", where, ": '", key,
+              "' must be ", positive ? "positive" : "non-negative", ", got ", x);
+  return x;
+}
+
+double optional_number(const json& j, const char* key, const std::string& where, double dflt) {
+  return j.contains(key) ? number(j, key, where, /*positive=*/false) : dflt;
+}
+
+AlphaBeta alpha_beta(const json& j, const std::string& where) {
+  return {number(j, "alpha_s", where, false), number(j, "beta_s_per_byte", where, false)};
+}
+
+std::vector<std::pair<double, double>> curve(const json& j, const char* x_key,
+                                             const std::string& where) {
+  std::vector<std::pair<double, double>> points;
+  TORCH_CHECK(j.is_array() && !j.empty(), "hardware file ", where,
+              " must be a non-empty array of points");
+  for (const json& p : j)
+    points.emplace_back(number(p, x_key, where), number(p, "fraction", where));
+  std::sort(points.begin(), points.end());
+  return points;
+}
+
+void parse_compute(HardwareSpec& h, const json& c, const std::string& where) {
+  const json& peak = field(c, "peak_flops", where + " compute");
+  TORCH_CHECK(peak.is_object() && !peak.empty(), "hardware file ", where,
+              ": compute.peak_flops must map dtypes (fp32, bf16, fp16) to FLOP/s");
+  for (const auto& [dtype, v] : peak.items()) {
+    h.peak_flops[dtype] = number(peak, dtype.c_str(), where + " compute.peak_flops");
+  }
+  h.matmul_fraction = number(c, "matmul_fraction", where + " compute");
+  TORCH_CHECK(h.matmul_fraction <= 1, "hardware file ", where,
+              ": compute.matmul_fraction is a fraction of the peak, at most 1, got ",
+              h.matmul_fraction);
+  h.attention_fraction =
+      optional_number(c, "attention_fraction", where + " compute", h.matmul_fraction);
+  if (c.contains("matmul_curve")) {
+    h.matmul_curve = curve(c["matmul_curve"], "flops", where + " compute.matmul_curve");
+  }
+  if (c.contains("attention_curve")) {
+    h.attention_curve = curve(c["attention_curve"], "head_dim", where + " compute.attention_curve");
+  }
+  h.parallel_efficiency = optional_number(c, "parallel_efficiency", where + " compute", 1);
+}
+
+void parse_links(HardwareSpec& h, const json& j, const std::string& where) {
+  const json& links = field(j, "links", where);
+  h.intra_node =
+      alpha_beta(field(links, "intra_node", where + " links"), where + " links.intra_node");
+  h.inter_node = links.contains("inter_node")
+                     ? alpha_beta(links["inter_node"], where + " links.inter_node")
+                     : h.intra_node;
+  if (!j.contains("collectives")) return;
+  for (const auto& [size, fits] : j["collectives"].items()) {
+    int group = 0;
+    try {
+      group = std::stoi(size);
+    } catch (const std::exception&) {
+      group = 0;
+    }
+    TORCH_CHECK(group >= 2, "hardware file ", where,
+                ": collectives are keyed by group size (2, 4, ...), got '", size, "'");
+    for (const auto& [name, fit] : fits.items()) {
+      h.collectives[group][name] = alpha_beta(fit, where + " collectives." + size + "." + name);
+    }
+  }
+}
+
+// ---- Compute and communication costs ----
+
+// Linear interpolation in log(x), clamped at the ends.
+double interpolate(const std::vector<std::pair<double, double>>& points, double x) {
+  if (x <= points.front().first) return points.front().second;
+  if (x >= points.back().first) return points.back().second;
+  auto hi = std::upper_bound(points.begin(), points.end(), std::make_pair(x, 0.0));
+  auto lo = hi - 1;
+  const double t = std::log(x / lo->first) / std::log(hi->first / lo->first);
+  return lo->second + t * (hi->second - lo->second);
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return "fp32";
+    case at::kBFloat16:
+      return "bf16";
+    case at::kHalf:
+      return "fp16";
+    case at::kDouble:
+      return "fp64";
+    default:
+      return c10::toString(t);
+  }
+}
+
+// What one rank gets of the device: its FLOP/s and bytes/s, given how many ranks share it.
+class Device {
+ public:
+  Device(const HardwareSpec& h, at::ScalarType compute_dtype, int world) : h_(h) {
+    const std::string name = dtype_name(compute_dtype);
+    const auto it = h.peak_flops.find(name);
+    TORCH_CHECK(it != h.peak_flops.end(), "hardware file '", h.name, "' gives no peak_flops for ",
+                name, ", the compute dtype");
+    peak_ = it->second;
+    share_ = 1;
+    if (h.cpu_cores > 0) {
+      // fsdp-train gives each of W local ranks max(1, cores / W) intra-op threads; more ranks
+      // than cores time-share them.
+      const int threads = std::max(1, h.cpu_cores / world);
+      const double cores = std::min<double>(threads, static_cast<double>(h.cpu_cores) / world);
+      share_ = cores / h.cpu_cores * (threads > 1 ? h.parallel_efficiency : 1.0);
+    }
+  }
+  double peak() const { return peak_; }
+  double matmul_s(const Matmul& m) const {
+    const double flops = 2.0 * m.m * m.k * m.n;
+    const double fraction =
+        h_.matmul_curve.empty() ? h_.matmul_fraction : interpolate(h_.matmul_curve, flops);
+    return flops / (peak_ * fraction * share_);
+  }
+  double attention_s(const UnitComputeSpec& u) const {
+    if (u.attention_batch_heads == 0) return 0;
+    const double fraction = h_.attention_curve.empty()
+                                ? h_.attention_fraction
+                                : interpolate(h_.attention_curve, u.attention_head_dim);
+    return attention_flops(u) / (peak_ * fraction * share_);
+  }
+  double bytes_s(double bytes) const { return bytes / (h_.memory_bandwidth * share_); }
+  double adamw_s(int64_t numel) const {
+    if (h_.adamw_s_per_param > 0) return numel * h_.adamw_s_per_param / share_;
+    return bytes_s(kAdamWBytesPerParam * numel);
+  }
+  static double attention_flops(const UnitComputeSpec& u) {
+    return 4.0 * u.attention_batch_heads * u.attention_seq * u.attention_seq * u.attention_head_dim;
+  }
+
+ private:
+  const HardwareSpec& h_;
+  double peak_ = 0;
+  double share_ = 1;  // of the device's rates this rank gets
+};
+
+// Time of one collective of nccl-tests' size over group ranks: the measured fit when the file
+// has one for this collective and group size, else a ring over the slowest link it crosses.
+double collective_s(const HardwareSpec& h, const std::string& name, double bytes, int group) {
+  if (group <= 1) return 0;
+  const auto by_size = h.collectives.find(group);
+  if (by_size != h.collectives.end()) {
+    const auto fit = by_size->second.find(name);
+    if (fit != by_size->second.end())
+      return fit->second.alpha_s + fit->second.beta_s_per_byte * bytes;
+  }
+  const bool crosses_nodes = h.cpu_cores == 0 && group > h.devices_per_node;
+  const AlphaBeta& link = crosses_nodes ? h.inter_node : h.intra_node;
+  const double passes = name == "all_reduce" ? 2.0 : 1.0;  // reduce-scatter then all-gather
+  return passes * ((group - 1) * link.alpha_s +
+                   (group - 1) / static_cast<double>(group) * bytes * link.beta_s_per_byte);
+}
+
+double forward_s(const Device& d, const UnitComputeSpec& u) {
+  double s = d.attention_s(u) + d.bytes_s(u.other_bytes);
+  for (const Matmul& m : u.matmuls) s += d.matmul_s(m);
+  return s;
+}
+
+double model_flops(const UnitComputeSpec& u) {
+  double f = Device::attention_flops(u);
+  for (const Matmul& m : u.matmuls) f += 2.0 * m.m * m.k * m.n;
+  return f;
+}
+
+// ---- The timelines ----
+
+class Timelines : public detail::StepObserver {
+ public:
+  Timelines(const ModelComputeSpec& model, const StepTimeOptions& o, const HardwareSpec& h,
+            const Device& device)
+      : model_(model), o_(o), h_(h), d_(device) {}
+
+  void issue_gather(int unit, int64_t output_bytes, int group_size, bool from_piece,
+                    int64_t cast_bytes) override {
+    busy(d_.bytes_s(2.0 * cast_bytes));  // the cast copy of the shards, made before issuing
+    Lane& lane = from_piece ? piece_lane_ : shard_lane_;
+    gather_end_[unit] = lane.run(t_, collective_s(h_, "all_gather", output_bytes, group_size));
+  }
+  void wait_gather(int unit, int64_t unsharded_bytes) override {
+    wait_until(gather_end_.at(unit));
+    busy(d_.bytes_s(2.0 * unsharded_bytes));  // copy-out
+  }
+  void compute(int unit, ComputePhase phase) override { busy(compute_s(unit, phase)); }
+  void issue_reduction(int unit, int64_t full_bytes, int64_t input_bytes, ReductionKind kind,
+                       int group_size) override {
+    busy(d_.bytes_s(full_bytes + input_bytes));  // packing the gradients
+    const char* name = kind == ReductionKind::kAllReduce ? "all_reduce" : "reduce_scatter";
+    reductions_.push_back(shard_lane_.run(t_, collective_s(h_, name, input_bytes, group_size)));
+  }
+  void finish_reduction(int unit, int64_t output_bytes, int replicas) override {
+    wait_until(reductions_.front());
+    reductions_.pop_front();
+    if (replicas > 1) {  // HSDP: the reduced shard across replicas, waited for at once
+      wait_until(replicate_lane_.run(t_, collective_s(h_, "all_reduce", output_bytes, replicas)));
+    }
+    busy(d_.bytes_s(3.0 * output_bytes));  // the average, and the copy into the master dtype
+  }
+  void keep_gradients(int unit, int64_t bytes) override { busy(d_.bytes_s(2.0 * bytes)); }
+  void optimizer_step(int64_t shard_numel) override {
+    const double start = t_;
+    const int world = o_.memory().world_size();
+    if (o_.clip_grad_norm()) {
+      busy(d_.bytes_s(4.0 * shard_numel));  // the norm: one read of the gradients
+      if (world > 1) wait_until(shard_lane_.run(t_, collective_s(h_, "all_reduce", 4, world)));
+      busy(d_.bytes_s(8.0 * shard_numel));  // scaling them in place
+    }
+    busy(d_.adamw_s(shard_numel));
+    optimizer_s_ = t_ - start;
+  }
+
+  double now() const { return t_; }
+  double busy_s() const { return busy_s_; }
+  double exposed_s() const { return exposed_s_; }
+  double optimizer_s() const { return optimizer_s_; }
+  double comm_s() const { return shard_lane_.busy_s + piece_lane_.busy_s + replicate_lane_.busy_s; }
+
+ private:
+  // One process group's progress thread: collectives in issue order, one at a time.
+  struct Lane {
+    double free_at = 0;
+    double busy_s = 0;
+    double run(double issued_at, double duration) {
+      free_at = std::max(free_at, issued_at) + duration;
+      busy_s += duration;
+      return free_at;
+    }
+  };
+
+  void busy(double seconds) {
+    t_ += seconds;
+    busy_s_ += seconds;
+  }
+  void wait_until(double end) {
+    if (end > t_) {
+      exposed_s_ += end - t_;
+      t_ = end;
+    }
+  }
+  const UnitComputeSpec& unit(int i) const { return model_.units.at(i); }
+  double compute_s(int i, ComputePhase phase) const {
+    switch (phase) {
+      case ComputePhase::kRootStem:
+        return forward_s(d_, model_.root_stem);
+      case ComputePhase::kForward:
+        return forward_s(d_, unit(i));
+      case ComputePhase::kRootHead:
+        return forward_s(d_, model_.root_head);
+      case ComputePhase::kRootHeadBackward:
+        return 2 * forward_s(d_, model_.root_head);
+      case ComputePhase::kBackward:
+        return (o_.activation_checkpoint() ? 3 : 2) * forward_s(d_, unit(i));
+      case ComputePhase::kRootStemBackward:
+        return 2 * forward_s(d_, model_.root_stem);
+    }
+    TORCH_INTERNAL_ASSERT(false, "unhandled compute phase");
+  }
+
+  const ModelComputeSpec& model_;
+  const StepTimeOptions& o_;
+  const HardwareSpec& h_;
+  const Device& d_;
+  double t_ = 0, busy_s_ = 0, exposed_s_ = 0, optimizer_s_ = 0;
+  Lane shard_lane_, piece_lane_, replicate_lane_;
+  std::map<int, double> gather_end_;
+  std::deque<double> reductions_;
+};
+
+}  // namespace
+
+HardwareSpec HardwareSpec::from_json(const std::string& text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, "hardware file ", origin, " is not JSON: ", e.what());
+  }
+  const std::string where = "'" + origin + "'";
+  HardwareSpec h;
+  h.name = j.value("name", origin);
+  h.memory_bytes = static_cast<int64_t>(number(j, "memory_bytes", where));
+  h.devices_per_node = static_cast<int>(optional_number(j, "devices_per_node", where, 1));
+  TORCH_CHECK(h.devices_per_node >= 1, "hardware file ", where,
+              ": devices_per_node must be at least 1, got ", h.devices_per_node);
+  h.cpu_cores = static_cast<int>(optional_number(j, "cpu_cores", where, 0));
+  parse_compute(h, field(j, "compute", where), where);
+  h.memory_bandwidth = number(j, "memory_bandwidth", where);
+  h.adamw_s_per_param = optional_number(j, "adamw_s_per_param", where, 0);
+  parse_links(h, j, where);
+  return h;
+}
+
+StepTimePlan plan_step_time(const ModelMemorySpec& memory, const ModelComputeSpec& compute,
+                            const StepTimeOptions& options, const HardwareSpec& hardware) {
+  TORCH_CHECK(compute.units.size() == memory.units.size(), "plan_step_time: the compute spec has ",
+              compute.units.size(), " units, the memory spec ", memory.units.size());
+  TORCH_CHECK(compute.tokens >= 1, "plan_step_time: a micro-batch of ", compute.tokens, " tokens");
+  const MemoryEstimateOptions& mo = options.memory();
+  const at::ScalarType dtype =
+      mo.fsdp() ? mo.param_dtype().value_or(mo.master_dtype()) : mo.master_dtype();
+  const Device device(hardware, dtype, mo.world_size());
+  Timelines timelines(compute, options, hardware, device);
+
+  StepTimePlan plan;
+  plan.memory = detail::replay_step(memory, mo, &timelines);
+  plan.step_s = timelines.now();
+  plan.compute_s = timelines.busy_s();
+  plan.exposed_comm_s = timelines.exposed_s();
+  plan.comm_s = timelines.comm_s();
+  plan.optimizer_s = timelines.optimizer_s();
+  plan.tokens_per_step = compute.tokens * mo.grad_accum() * mo.world_size();
+  plan.tokens_per_s = plan.tokens_per_step / plan.step_s;
+
+  double forward_flops = model_flops(compute.root_stem) + model_flops(compute.root_head);
+  for (const auto& u : compute.units) forward_flops += model_flops(u);
+  plan.model_flops_per_step = 3 * forward_flops * mo.grad_accum() * mo.world_size();
+  // The devices the job occupies: every rank's own, or the one host all ranks share.
+  const double devices = hardware.cpu_cores > 0 ? 1.0 : mo.world_size();
+  plan.mfu = plan.model_flops_per_step / (plan.step_s * device.peak() * devices);
+  return plan;
+}
+
+}  // namespace fsdp
