@@ -14,6 +14,9 @@
 #include <fsdp/util/error.h>
 
 #include "gloo/gloo_process_group.h"
+#ifdef FSDP_WITH_MPI
+#include "mpi/mpi_process_group.h"
+#endif
 #include "recording_process_group.h"
 
 #include <c10/util/Exception.h>
@@ -25,7 +28,8 @@
 #include <thread>
 #include <vector>
 
-namespace fsdp::detail {
+namespace fsdp {
+namespace detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -100,8 +104,6 @@ std::string join_ranks(c10d::Store& store, int rank, int world_size,
   }
 }
 
-std::vector<std::string> available_backends() { return {"gloo"}; }
-
 namespace {
 
 std::shared_ptr<ProcessGroup> make_backend(const c10::intrusive_ptr<c10d::Store>& group_store,
@@ -110,6 +112,11 @@ std::shared_ptr<ProcessGroup> make_backend(const c10::intrusive_ptr<c10d::Store>
   if (options.backend == "gloo") {
     return make_gloo_process_group(group_store, rank, world_size, options);
   }
+#ifdef FSDP_WITH_MPI
+  if (options.backend == "mpi") {
+    return make_mpi_process_group(group_store, rank, world_size, options);
+  }
+#endif
   std::string names;
   for (const auto& name : available_backends()) names += (names.empty() ? "" : ", ") + name;
   TORCH_CHECK(false, "fsdp: backend '", options.backend, "' is not in this build; it has: ", names);
@@ -127,4 +134,34 @@ std::shared_ptr<ProcessGroup> make_backend_group(const c10::intrusive_ptr<c10d::
                               std::move(flight_store), "world", options);
 }
 
-}  // namespace fsdp::detail
+void resolve_master(LaunchEnv& env) {
+  if (!env.master_from_mpi) return;
+#ifdef FSDP_WITH_MPI
+  share_master_over_mpi(env, env.local_world_size);
+  env.master_from_mpi = false;
+#else
+  TORCH_CHECK(false,
+              "fsdp: this launch leaves the master's address to MPI, but this build has "
+              "no MPI; pass it, e.g. mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=29500");
+#endif
+}
+
+}  // namespace detail
+
+std::vector<std::string> available_backends() {
+#ifdef FSDP_WITH_MPI
+  return {"gloo", "mpi"};
+#else
+  return {"gloo"};
+#endif
+}
+
+std::string default_backend(const LaunchEnv& env) {
+#ifdef FSDP_WITH_MPI
+  if (env.launched_by_mpirun) return "mpi";
+#endif
+  (void)env;
+  return "gloo";
+}
+
+}  // namespace fsdp

@@ -38,8 +38,9 @@ std::shared_ptr<ProcessGroup> make_backend_group(const c10::intrusive_ptr<c10d::
                                                  int rank, int world_size,
                                                  const ProcessGroupOptions& options);
 
-// The backends this build has, for messages and --backend flags.
-std::vector<std::string> available_backends();
+// Fills in the master of a launch that left it to MPI (env.master_from_mpi); a no-op
+// otherwise. Throws when this build has no MPI.
+void resolve_master(LaunchEnv& env);
 
 }  // namespace detail
 }  // namespace fsdp

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -54,6 +55,26 @@ int slurm_master_port() {
   return 29500;
 }
 
+// Slurm's tasks per node, "2(x3),1" (two tasks on each of three nodes, then one), as the count
+// of its first node: exact for the usual equal split. nullopt when neither variable is set.
+std::optional<int> slurm_tasks_on_first_node() {
+  const char* name = "SLURM_NTASKS_PER_NODE";
+  auto value = env_value(name);
+  if (!value) {
+    name = "SLURM_TASKS_PER_NODE";
+    value = env_value(name);
+  }
+  if (!value) return std::nullopt;
+  const size_t digits = value->find_first_not_of("0123456789");
+  const std::string count = value->substr(0, digits);
+  TORCH_CHECK(
+      !count.empty() && count.size() < 9 &&
+          (digits == std::string::npos || (*value)[digits] == '(' || (*value)[digits] == ','),
+      "fsdp: environment variable ", name, "='", *value,
+      "' is not a Slurm task count (expected e.g. 4, 2(x3) or 2,1)");
+  return std::max(1, std::stoi(count));
+}
+
 }  // namespace
 
 std::string first_host_of(const std::string& hostlist) {
@@ -77,6 +98,7 @@ std::optional<LaunchEnv> launch_env_from_slurm() {
   env.rank = env_int(kSlurmRank);
   env.world_size = env_int("SLURM_NTASKS");
   env.local_rank = env_int("SLURM_LOCALID");
+  env.local_world_size = slurm_tasks_on_first_node().value_or(env.world_size);
   if (auto addr = env_value("MASTER_ADDR")) {
     env.master_addr = *addr;
   } else {
@@ -97,15 +119,21 @@ std::optional<LaunchEnv> launch_env_from_open_mpi() {
   env.rank = env_int(kMarker, kMarker);
   env.world_size = env_int("OMPI_COMM_WORLD_SIZE", kMarker);
   env.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", kMarker);
-  // mpirun names no master host: the job passes it, as with torch's env:// rendezvous under
-  // mpirun (`mpirun -x MASTER_ADDR=host0 ...`).
-  const auto addr = env_value("MASTER_ADDR");
-  TORCH_CHECK(addr.has_value() && !addr->empty(), "fsdp: ", kMarker,
-              " is set (an Open MPI launch) but MASTER_ADDR is not: Open MPI does not say which "
-              "host rank 0 is on; pass it, e.g. mpirun -x MASTER_ADDR=<rank 0's host> -x "
-              "MASTER_PORT=29500");
-  env.master_addr = *addr;
+  env.local_world_size = env_value("OMPI_COMM_WORLD_LOCAL_SIZE")
+                             ? env_int("OMPI_COMM_WORLD_LOCAL_SIZE", kMarker)
+                             : env.world_size;
+  env.launched_by_mpirun = true;
   env.master_port = env_value("MASTER_PORT") ? env_int("MASTER_PORT", kMarker) : 29500;
+  // mpirun names no host for rank 0. Given MASTER_ADDR (mpirun -x MASTER_ADDR=...), as with
+  // torch's env:// rendezvous under mpirun, we use it; without, MPI itself carries the address
+  // (see bootstrap.h, resolve_master), which a build without MPI cannot do.
+  const auto addr = env_value("MASTER_ADDR");
+  if (addr && !addr->empty()) {
+    env.master_addr = *addr;
+  } else {
+    env.master_addr.clear();
+    env.master_from_mpi = true;
+  }
   return env;
 }
 

@@ -74,8 +74,10 @@ void check_launch_env(const LaunchEnv& env) {
   TORCH_CHECK(env.rank >= 0 && env.rank < env.world_size, "fsdp: RANK=", env.rank,
               " is outside [0, WORLD_SIZE=", env.world_size, ")");
   TORCH_CHECK(env.local_rank >= 0, "fsdp: LOCAL_RANK=", env.local_rank, " must not be negative");
-  TORCH_CHECK(!env.master_addr.empty(), "fsdp: MASTER_ADDR is empty");
-  TORCH_CHECK(env.master_port >= 1 && env.master_port <= 65535,
+  TORCH_CHECK(env.local_world_size >= 1, "fsdp: the local world size ", env.local_world_size,
+              " must be at least 1");
+  TORCH_CHECK(env.master_from_mpi || !env.master_addr.empty(), "fsdp: MASTER_ADDR is empty");
+  TORCH_CHECK(env.master_from_mpi || (env.master_port >= 1 && env.master_port <= 65535),
               "fsdp: MASTER_PORT=", env.master_port, " is not a TCP port (1..65535)");
   TORCH_CHECK(!env.master_listen_fd || (env.rank == 0 && !env.launcher_hosts_store),
               "fsdp: FSDP_MASTER_LISTEN_FD is for the rank that hosts the store (rank 0, when "
@@ -105,6 +107,9 @@ LaunchEnv launch_env_from_environment() {
   env.world_size = parse_int_env("WORLD_SIZE", require_env("WORLD_SIZE"));
   env.rank = parse_int_env("RANK", require_env("RANK"));
   env.local_rank = parse_int_env("LOCAL_RANK", require_env("LOCAL_RANK"));
+  const auto local_world = read_env("LOCAL_WORLD_SIZE");
+  env.local_world_size =
+      local_world ? parse_int_env("LOCAL_WORLD_SIZE", *local_world) : env.world_size;
   env.master_addr = require_env("MASTER_ADDR");
   env.master_port = parse_int_env("MASTER_PORT", require_env("MASTER_PORT"));
   // torchrun's agent already hosts a store on MASTER_PORT and says so here; a rank 0 that tried
@@ -117,9 +122,11 @@ LaunchEnv launch_env_from_environment() {
   return env;
 }
 
-std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env,
+std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& launch,
                                                  const ProcessGroupOptions& options) {
-  check_launch_env(env);
+  check_launch_env(launch);
+  LaunchEnv env = launch;
+  detail::resolve_master(env);
   const std::string prefix = rank_prefix(env.rank, env.world_size);
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(env.master_port);

@@ -1,6 +1,7 @@
 // fsdp-train: the command-line front end. With --nproc N it launches N local ranks of itself;
-// under torchrun-style variables (RANK, WORLD_SIZE, ...) it is one rank; with --no-fsdp it is
-// the single-process reference. With none of these it launches 2 local ranks.
+// started by torchrun, srun or mpirun it is one rank (over MPI by default under mpirun, else
+// gloo); with --no-fsdp it is the single-process reference. With none of these it launches 2
+// local ranks.
 #include <common/cli_checks.h>
 #include <common/launcher.h>
 #include <common/report_errors.h>
@@ -166,11 +167,25 @@ void add_output_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
 
 // Every flag's value is checked here, while parsing, before any work starts; what depends on
 // several flags is checked by fsdp::train::validate.
-void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, int& nproc, double& timeout_s) {
+// How this process becomes ranks: the flags that do not reach the trainer.
+struct LaunchFlags {
+  int nproc = 0;
+  double timeout_s = 300;
+  std::string backend = "auto";
+};
+
+void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, LaunchFlags& launch) {
   using fsdp::tools::finite_in;
   const auto positive = fsdp::tools::integer_at_least(1);
   const auto non_negative = fsdp::tools::integer_at_least(0);
-  app.add_option("--nproc", nproc,
+  std::vector<std::string> backends = fsdp::available_backends();
+  backends.insert(backends.begin(), "auto");
+  app.add_option("--backend", launch.backend,
+                 "Communication backend: auto (mpi under mpirun when built with MPI, else gloo), "
+                 "or one of this build's")
+      ->check(CLI::IsMember(backends))
+      ->capture_default_str();
+  app.add_option("--nproc", launch.nproc,
                  "Launch this many local ranks (default 2 unless RANK/WORLD_SIZE are set)")
       ->check(positive);
   app.add_option("--model", o.model, "Model config: " + fsdp::models::model_names_joined())
@@ -225,7 +240,7 @@ void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, int& nproc, double
   app.add_option("--log-every", o.log_every, "Print progress every N steps")
       ->check(positive)
       ->capture_default_str();
-  app.add_option("--timeout-s", timeout_s, "Collective and rendezvous timeout in seconds")
+  app.add_option("--timeout-s", launch.timeout_s, "Collective and rendezvous timeout in seconds")
       ->check(finite_in(0, 1e7, /*open_min=*/true))
       ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "No progress lines");
@@ -238,15 +253,14 @@ void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, int& nproc, double
 int main(int argc, char** argv) {
   CLI::App app{"fsdp-train: train a transformer with fully sharded data parallelism on LibTorch"};
   fsdp::train::TrainerOptions o;
-  int nproc = 0;
-  double timeout_s = 300;
-  add_flags(app, o, nproc, timeout_s);
+  LaunchFlags launch;
+  add_flags(app, o, launch);
   CLI11_PARSE(app, argc, argv);
 
   return fsdp::tools::run_reporting_errors("fsdp-train", [&]() -> int {
     const bool nproc_given = app.count("--nproc") > 0;
     if (o.no_fsdp) {
-      TORCH_CHECK(!nproc_given, "--no-fsdp runs one process; drop --nproc ", nproc);
+      TORCH_CHECK(!nproc_given, "--no-fsdp runs one process; drop --nproc ", launch.nproc);
       fsdp::train::validate(o, 1);
       fsdp::train::check_ranks_fit_memory(o, 1, 1);
       set_intra_op_threads(1);
@@ -256,12 +270,10 @@ int main(int argc, char** argv) {
     // Launched by torchrun, Slurm's srun or Open MPI's mpirun: this process is one rank.
     if (!nproc_given && fsdp::launched_by_a_launcher()) {
       const fsdp::LaunchEnv env = fsdp::launch_env_from_environment();
-      const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
-      if (local_world == nullptr) local_world = std::getenv("SLURM_NTASKS_PER_NODE");
-      if (local_world == nullptr) local_world = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-      set_intra_op_threads(local_world ? std::max(1, std::atoi(local_world)) : env.world_size);
+      set_intra_op_threads(env.local_world_size);
       fsdp::ProcessGroupOptions pg_options;
-      pg_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+      pg_options.backend = launch.backend == "auto" ? fsdp::default_backend(env) : launch.backend;
+      pg_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(launch.timeout_s * 1000));
       if (!o.trace_dir.empty()) {
         ::mkdir(o.trace_dir.c_str(), 0755);  // an error shows when the trace is written
         pg_options.flight_recorder_dir = o.trace_dir;
@@ -270,7 +282,10 @@ int main(int argc, char** argv) {
       fsdp::train::train(o, group);
       return 0;
     }
-    const int ranks = nproc_given ? nproc : kDefaultLocalRanks;
+    TORCH_CHECK(launch.backend != "mpi",
+                "--backend mpi needs its ranks started by MPI: run mpirun -np N fsdp-train ... "
+                "(or srun --mpi=pmix), not --nproc");
+    const int ranks = nproc_given ? launch.nproc : kDefaultLocalRanks;
     TORCH_CHECK(ranks >= 1, "--nproc must be at least 1, got ", ranks);
     fsdp::train::validate(o, ranks);  // report bad flags once, before starting any rank
     fsdp::train::check_ranks_fit_memory(o, ranks, ranks);

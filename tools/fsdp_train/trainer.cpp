@@ -52,6 +52,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <unordered_set>
 
 namespace fsdp::train {
@@ -898,11 +899,25 @@ void kill_if_asked(const Run& run, int64_t step) {
   }
 }
 
+// Hang injection for the timeout tests: FSDP_TRAIN_STALL_AT=<step>:<rank> makes that rank stop
+// at the start of that (0-based) step and never issue another collective, alive, as a rank
+// stuck in a deadlock or a dead NFS mount would; its peers must time out naming it.
+void stall_if_asked(const Run& run, int64_t step) {
+  const char* value = std::getenv("FSDP_TRAIN_STALL_AT");
+  if (value == nullptr) return;
+  long long s = 0, r = 0;
+  TORCH_CHECK(std::sscanf(value, "%lld:%lld", &s, &r) == 2,
+              "FSDP_TRAIN_STALL_AT must be <step>:<rank>, got '", value, "'");
+  if (s != step || r != run.rank) return;
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 // One optimizer step: forward and backward over the rank's micro-batches, clip, step; then the
 // bookkeeping around it.
 StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
   const TrainerOptions& o = run.o;
   kill_if_asked(run, step);
+  stall_if_asked(run, step);
   StepProbe probe = begin_step(run);
   const auto global = data.global_batch(step, o.global_batch, o.seq_len, o.seed);
   dump_batch(run, step, global);

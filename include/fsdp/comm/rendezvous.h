@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace fsdp {
 
@@ -38,8 +39,10 @@ class LoopbackSocket {
 };
 
 struct ProcessGroupOptions {
-  // The communication backend: "gloo" (CPU tensors; every build has it). (optional) defaults
-  // to "gloo".
+  // The communication backend: "gloo" (CPU tensors; every build has it) or "mpi" (CPU tensors,
+  // ranks started by mpirun or srun --mpi=pmix; builds that found MPI). available_backends()
+  // lists this build's; default_backend() says which a launch uses unless told. (optional)
+  // defaults to "gloo".
   std::string backend = "gloo";
   // How long any collective, and the rendezvous itself, may take before it fails with an
   // error naming the rank and the operation. (optional) defaults to 300 s.
@@ -70,8 +73,16 @@ struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  // How many ranks run on this host (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE,
+  // OMPI_COMM_WORLD_LOCAL_SIZE), for dividing its cores. (optional) defaults to world_size.
+  int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // Open MPI's mpirun started this rank (so the mpi backend is the default).
+  bool launched_by_mpirun = false;
+  // mpirun gave no MASTER_ADDR: init_process_group learns the store's address over MPI (rank 0
+  // binds a port and broadcasts it), and master_addr and master_port are unset until then.
+  bool master_from_mpi = false;
   // Rank 0 only: a socket already bound to master_port and listening, which the store takes
   // over instead of binding the port itself (see LoopbackSocket). (optional) defaults to none.
   std::optional<int> master_listen_fd;
@@ -86,7 +97,9 @@ struct LaunchEnv {
 // rank 0 the bound socket). Without RANK, Slurm's: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
 // the master from MASTER_ADDR or the first host of SLURM_JOB_NODELIST, and MASTER_PORT or
 // 20000 + SLURM_JOB_ID % 20000. Without either, Open MPI's: OMPI_COMM_WORLD_RANK, _SIZE,
-// _LOCAL_RANK, with MASTER_ADDR (required: mpirun -x MASTER_ADDR=...) and MASTER_PORT or 29500.
+// _LOCAL_RANK, _LOCAL_SIZE, with MASTER_ADDR and MASTER_PORT (or 29500) when given; without
+// MASTER_ADDR a build with MPI learns the master over MPI (master_from_mpi), and one without
+// MPI throws saying to pass it (mpirun -x MASTER_ADDR=...).
 // Throws, naming the variable and its value, when one is missing or
 // malformed, or when RANK is outside [0, WORLD_SIZE).
 LaunchEnv launch_env_from_environment();
@@ -95,6 +108,13 @@ LaunchEnv launch_env_from_environment();
 // describes it: torchrun (RANK), Slurm's srun (SLURM_PROCID) or Open MPI's mpirun
 // (OMPI_COMM_WORLD_RANK). A program that launches local ranks itself must not then.
 bool launched_by_a_launcher();
+
+// The communication backends this build has, "gloo" first.
+std::vector<std::string> available_backends();
+
+// The backend a job launched as env describes uses unless told otherwise: "mpi" when mpirun
+// started it and this build has MPI, else "gloo" (torchrun, srun and --nproc launches).
+std::string default_backend(const LaunchEnv& env);
 
 // Joins the group described by env: rank 0 hosts a c10d TCPStore at MASTER_ADDR:MASTER_PORT,
 // every rank checks that all agree on WORLD_SIZE and waits for the others. Throws with the

@@ -2,16 +2,8 @@
 // only the ProcessGroup interface and c10d's Store, which the public rendezvous header already
 // exposes.
 //
-// Counter conventions of this backend (see CommCounters in include/fsdp/comm/process_group.h):
-//   calls and payload_bytes are counted when an op is queued; sent_bytes when it succeeds.
-//   reduce_scatter.sent_bytes: the bytes our ring really sent, (W-1)/W of the input, exactly.
-//   all_gather.sent_bytes:     (W-1) x input bytes = (W-1)/W of the output, what a ring all-gather
-//                              sends (c10d runs gloo's all-gather; we cannot observe its wire).
-//   all_reduce.sent_bytes:     floor(2 (W-1) bytes / W), a ring all-reduce (reduce-scatter then
-//                              all-gather), whatever algorithm gloo picks.
-//   broadcast.sent_bytes:      the tensor's bytes on the root, 0 elsewhere (the logical source of
-//                              the data, not gloo's tree).
-//   barrier is not counted. At W = 1 nothing is sent and sent_bytes stays 0.
+// Counts as every queued backend does (src/comm/queued_process_group.h); its reduce-scatter
+// sent_bytes are exactly what our ring sends.
 #pragma once
 
 #include <fsdp/comm/process_group.h>

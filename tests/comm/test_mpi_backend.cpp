@@ -1,0 +1,229 @@
+// The mpi backend against the gloo backend and against a float64 sum, run as one rank of an
+// mpirun job (ctest starts it with mpirun -np 4; see tests/CMakeLists.txt). Every rank runs
+// every test in the same order, so their collectives match.
+//
+// Both backends' groups are made in this process over the same launch: the rendezvous store's
+// address comes over MPI, as it does for fsdp-train under mpirun. Groups of W = 1..4 are the
+// first W ranks of the world, split from it on both backends.
+#include <support/test_support.h>
+
+#include <fsdp/comm/process_group.h>
+#include <fsdp/comm/rendezvous.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Groups {
+  std::shared_ptr<ProcessGroup> mpi;
+  std::shared_ptr<ProcessGroup> gloo;
+};
+
+// The world on both backends, made once per process.
+const Groups& world() {
+  static const Groups groups = [] {
+    const LaunchEnv env = launch_env_from_environment();
+    EXPECT_TRUE(env.launched_by_mpirun) << "run this binary under mpirun";
+    ProcessGroupOptions options = test::test_options(std::chrono::seconds(60));
+    Groups g;
+    options.backend = "mpi";
+    g.mpi = init_process_group(env, options);
+    options.backend = "gloo";
+    g.gloo = init_process_group(env, options);
+    return g;
+  }();
+  return groups;
+}
+
+// The first w ranks of the world on both backends (null on the other ranks), split once.
+Groups first_ranks(int w) {
+  static std::map<int, Groups> made;
+  auto it = made.find(w);
+  if (it != made.end()) return it->second;
+  std::vector<int> ranks;
+  for (int r = 0; r < w; ++r) ranks.push_back(r);
+  const std::string name = "first" + std::to_string(w);
+  Groups g{world().mpi->split(ranks, name), world().gloo->split(ranks, name)};
+  made[w] = g;
+  return g;
+}
+
+// Rank r's input for a test: normal values, from a generator seeded by (seed, r) alone, so that
+// every rank can make every other rank's input too.
+at::Tensor input_of(int r, int64_t n, at::ScalarType dtype, uint64_t seed) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed * 1000 + r);
+  return at::randn({n}, generator, at::TensorOptions().dtype(at::kDouble)).to(dtype);
+}
+
+at::Tensor sum_in_double(int w, int64_t n, at::ScalarType dtype, uint64_t seed) {
+  at::Tensor sum = at::zeros({n}, at::kDouble);
+  for (int r = 0; r < w; ++r) sum += input_of(r, n, dtype, seed).to(at::kDouble);
+  return sum;
+}
+
+// How far a sum of w values rounded in dtype may be from the exact sum, relative to the
+// largest magnitude: one rounding per addition.
+double tolerance(at::ScalarType dtype, int w) {
+  const double eps = dtype == at::kBFloat16 ? 7.8e-3
+                     : dtype == at::kHalf   ? 9.8e-4
+                     : dtype == at::kFloat  ? 1.2e-7
+                                            : 2.3e-16;
+  return eps * w;
+}
+
+void expect_close_to(const at::Tensor& got, const at::Tensor& want, double tol,
+                     const std::string& what) {
+  const double scale = want.abs().max().item<double>() + 1.0;
+  const double error = (got.to(at::kDouble) - want).abs().max().item<double>();
+  EXPECT_LE(error, tol * scale) << what << ": max error " << error << " over scale " << scale;
+}
+
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf};
+
+TEST(MpiBackend, WorldIsTheMpirunJobOnBothBackends) {
+  const Groups& g = world();
+  EXPECT_EQ(g.mpi->backend_name(), "mpi");
+  EXPECT_EQ(g.gloo->backend_name(), "gloo");
+  EXPECT_EQ(g.mpi->size(), g.gloo->size());
+  EXPECT_EQ(g.mpi->rank(), g.gloo->rank());
+  EXPECT_GE(g.mpi->size(), 2) << "run under mpirun -np 2 or more";
+}
+
+// Reduce-scatter and all-reduce, every dtype and op, at every W: within one rounding per
+// addition of the float64 sum, and bit for bit gloo's result at W <= 2, where both add the same
+// two numbers once. kAvg's division by W = 1, 2, 4 is exact, so it agrees too.
+TEST(MpiBackend, ReductionsMatchTheExactSumAndGloo) {
+  const int64_t per_rank = 1031;  // odd: no rank's chunk is aligned to anything
+  for (int w = 1; w <= world().mpi->size(); ++w) {
+    const Groups g = first_ranks(w);
+    if (!g.mpi) continue;
+    const int r = g.mpi->rank();
+    for (const auto dtype : kDtypes) {
+      for (const auto op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        const uint64_t seed = 17 * w + static_cast<int>(dtype) * 3 + static_cast<int>(op);
+        const std::string what = "W=" + std::to_string(w) + " " + c10::toString(dtype) +
+                                 (op == ReduceOp::kSum ? " sum" : " avg");
+        at::Tensor want = sum_in_double(w, per_rank * w, dtype, seed);
+        if (op == ReduceOp::kAvg) want /= w;
+        const at::Tensor in = input_of(r, per_rank * w, dtype, seed);
+
+        at::Tensor rs_mpi = at::empty({per_rank}, dtype);
+        at::Tensor rs_gloo = at::empty({per_rank}, dtype);
+        g.mpi->reduce_scatter_tensor(rs_mpi, in, op)->wait();
+        g.gloo->reduce_scatter_tensor(rs_gloo, in, op)->wait();
+        expect_close_to(rs_mpi, want.narrow(0, r * per_rank, per_rank), tolerance(dtype, w),
+                        "reduce-scatter " + what);
+
+        at::Tensor ar_mpi = in.clone();
+        at::Tensor ar_gloo = in.clone();
+        g.mpi->all_reduce(ar_mpi, op)->wait();
+        g.gloo->all_reduce(ar_gloo, op)->wait();
+        expect_close_to(ar_mpi, want, tolerance(dtype, w), "all-reduce " + what);
+        if (w <= 2) {
+          EXPECT_TRUE(at::equal(rs_mpi, rs_gloo)) << "reduce-scatter " << what;
+          EXPECT_TRUE(at::equal(ar_mpi, ar_gloo)) << "all-reduce " << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(MpiBackend, AllGatherAndBroadcastMoveEveryDtypeExactly) {
+  for (int w = 1; w <= world().mpi->size(); ++w) {
+    const Groups g = first_ranks(w);
+    if (!g.mpi) continue;
+    const int r = g.mpi->rank();
+    for (const auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong}) {
+      const std::string what = "W=" + std::to_string(w) + " " + c10::toString(dtype);
+      const int64_t n = 517;
+      std::vector<at::Tensor> all;
+      for (int q = 0; q < w; ++q) all.push_back(input_of(q, n, dtype, 5 + w));
+      at::Tensor gathered = at::empty({w * n}, dtype);
+      g.mpi->all_gather_into_tensor(gathered, all[r])->wait();
+      EXPECT_TRUE(at::equal(gathered, at::cat(all))) << "all-gather " << what;
+
+      const int root = w - 1;
+      at::Tensor mine = r == root ? all[root].clone() : at::zeros({n}, dtype);
+      g.mpi->broadcast(mine, root)->wait();
+      EXPECT_TRUE(at::equal(mine, all[root])) << "broadcast " << what;
+    }
+  }
+}
+
+TEST(MpiBackend, IntegerAllReduceIsExact) {
+  const Groups& g = world();
+  at::Tensor t = at::arange(100, at::kLong) * (g.mpi->rank() + 1);
+  g.mpi->all_reduce(t, ReduceOp::kSum)->wait();
+  const int64_t w = g.mpi->size();
+  EXPECT_TRUE(at::equal(t, at::arange(100, at::kLong) * (w * (w + 1) / 2)));
+}
+
+// The two halves of the world (HSDP's replicas, hpZ's groups) reduce independently, at once.
+TEST(MpiBackend, SplitGroupsReduceIndependently) {
+  const Groups& g = world();
+  const int w = g.mpi->size();
+  std::vector<int> evens, odds;
+  for (int r = 0; r < w; ++r) (r % 2 == 0 ? evens : odds).push_back(r);
+  auto even = g.mpi->split(evens, "evens");
+  auto odd = g.mpi->split(odds, "odds");
+  auto& mine = g.mpi->rank() % 2 == 0 ? even : odd;
+  ASSERT_TRUE(mine);
+  EXPECT_FALSE(g.mpi->rank() % 2 == 0 ? odd : even);
+  at::Tensor t = at::full({8}, static_cast<double>(g.mpi->rank()), at::kDouble);
+  mine->all_reduce(t, ReduceOp::kSum)->wait();
+  double want = 0;
+  for (int r = g.mpi->rank() % 2; r < w; r += 2) want += r;
+  EXPECT_TRUE(at::equal(t, at::full({8}, want, at::kDouble)));
+}
+
+// Both backends count bytes the same way: the fsdp-train metrics and the estimator's checks
+// hold whichever moved them.
+TEST(MpiBackend, CountsBytesAsGlooDoes) {
+  const Groups& g = world();
+  const int w = g.mpi->size();
+  for (auto* group : {g.mpi.get(), g.gloo.get()}) {
+    group->reset_counters();
+    at::Tensor in = at::ones({64 * w}, at::kFloat);
+    at::Tensor out = at::empty({64}, at::kFloat);
+    group->reduce_scatter_tensor(out, in, ReduceOp::kSum)->wait();
+    at::Tensor gathered = at::empty({64 * w}, at::kFloat);
+    group->all_gather_into_tensor(gathered, out)->wait();
+    group->all_reduce(out, ReduceOp::kAvg)->wait();
+    group->broadcast(out, 0)->wait();
+  }
+  const CommCounters a = g.mpi->counters();
+  const CommCounters b = g.gloo->counters();
+  for (auto [x, y] :
+       {std::pair{a.all_gather, b.all_gather}, std::pair{a.reduce_scatter, b.reduce_scatter},
+        std::pair{a.all_reduce, b.all_reduce}, std::pair{a.broadcast, b.broadcast}}) {
+    EXPECT_EQ(x.calls, y.calls);
+    EXPECT_EQ(x.payload_bytes, y.payload_bytes);
+    EXPECT_EQ(x.sent_bytes, y.sent_bytes);
+  }
+  EXPECT_EQ(a.reduce_scatter.sent_bytes, 64 * 4 * (w - 1));
+}
+
+TEST(MpiBackend, MisuseThrowsNamingTheBackend) {
+  const Groups& g = world();
+  at::Tensor in = at::ones({10}, at::kInt);
+  at::Tensor out = at::empty({10 / 1}, at::kInt);
+  EXPECT_THAT(test::error_message([&] { g.mpi->reduce_scatter_tensor(out, in, ReduceOp::kSum); }),
+              HasSubstr("the mpi backend reduces Float, Double, BFloat16 and Half, got Int"));
+  at::Tensor strided = at::ones({4, 4}).t();
+  EXPECT_THAT(test::error_message([&] { g.mpi->all_reduce(strided, ReduceOp::kSum); }),
+              HasSubstr("must be contiguous"));
+}
+
+}  // namespace
+}  // namespace fsdp
