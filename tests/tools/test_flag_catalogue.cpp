@@ -80,6 +80,7 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--metrics", "--metrics /"},
     {"fsdp-train", "--log-every", "--log-every 0"},
     {"fsdp-train", "--log-every", "--log-every -5"},
+    {"fsdp-train", "--backend", "--backend carrier-pigeon"},
     {"fsdp-train", "--timeout-s", "--timeout-s -1"},
     {"fsdp-train", "--timeout-s", "--timeout-s 0"},
     {"fsdp-train", "--timeout-s", "--timeout-s nan"},

@@ -121,7 +121,22 @@ struct Case {
   std::string reference;  // fsdp2_reference.py flags (mode and extras)
   double tolerance;
   std::string model = "tiny";
+  bool over_mpi = false;  // our ranks are an mpirun job on the mpi backend, not --nproc over gloo
 };
+
+// How fsdp-train starts c's ranks: --no-fsdp, --nproc W, or W ranks of an mpirun job (which
+// needs no MASTER_ADDR: the store's address travels over MPI).
+std::string our_launch(const Case& c) {
+  if (c.world == 0) return fsdp_train_binary() + " --no-fsdp";
+#ifdef FSDP_MPIRUN
+  if (c.over_mpi) {
+    return std::string("env -u MASTER_ADDR -u MASTER_PORT ") + FSDP_MPIRUN + " -np " +
+           std::to_string(c.world) + " " + fsdp_train_binary() + " --backend mpi";
+  }
+#endif
+  EXPECT_FALSE(c.over_mpi) << "this build has no MPI";
+  return fsdp_train_binary() + " --nproc " + std::to_string(c.world);
+}
 
 struct Diffs {
   double loss = 0, grad_norm = 0, params = 0, key_bias = 0;
@@ -139,12 +154,11 @@ void run_case(const Case& c) {
   const std::string our_final = dir + "/ours/model.safetensors";
   const std::string ref_final = dir + "/reference.safetensors";
 
-  const std::string launch = c.world == 0 ? "--no-fsdp" : "--nproc " + std::to_string(c.world);
-  const CommandResult ours = run_command(
-      fsdp_train_binary() + " " + launch + " --quiet --steps " + std::to_string(kSteps) +
-          " --model " + c.model + " " + kCommon + " " + c.ours + " --metrics " + our_metrics +
-          " --dump-batches " + batches + " --export " + our_final,
-      300);
+  const CommandResult ours =
+      run_command(our_launch(c) + " --quiet --steps " + std::to_string(kSteps) + " --model " +
+                      c.model + " " + kCommon + " " + c.ours + " --metrics " + our_metrics +
+                      " --dump-batches " + batches + " --export " + our_final,
+                  300);
   EXPECT_EQ(ours.exit_code, 0)
       << "fsdp-train " << c.ours << " failed"
       << (ours.output.find("not expected") != std::string::npos
@@ -341,6 +355,25 @@ TEST(Fsdp2Parity, LlamaBf16ParamDtypeFp32ReduceW4) {
             "--mode fsdp2 --param-dtype bf16 --reduce-dtype fp32 --adamw libtorch", kBf16,
             "llama-tiny"});
 }
+
+// The same comparisons with our ranks on the mpi backend, as an mpirun job (builds with MPI).
+// MPI's reductions add in their own order, as gloo's ring all-reduce in FSDP2 does in its own:
+// the tolerances are those of the gloo cases.
+#ifdef FSDP_MPIRUN
+TEST(Fsdp2Parity, OverMpiFullShardW2) {
+  run_case({"mpi_w2", 2, "", "--mode fsdp2", kFp32, "tiny", true});
+}
+TEST(Fsdp2Parity, OverMpiFullShardW4) {
+  run_case({"mpi_w4", 4, "", "--mode fsdp2", kFp32, "tiny", true});
+}
+TEST(Fsdp2Parity, OverMpiNoShardMatchesDdpW4) {
+  run_case({"mpi_no_shard_w4", 4, "--strategy no_shard", "--mode ddp", kFp32, "tiny", true});
+}
+TEST(Fsdp2Parity, OverMpiLlamaBf16ParamDtypeW2) {
+  run_case({"mpi_llama_bf16", 2, "--param-dtype bf16",
+            "--mode fsdp2 --param-dtype bf16 --adamw libtorch", kBf16, "llama-tiny", true});
+}
+#endif
 
 }  // namespace
 }  // namespace fsdp::train

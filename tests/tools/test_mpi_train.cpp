@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,23 @@ TEST(MpiTrain, BackendMpiWithoutMpirunSaysHowToLaunch) {
       test::run_command(test::fsdp_train_binary() + " --nproc 2 --backend mpi" + kCommon);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("--backend mpi needs its ranks started by MPI: run mpirun"));
+}
+
+// fsdp-comm-bench under mpirun measures the mpi backend by default, and says so in its JSON.
+TEST(MpiCommBench, MeasuresTheMpiBackendUnderMpirun) {
+  const std::string out = test::temp_dir("mpi_comm_bench") + "/bench.json";
+  const CommandResult r =
+      run_ok(mpirun(2) + test::program_path("fsdp-comm-bench") +
+             " --min-bytes 1K --max-bytes 16K --iters 20 --warmup 2 --output " + out);
+  std::ifstream in(out);
+  ASSERT_TRUE(in.good()) << r.output;
+  const nlohmann::json json = nlohmann::json::parse(in);
+  EXPECT_EQ(json["backend"], "mpi");
+  EXPECT_EQ(json["world_size"], 2);
+  // 5 collectives at 1K, 4K and 16K, each timed.
+  ASSERT_EQ(json["results"].size(), 15u) << json.dump(2);
+  for (const auto& m : json["results"]) EXPECT_GT(m["time_s"].get<double>(), 0) << m.dump();
+  EXPECT_EQ(json["fit"]["all_gather"]["points"], 3) << json.dump(2);
 }
 
 }  // namespace

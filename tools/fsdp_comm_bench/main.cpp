@@ -1,6 +1,7 @@
 // fsdp-comm-bench: times the collectives FSDP uses over a range of message sizes, like
 // nccl-tests, on the same process groups fsdp-train uses. With --nproc N (default 2) it launches
-// N local ranks of itself; under torchrun or Slurm each process is one rank. Rank 0 prints the
+// N local ranks of itself; under torchrun, Slurm or mpirun each process is one rank (over MPI by
+// default under mpirun). Rank 0 prints the
 // table and, with --output, writes the measurements and an alpha-beta fit per collective as
 // JSON (a link's latency and inverse bandwidth, for planning).
 #include "bench.h"
@@ -24,7 +25,7 @@ namespace {
 
 struct Flags {
   int nproc = 2;
-  std::string backend = "gloo";
+  std::string backend = "auto";
   std::vector<std::string> collectives = {"all_gather", "reduce_scatter", "reduce_scatter_c10d",
                                           "all_reduce", "broadcast"};
   std::string min_bytes = "1K", max_bytes = "256M";
@@ -66,11 +67,15 @@ at::ScalarType parse_dtype(const std::string& name) {
 }
 
 void add_flags(CLI::App& app, Flags& f) {
-  app.add_option("--nproc", f.nproc, "Local ranks to launch (not under torchrun or Slurm)")
+  app.add_option("--nproc", f.nproc, "Local ranks to launch (not under torchrun, Slurm or mpirun)")
       ->check(fsdp::tools::integer_at_least(1, 1024))
       ->capture_default_str();
-  app.add_option("--backend", f.backend, "Communication backend")
-      ->check(CLI::IsMember({"gloo"}))
+  std::vector<std::string> backends = fsdp::available_backends();
+  backends.insert(backends.begin(), "auto");
+  app.add_option("--backend", f.backend,
+                 "Communication backend: auto (mpi under mpirun when built with MPI, else gloo), "
+                 "or one of this build's")
+      ->check(CLI::IsMember(backends))
       ->capture_default_str();
   app.add_option("--collectives", f.collectives,
                  "Which collectives: all_gather, reduce_scatter (ours, a ring), "
@@ -121,7 +126,7 @@ int run_rank(const Flags& f) {
   const fsdp::LaunchEnv env = fsdp::launch_env_from_environment();
   at::set_num_threads(1);  // the collectives run on the transport's threads
   fsdp::ProcessGroupOptions options;
-  options.backend = f.backend;
+  options.backend = f.backend == "auto" ? fsdp::default_backend(env) : f.backend;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   auto group = fsdp::init_process_group(env, options);
   const auto results = fsdp::tools::run_bench(*group, f.bench);
@@ -141,7 +146,7 @@ int run_rank(const Flags& f) {
                 v["max_rel_error"].get<double>() * 100);
   }
   if (!f.output.empty()) {
-    nlohmann::json out = {{"backend", f.backend},
+    nlohmann::json out = {{"backend", group->backend_name()},
                           {"world_size", group->size()},
                           {"dtype", f.dtype},
                           {"fit", fit},
@@ -172,6 +177,9 @@ int main(int argc, char** argv) {
     if (!nproc_given && fsdp::launched_by_a_launcher()) {
       return run_rank(f);
     }
+    TORCH_CHECK(f.backend != "mpi",
+                "--backend mpi needs its ranks started by MPI: run mpirun -np N fsdp-comm-bench "
+                "... (or srun --mpi=pmix), not --nproc");
     std::vector<std::string> args(argv + 1, argv + argc);
     return fsdp::tools::launch_local_ranks(f.nproc, fsdp::tools::strip_flag(args, "--nproc"));
   });
