@@ -15,8 +15,13 @@
 # side's fixed footprint (peak RSS of a process that loads the libraries and builds the tiny
 # model: fsdp-train --steps 0, python3 importing torch.distributed.fsdp).
 #
+# With MPI=1 (and a build with the mpi backend), ours also runs as an mpirun job on the mpi
+# backend, alternating with the other two, and the summary adds its ratios to ours on gloo and
+# to FSDP2. FSDP_MPI_POLL passes through to it (spin, yield or backoff; see README).
+#
 # Environment: FSDP_TRAIN_BIN (default ./build/fsdp-train), PYTHON (default: the python3 whose
-# torch the build uses, as in scripts/run.sh).
+# torch the build uses, as in scripts/run.sh), MPI (default 0), MPIRUN (default mpirun
+# --allow-run-as-root --oversubscribe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model="${1:-small}"
@@ -27,6 +32,8 @@ if [ -z "${PYTHON:-}" ]; then
   if [ -x .venv/bin/python3 ]; then PYTHON=.venv/bin/python3; else PYTHON=python3; fi
 fi
 ref="bench/reference/fsdp2_reference.py"
+mpi="${MPI:-0}"
+mpirun="${MPIRUN:-mpirun --allow-run-as-root --oversubscribe}"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 shape="--model $model --global-batch 8 --seq-len 128 --seed 1234"
@@ -40,6 +47,11 @@ ours() {  # W run
   $bin --nproc "$1" $shape --steps "$steps" --quiet --metrics "$out/ours_w$1_$2.jsonl" \
     --dump-batches "$out/batches.bin"
 }
+ours_mpi() {  # W run
+  echo "== $mpirun -np $1 $bin $shape --steps $steps --quiet --metrics $out/mpi_w$1_$2.jsonl" >&2
+  env -u MASTER_ADDR -u MASTER_PORT $mpirun -np "$1" $bin $shape --steps "$steps" --quiet \
+    --backend mpi --metrics "$out/mpi_w$1_$2.jsonl"
+}
 theirs() {  # W run [mode]
   local mode="${3:-fsdp2}"
   echo "== $PYTHON $ref --mode $mode --nproc $1 --init ... --batches ... --metrics $out/${mode}_w$1_$2.jsonl" >&2
@@ -48,10 +60,11 @@ theirs() {  # W run [mode]
     | { grep -v "gpuGetDeviceCount" || true; } >&2
 }
 for w in $worlds; do
-  ours "$w" a
-  theirs "$w" a
-  ours "$w" b
-  theirs "$w" b
+  for run in a b; do
+    ours "$w" $run
+    if [ "$mpi" = 1 ]; then ours_mpi "$w" $run; fi
+    theirs "$w" $run
+  done
 done
 theirs 1 a single
 echo "== $bin --no-fsdp $shape --steps $steps --quiet --metrics $out/ours_nofsdp_w1_a.jsonl" >&2
@@ -89,18 +102,26 @@ print(f"model {model}, 8 x 128 tokens per step, medians over steps 3..{steps} of
 print("| W | side | step time (s) | tokens/s | peak RSS per rank (MiB) | sent per rank per step (MiB) "
       "| all-gather / reduce-scatter payload per step (MiB) | exposed comm (s) |")
 print("|---|---|---|---|---|---|---|---|")
-ratios = []
+ratios, mpi_ratios = [], []
 for w in worlds:
-    s = {side: summary(side, w) for side in ("ours", "fsdp2")}
-    for side, name in (("ours", "fsdp-train"), ("fsdp2", "FSDP2")):
+    sides = [("ours", "fsdp-train"), ("fsdp2", "FSDP2")]
+    if load(f"mpi_w{w}_a"):
+        sides.insert(1, ("mpi", "fsdp-train, mpi"))
+    s = {side: summary(side, w) for side, _ in sides}
+    for side, name in sides:
         x = s[side]
-        exposed = f"{x['exposed']:.3f}" if side == "ours" else "n/a"
+        exposed = f"{x['exposed']:.3f}" if side != "fsdp2" else "n/a"
         print(f"| {w} | {name} | {x['step_s']:.3f} | {x['tokens_per_s']:.0f} | "
               f"{' / '.join(mib(b) for b in x['rss'])} | "
               f"{' / '.join(f'{b / 2**20:.1f}' for b in x['sent'])} | "
               f"{x['ag'] / 2**20:.1f} / {x['rs'] / 2**20:.1f} | {exposed} |")
     ratios.append((w, s["ours"]["tokens_per_s"] / s["fsdp2"]["tokens_per_s"],
                    max(s["ours"]["rss"]) / max(s["fsdp2"]["rss"])))
+    if "mpi" in s:
+        m, g, f = s["mpi"], s["ours"], s["fsdp2"]
+        mpi_ratios.append((w, m["tokens_per_s"] / g["tokens_per_s"],
+                           m["tokens_per_s"] / f["tokens_per_s"],
+                           m["exposed"] / g["exposed"] if g["exposed"] > 0 else float("nan")))
 for name, label in (("ours_nofsdp_w1_a", "fsdp-train --no-fsdp"), ("single_w1_a", "PyTorch, no FSDP")):
     single = load(name)
     if single:
@@ -114,4 +135,7 @@ print(f"fixed footprint (libraries loaded, tiny model): fsdp-train {mib(footprin
       f"python3 + torch {mib(footprint['fsdp2'])} MiB")
 for w, t, m in ratios:
     print(f"W={w}: tokens/s ours/FSDP2 {t:.3f}, peak RSS ours/FSDP2 {m:.3f}")
+for w, g, f, e in mpi_ratios:
+    print(f"W={w}: tokens/s ours on mpi / ours on gloo {g:.3f}, / FSDP2 {f:.3f}; "
+          f"exposed communication mpi / gloo {e:.3f}")
 PY
