@@ -74,7 +74,9 @@ int main(int argc, char** argv) {
   if (!o.no_fsdp) {
     fsdp::LaunchEnv env;  // a group of one unless a launcher says otherwise
     if (fsdp::launched_by_a_launcher()) env = fsdp::launch_env_from_environment();
-    group = fsdp::init_process_group(env);
+    fsdp::ProcessGroupOptions options;
+    options.backend = fsdp::default_backend(env);  // mpi under mpirun, else gloo
+    group = fsdp::init_process_group(env, options);
   }
   torch::manual_seed(0);
   Stack model(o.units, o.dim);
@@ -101,9 +103,10 @@ int main(int argc, char** argv) {
   std::nth_element(timed.begin(), timed.begin() + timed.size() / 2, timed.end());
   if (!group || group->rank() == 0) {
     std::printf(
-        "{\"side\": \"ours\", \"fsdp\": %s, \"world\": %d, \"units\": %d, \"median_step_us\": "
+        "{\"side\": \"%s\", \"fsdp\": %s, \"world\": %d, \"units\": %d, \"median_step_us\": "
         "%.1f}\n",
-        o.no_fsdp ? "false" : "true", group ? group->size() : 1, o.units, timed[timed.size() / 2]);
+        group && group->backend_name() == "mpi" ? "ours-mpi" : "ours", o.no_fsdp ? "false" : "true",
+        group ? group->size() : 1, o.units, timed[timed.size() / 2]);
   }
   return 0;
 }

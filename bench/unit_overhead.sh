@@ -16,6 +16,8 @@ torchrun="$(dirname "$py")/torchrun"
 ours=build/bench/unit-overhead
 ref=bench/reference/unit_overhead.py
 flags="--units $units --steps $steps"
+mpi="${MPI:-0}"
+mpirun="${MPIRUN:-mpirun --allow-run-as-root --oversubscribe}"
 out="$(mktemp)"
 for repeat in 1 2; do
   "$ours" --no-fsdp $flags >> "$out"
@@ -23,6 +25,9 @@ for repeat in 1 2; do
   for w in 1 2; do
     OMP_NUM_THREADS=1 "$torchrun" --standalone --nproc-per-node "$w" --no-python "$ours" $flags >> "$out"
     OMP_NUM_THREADS=1 "$torchrun" --standalone --nproc-per-node "$w" "$ref" $flags 2>/dev/null >> "$out"
+    if [ "$mpi" = 1 ]; then
+      env -u MASTER_ADDR -u MASTER_PORT $mpirun -np "$w" "$ours" $flags >> "$out"
+    fi
   done
 done
 "$py" - "$out" "$units" <<'PY'
@@ -30,6 +35,8 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 units = int(sys.argv[2])
 def median(side, fsdp, world):
+    if not fsdp and side == "ours-mpi":
+        side = "ours"  # the same program without FSDP: no backend involved
     return statistics.median(r["median_step_us"] for r in rows
                              if r["side"] == side and r["fsdp"] == fsdp and r["world"] == world)
 print(f"{units} units of Linear(64, 64) + LayerNorm, batch 8; median step time in us "
@@ -37,10 +44,12 @@ print(f"{units} units of Linear(64, 64) + LayerNorm, batch 8; median step time i
 print("| | no FSDP | W=1 | W=2 | overhead per unit, W=1 | W=2 |")
 print("|---|---|---|---|---|---|")
 over = {}
-for side in ("ours", "fsdp2"):
+sides = ["ours", "fsdp2"] + (["ours-mpi"] if any(r["side"] == "ours-mpi" for r in rows) else [])
+for side in sides:
     base, w1, w2 = median(side, False, 1), median(side, True, 1), median(side, True, 2)
     over[side] = ((w1 - base) / units, (w2 - base) / units)
     print(f"| {side} | {base:,.0f} | {w1:,.0f} | {w2:,.0f} | {over[side][0]:,.1f} | {over[side][1]:,.1f} |")
-print(f"ours / FSDP2 overhead per unit: W=1 {over['ours'][0] / over['fsdp2'][0]:.3f}, "
-      f"W=2 {over['ours'][1] / over['fsdp2'][1]:.3f}")
+for side in [s for s in sides if s != "fsdp2"]:
+    print(f"{side} / FSDP2 overhead per unit: W=1 {over[side][0] / over['fsdp2'][0]:.3f}, "
+          f"W=2 {over[side][1] / over['fsdp2'][1]:.3f}")
 PY
