@@ -133,6 +133,14 @@ struct StepTimePlan {
   MemoryEstimate memory;
 };
 
+// One forward pass of a model's compute on one of world_size ranks sharing the hardware, by
+// kind of work (the seconds plan_step_time charges; backward is twice each).
+struct ForwardTimes {
+  double matmul_s = 0, attention_s = 0, other_s = 0;
+};
+ForwardTimes forward_times(const ModelComputeSpec& compute, const HardwareSpec& hardware,
+                           at::ScalarType compute_dtype, int world_size);
+
 // Plans one steady-state step. memory and compute describe the same model and micro-batch.
 // Throws naming the value on a bad configuration, or when the hardware file lacks what this
 // one needs (the peak of the compute dtype).

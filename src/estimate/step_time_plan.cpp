@@ -317,6 +317,21 @@ class Timelines : public detail::StepObserver {
 
 }  // namespace
 
+ForwardTimes forward_times(const ModelComputeSpec& compute, const HardwareSpec& hardware,
+                           at::ScalarType compute_dtype, int world_size) {
+  const Device d(hardware, compute_dtype, world_size);
+  ForwardTimes t;
+  auto add = [&](const UnitComputeSpec& u) {
+    for (const Matmul& m : u.matmuls) t.matmul_s += d.matmul_s(m);
+    t.attention_s += d.attention_s(u);
+    t.other_s += d.bytes_s(u.other_bytes);
+  };
+  add(compute.root_stem);
+  for (const auto& u : compute.units) add(u);
+  add(compute.root_head);
+  return t;
+}
+
 HardwareSpec HardwareSpec::from_json(const std::string& text, const std::string& origin) {
   json j;
   try {

@@ -2,8 +2,10 @@
 // (the setting fsdp-train gives each of two or more local ranks) and scaled to the host by its
 // core count, since the planner divides the host's rates among the ranks that share it. The
 // peak is the best matmul rate measured, so the calibrated MFU is relative to what LibTorch
-// achieves here, not to a datasheet. Timing: the median of repeated calls after a warm-up.
+// achieves here, not to a datasheet. Timing: the fastest of repeated calls after a warm-up.
 #include "fsdp_plan/calibrate.h"
+
+#include "fsdp_plan/compute_spec.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -23,28 +25,36 @@
 namespace fsdp::tools {
 namespace {
 
+using fsdp::ForwardTimes;
+using fsdp::HardwareSpec;
 using Clock = std::chrono::steady_clock;
 
-// Median seconds per call of fn, over as many calls as fit budget_s (at least 3).
+// Seconds per call of fn: the fastest of as many calls as fit budget_s (at least 5), which is
+// what the machine does when nothing else runs on its cores (a median still moves with a
+// compiler running beside it on a 2-core machine).
 double time_call(const std::function<void()>& fn, double budget_s) {
   fn();  // warm-up: allocations, kernel selection
-  std::vector<double> times;
+  double best = 1e30;
+  int calls = 0;
   const auto start = Clock::now();
-  while (times.size() < 3 ||
-         std::chrono::duration<double>(Clock::now() - start).count() < budget_s) {
+  while (calls < 5 || std::chrono::duration<double>(Clock::now() - start).count() < budget_s) {
     const auto t0 = Clock::now();
     fn();
-    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    if (times.size() >= 200) break;
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    if (++calls >= 200) break;
   }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  return best;
 }
 
+// FLOP/s of a linear layer's training matmuls on a [m, k] input and an [n, k] weight: forward,
+// then the input's and the weight's gradients (3 x 2 m k n FLOPs; backward's transposed
+// operands run slower than forward's, so the three are measured together).
 double matmul_rate(int64_t m, int64_t k, int64_t n, at::ScalarType dtype, double budget_s) {
-  const at::Tensor a = at::randn({m, k}).to(dtype);
-  const at::Tensor w = at::randn({n, k}).to(dtype);
-  return 2.0 * m * k * n / time_call([&] { at::matmul(a, w.t()); }, budget_s);
+  const at::Tensor x = at::randn({m, k}).to(dtype).set_requires_grad(true);
+  const at::Tensor w = at::randn({n, k}).to(dtype).set_requires_grad(true);
+  const at::Tensor grad = at::randn({m, n}).to(dtype);
+  const double s = time_call([&] { at::linear(x, w).backward(grad); }, budget_s);
+  return 3.0 * 2.0 * m * k * n / s;
 }
 
 // Counted FLOPs per second of causal attention forward + backward (3 x 4 B T^2 d, full T x T).
@@ -84,6 +94,43 @@ double adamw_s_per_param(double budget_s) {
   p.mutable_grad() = at::randn({numel});
   torch::optim::AdamW adamw({p}, torch::optim::AdamWOptions(1e-3));
   return time_call([&] { adamw.step(); }, budget_s) / numel;
+}
+
+// Seconds of one forward and backward of the model `name` with the given sizes, 2 sequences of
+// 128 tokens, on this thread.
+double model_step_s(const models::ModelSpec& spec, double budget_s) {
+  const auto model = spec.build(models::BuildOptions().seed(0));
+  const at::Tensor idx = at::randint(spec.vocab_size(), {2, 128}, at::kLong);
+  return time_call(
+      [&] {
+        for (auto& p : model->root()->parameters()) p.mutable_grad() = at::Tensor();
+        model->loss(model->forward(idx), idx).backward();
+      },
+      budget_s);
+}
+
+// The rate of the work outside matmuls and attention (norms, rotary embeddings, activations,
+// residual adds, the loss), in the planner's accounting of it (compute_spec.h: bytes over
+// memory_bandwidth): one forward and backward of a GPT-2 and a Llama of two blocks at a width
+// (512) the validation runs do not use, less what the calibrated matmul and attention rates
+// account for. Returns the bandwidth that makes the planner's other-work time match, summed
+// over the two models; hw_json is the hardware file so far (its memory_bandwidth a first guess).
+double other_work_bandwidth(nlohmann::json hw_json, int cores, double budget_s) {
+  const HardwareSpec hw = HardwareSpec::from_json(hw_json.dump(), "calibration");
+  models::SizeOverrides sizes;
+  sizes.dim = 512;
+  sizes.n_layers = 2;
+  sizes.n_heads = 16;  // llama-debug has 16 key-value heads
+  double modelled = 0, measured = 0;
+  for (const char* name : {"small", "llama-debug"}) {
+    const auto spec = models::model_spec(name)->with_overrides(sizes);
+    const ForwardTimes t =
+        forward_times(compute_spec(*spec, 2, 128, at::kFloat), hw, at::kFloat, cores);
+    modelled += t.other_s;
+    measured += std::max(0.0, model_step_s(*spec, budget_s) / 3 - t.matmul_s - t.attention_s);
+  }
+  const double guess = hw.memory_bandwidth;
+  return measured > 0 ? guess * modelled / measured : guess;
 }
 
 std::string run_output(const std::string& command) {
@@ -165,15 +212,22 @@ nlohmann::json calibrate(const CalibrateOptions& o) {
       {"name", "this machine (fsdp-plan --calibrate)"},
       {"notes",
        "Measured by fsdp-plan --calibrate with LibTorch on one intra-op thread and scaled by "
-       "cpu_cores; peak_flops is the best matmul rate measured (so matmul_fraction is 1 and MFU "
-       "is relative to it); the curves give each matmul size's and head size's fraction of it; "
-       "collectives are fsdp-comm-bench's fits at each world size."},
+       "cpu_cores. peak_flops is the best rate of a linear layer's forward and backward "
+       "matmuls (so matmul_fraction is 1 and MFU is relative to it); the curves give each "
+       "matmul size's and head size's fraction of it. memory_bandwidth is the rate of the work "
+       "outside matmuls and attention in the planner's accounting, from a forward and backward "
+       "of a 2-block GPT-2 and Llama of width 512 less their matmuls and attention; "
+       "elementwise_bandwidth (not used) is a plain elementwise mix's. collectives are "
+       "fsdp-comm-bench's fits at each world size, links.intra_node the 2-rank all-gather's."},
       {"memory_bytes", total_memory_bytes()},
       {"devices_per_node", 1},
       {"cpu_cores", cores}};
   hw["compute"] = compute_section(cores, o.seconds_per_point, peak_per_core);
   hw["memory_bandwidth"] = elementwise_bandwidth(o.seconds_per_point) * cores;
+  hw["elementwise_bandwidth"] = hw["memory_bandwidth"];
   hw["adamw_s_per_param"] = adamw_s_per_param(o.seconds_per_point) / cores;
+  hw["links"]["intra_node"] = {{"alpha_s", 0.0}, {"beta_s_per_byte", 0.0}};
+  hw["memory_bandwidth"] = other_work_bandwidth(hw, cores, o.seconds_per_point);
   at::set_num_threads(saved_threads);
 
   hw["collectives"] = nlohmann::json::object();
@@ -184,8 +238,6 @@ nlohmann::json calibrate(const CalibrateOptions& o) {
     hw["links"]["intra_node"] = {
         {"alpha_s", ag["all_gather"]["alpha_s"]},
         {"beta_s_per_byte", 2 * ag["all_gather"]["beta_s_per_byte"].get<double>()}};
-  } else {
-    hw["links"]["intra_node"] = {{"alpha_s", 0.0}, {"beta_s_per_byte", 0.0}};
   }
   return hw;
 }

@@ -14,11 +14,12 @@ struct CalibrateOptions {
   double seconds_per_point = 0.15;     // timing budget of each compute measurement
 };
 
-// Measures, with LibTorch on one thread: matmul FLOP/s over a range of sizes and attention
-// (scaled_dot_product_attention, causal, forward and backward) over head sizes, both as
-// fractions of the best matmul rate, which becomes the peak; elementwise bandwidth; one AdamW
-// step per parameter; the speed-up of all cores over one. Then runs fsdp-comm-bench at each
-// world size for the alpha-beta fits. Returns the hardware file's JSON. Takes well under a
+// Measures, with LibTorch on one thread: a linear layer's forward and backward FLOP/s over a
+// range of sizes and attention (scaled_dot_product_attention, causal, forward and backward)
+// over head sizes, both as fractions of the best matmul rate, which becomes the peak; the rate
+// of the remaining work of two small reference transformers (see other_work_bandwidth); one
+// AdamW step per parameter; the speed-up of all cores over one. Then runs fsdp-comm-bench at
+// each world size for the alpha-beta fits. Returns the hardware file's JSON. Takes well under a
 // minute on a 2-core machine.
 nlohmann::json calibrate(const CalibrateOptions& options);
 
