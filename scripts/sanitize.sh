@@ -14,7 +14,9 @@
 # The subsets:
 # - asan: the comm, runtime, checkpoint and models suites in process (ranks as threads: every
 #   collective, every strategy, mixed precision, prefetch, checkpoints that reshard), the
-#   desync and flight-recorder tests, and a 2-rank fsdp-train run of the default model. These
+#   desync and flight-recorder tests, and a 2-rank fsdp-train run of the default model; in a
+#   build with MPI also the mpi backend's suite as 4 ranks of an mpirun job and a 2-rank
+#   fsdp-train run over MPI. These
 #   cover the code whose bugs ASan finds (storage freed and refilled in place, copy-in and
 #   copy-out offsets, the ring reduce-scatter's chunk arithmetic, the safetensors parser).
 # - tsan: the comm suite and the runtime's multi-rank tests, where progress threads, gloo's
@@ -38,6 +40,8 @@ if [ "$mode" = asan ]; then
   # wrong type. Everything else UBSan checks stays on, and any report fails the run.
   flags="-fsanitize=address,undefined -fno-sanitize=vptr -fno-sanitize-recover=undefined"
   tests=(test_comm test_runtime test_checkpoint test_models fsdp-train)
+  # CMake finds MPI through its compiler wrapper; with it, the build has the mpi backend.
+  if command -v mpicc >/dev/null; then tests+=(test_mpi_backend); fi
   # test_checkpoint's process tests (SIGKILL, a full disk) run fsdp-train many times over; the
   # in-process cases cover the same code.
   subset=("test_comm" "test_runtime" "test_models"
@@ -65,6 +69,15 @@ status=0
 if [ "$mode" = asan ]; then
   echo "== fsdp-train, 2 ranks, under $mode"
   "$build/fsdp-train" --nproc 2 --steps 20 --quiet || status=$?
+  if [ -x "$build/tests/test_mpi_backend" ] && [ $# -eq 0 ]; then
+    mpirun=(mpirun --allow-run-as-root --oversubscribe)
+    echo "== the mpi backend's suite, 4 ranks of an mpirun job, under $mode"
+    env -u MASTER_ADDR -u MASTER_PORT "${mpirun[@]}" -np 4 "$build/tests/test_mpi_backend" \
+      --gtest_brief=1 || status=$?
+    echo "== fsdp-train over MPI, 2 ranks, under $mode"
+    env -u MASTER_ADDR -u MASTER_PORT "${mpirun[@]}" -np 2 "$build/fsdp-train" --steps 20 \
+      --quiet || status=$?
+  fi
 fi
 cd "$build"
 if [ $# -gt 0 ]; then

@@ -81,6 +81,7 @@ CommCounters DeviceMesh::counters() const {
     add(total.reduce_scatter, c.reduce_scatter);
     add(total.all_reduce, c.all_reduce);
     add(total.broadcast, c.broadcast);
+    add(total.reduce, c.reduce);
   }
   return total;
 }

@@ -24,8 +24,8 @@ enum class CollectiveState { kIssued, kCompleted, kFailed };
 struct CollectiveRecord {
   using Clock = std::chrono::steady_clock;
 
-  int64_t seq = 0;    // 1-based, per group
-  std::string op;     // "all-gather", "reduce-scatter", "all-reduce", "broadcast", "barrier"
+  int64_t seq = 0;  // 1-based, per group
+  std::string op;  // "all-gather", "reduce-scatter", "all-reduce", "broadcast", "reduce", "barrier"
   std::string label;  // CollectiveLabel::current() when issued ("" if none)
   std::string dtype;  // of the op's input ("" for a barrier)
   int64_t numel = 0;  // elements of the op's input (all-gather: this rank's part)

@@ -210,6 +210,28 @@ WorkHandle QueuedProcessGroup::broadcast(const at::Tensor& tensor, int root) {
   });
 }
 
+WorkHandle QueuedProcessGroup::reduce(const at::Tensor& tensor, int root, ReduceOp reduce_op) {
+  static constexpr const char* kOp = "reduce";
+  check_tensor(kOp, "tensor", tensor);
+  TORCH_CHECK(reducible(tensor.scalar_type()), prefix(), kOp, ": the ", backend_name(),
+              " backend reduces Float, Double, BFloat16 and Half, got ", tensor.scalar_type());
+  TORCH_CHECK(root >= 0 && root < size_, prefix(), kOp, ": root ", root,
+              " is not a rank of a group of ", size_);
+  const int64_t bytes = tensor.nbytes();
+  update_counters([&](CommCounters& c) {
+    c.reduce.calls += 1;
+    c.reduce.payload_bytes += bytes;
+  });
+  const int64_t sent = root == rank_ ? 0 : bytes;
+  return enqueue(kOp, {tensor}, [this, tensor, root, reduce_op, sent](const OpContext& op) {
+    if (size_ == 1) {
+      return;
+    }
+    run_reduce(op, tensor, root, reduce_op);
+    update_counters([&](CommCounters& c) { c.reduce.sent_bytes += sent; });
+  });
+}
+
 WorkHandle QueuedProcessGroup::barrier() {
   return enqueue("barrier", {}, [this](const OpContext& op) {
     if (size_ > 1) run_barrier(op);

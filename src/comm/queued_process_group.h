@@ -11,7 +11,8 @@
 //   all_gather:     (W-1) x input bytes = (W-1)/W of the output;
 //   reduce_scatter: (W-1)/W of the input (exactly what the gloo backend's own ring sends);
 //   all_reduce:     floor(2 (W-1) bytes / W), reduce-scatter then all-gather;
-//   broadcast:      the tensor's bytes on the root, 0 elsewhere.
+//   broadcast:      the tensor's bytes on the root, 0 elsewhere;
+//   reduce:         the tensor's bytes on every rank but the root, 0 on the root.
 // barrier is not counted. At W = 1 nothing is sent and sent_bytes stays 0.
 //
 // The first failed op breaks the group for good (a transport that timed out cannot be trusted
@@ -55,6 +56,7 @@ class QueuedProcessGroup : public ProcessGroup {
                                    ReduceOp op) final;
   WorkHandle all_reduce(const at::Tensor& tensor, ReduceOp op) final;
   WorkHandle broadcast(const at::Tensor& tensor, int root) final;
+  WorkHandle reduce(const at::Tensor& tensor, int root, ReduceOp op) final;
   WorkHandle barrier() final;
   std::shared_ptr<ProcessGroup> split(const std::vector<int>& ranks, const std::string& name) final;
 
@@ -80,6 +82,9 @@ class QueuedProcessGroup : public ProcessGroup {
   virtual void run_all_reduce(const OpContext& op, const at::Tensor& tensor,
                               ReduceOp reduce_op) = 0;
   virtual void run_broadcast(const OpContext& op, const at::Tensor& tensor, int root) = 0;
+  // run_reduce: root's tensor gets the reduction; the others' stay as they were.
+  virtual void run_reduce(const OpContext& op, const at::Tensor& tensor, int root,
+                          ReduceOp reduce_op) = 0;
   virtual void run_barrier(const OpContext& op) = 0;
   // This rank's handle on the subgroup of ranks, in which it is index; only members get here.
   virtual std::shared_ptr<ProcessGroup> split_member(const std::vector<int>& ranks, int index,

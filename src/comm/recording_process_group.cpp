@@ -171,8 +171,8 @@ class Recorder {
 
 // ---- The fingerprint check ----
 
-constexpr std::array<const char*, 5> kOps = {"all-gather", "reduce-scatter", "all-reduce",
-                                             "broadcast", "barrier"};
+constexpr std::array<const char*, 6> kOps = {"all-gather", "reduce-scatter", "all-reduce",
+                                             "broadcast",  "barrier",        "reduce"};
 constexpr int64_t kLabelWords = 4;  // the first 32 bytes of the label travel with the check
 constexpr int64_t kFingerprintWords = 4 + kLabelWords;
 
@@ -199,6 +199,7 @@ CollectiveRecord record_of_fingerprint(int64_t seq, const int64_t* w) {
   const char* label = reinterpret_cast<const char*>(w + 4);
   r.label.assign(label, strnlen(label, kLabelWords * 8));
   if (r.op == "broadcast") r.op += " from rank " + std::to_string(w[3]);
+  if (r.op == "reduce") r.op += " to rank " + std::to_string(w[3]);
   return r;
 }
 
@@ -264,6 +265,9 @@ class RecordingProcessGroup final : public ProcessGroup {
   }
   WorkHandle broadcast(const at::Tensor& tensor, int root) override {
     return run("broadcast", tensor, root, [&] { return inner_->broadcast(tensor, root); });
+  }
+  WorkHandle reduce(const at::Tensor& tensor, int root, ReduceOp op) override {
+    return run("reduce", tensor, root, [&] { return inner_->reduce(tensor, root, op); });
   }
   WorkHandle barrier() override {
     return run("barrier", at::Tensor(), -1, [&] { return inner_->barrier(); });

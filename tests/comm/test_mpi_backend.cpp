@@ -161,6 +161,32 @@ TEST(MpiBackend, AllGatherAndBroadcastMoveEveryDtypeExactly) {
   }
 }
 
+// Reduce to the last rank of every group: the exact sum there, gloo's bits at W <= 2, and the
+// other ranks' tensors untouched.
+TEST(MpiBackend, ReduceMatchesTheExactSumAndGloo) {
+  for (int w = 1; w <= world().mpi->size(); ++w) {
+    const Groups g = first_ranks(w);
+    if (!g.mpi) continue;
+    const int r = g.mpi->rank();
+    const int root = w - 1;
+    for (const auto dtype : kDtypes) {
+      const std::string what = "W=" + std::to_string(w) + " " + c10::toString(dtype);
+      const uint64_t seed = 91 + w + static_cast<int>(dtype);
+      const at::Tensor in = input_of(r, 333, dtype, seed);
+      at::Tensor by_mpi = in.clone(), by_gloo = in.clone();
+      g.mpi->reduce(by_mpi, root, ReduceOp::kSum)->wait();
+      g.gloo->reduce(by_gloo, root, ReduceOp::kSum)->wait();
+      if (r != root) {
+        EXPECT_TRUE(at::equal(by_mpi, in)) << "reduce changed a non-root's tensor, " << what;
+        continue;
+      }
+      expect_close_to(by_mpi, sum_in_double(w, 333, dtype, seed), tolerance(dtype, w),
+                      "reduce " + what);
+      if (w <= 2) EXPECT_TRUE(at::equal(by_mpi, by_gloo)) << "reduce " << what;
+    }
+  }
+}
+
 TEST(MpiBackend, IntegerAllReduceIsExact) {
   const Groups& g = world();
   at::Tensor t = at::arange(100, at::kLong) * (g.mpi->rank() + 1);

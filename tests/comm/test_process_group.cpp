@@ -181,6 +181,35 @@ TEST(ProcessGroupTest, BroadcastFromNonZeroRoot) {
       test::test_options());
 }
 
+// Reduce to one root (inter-tensor ZeRO-3's gradient reduction): the root gets the sum or the
+// average, every other rank keeps its input untouched, and only the others count bytes sent.
+TEST(ProcessGroupTest, ReduceGivesTheRootTheSumAndLeavesTheOthers) {
+  const int world = 3;
+  const int root = 1;
+  run_ranks_in_threads(
+      world,
+      [](std::shared_ptr<ProcessGroup> pg) {
+        const auto expected = reference_sum(world, 13);
+        for (const auto op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+          auto tensor = rank_input(pg->rank(), 13, at::kDouble);
+          pg->reduce(tensor, root, op)->wait();
+          if (pg->rank() == root) {
+            const auto want = op == ReduceOp::kSum ? expected : expected / world;
+            EXPECT_TRUE(at::allclose(tensor, want, 1e-12, 1e-12));
+          } else {
+            EXPECT_TRUE(at::equal(tensor, rank_input(pg->rank(), 13, at::kDouble)));
+          }
+        }
+        const auto counters = pg->counters().reduce;
+        EXPECT_EQ(counters.calls, 2);
+        EXPECT_EQ(counters.payload_bytes, 2 * 13 * 8);
+        EXPECT_EQ(counters.sent_bytes, pg->rank() == root ? 0 : 2 * 13 * 8);
+        EXPECT_THAT(test::error_message([&] { pg->reduce(at::ones({2}), 3, ReduceOp::kSum); }),
+                    HasSubstr("reduce: root 3 is not a rank of a group of 3"));
+      },
+      test::test_options());
+}
+
 TEST(ProcessGroupTest, BarrierHoldsEveryRankUntilAllArrived) {
   const int world = 3;
   std::atomic<int> arrived{0};

@@ -30,7 +30,7 @@ nlohmann::json read_json(const std::string& path) {
 
 double expected_bus_factor(const std::string& collective, int w) {
   if (collective == "all_reduce") return 2.0 * (w - 1) / w;
-  if (collective == "broadcast") return 1.0;
+  if (collective == "broadcast" || collective == "reduce") return 1.0;
   return static_cast<double>(w - 1) / w;  // all-gather and both reduce-scatters
 }
 
@@ -40,8 +40,8 @@ void check_report(const nlohmann::json& report, int w) {
   EXPECT_EQ(report["backend"], "gloo");
   EXPECT_EQ(report["world_size"], w);
   EXPECT_EQ(report["dtype"], "fp32");
-  const std::vector<std::string> collectives = {"all_gather", "reduce_scatter",
-                                                "reduce_scatter_c10d", "all_reduce", "broadcast"};
+  const std::vector<std::string> collectives = {
+      "all_gather", "reduce_scatter", "reduce_scatter_c10d", "all_reduce", "broadcast", "reduce"};
   const std::vector<int64_t> sizes = {1024, 4096, 16384, 65536};
   ASSERT_EQ(report["results"].size(), collectives.size() * sizes.size());
   std::map<std::string, std::vector<std::pair<double, double>>> points;

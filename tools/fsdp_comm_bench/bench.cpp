@@ -30,7 +30,8 @@ const std::map<Collective, std::string>& names() {
       {Collective::kReduceScatter, "reduce_scatter"},
       {Collective::kReduceScatterViaAllReduce, "reduce_scatter_c10d"},
       {Collective::kAllReduce, "all_reduce"},
-      {Collective::kBroadcast, "broadcast"}};
+      {Collective::kBroadcast, "broadcast"},
+      {Collective::kReduce, "reduce"}};
   return kNames;
 }
 
@@ -65,6 +66,9 @@ struct Call {
       case Collective::kBroadcast:
         group.broadcast(input, 0)->wait();
         break;
+      case Collective::kReduce:
+        group.reduce(input, 0, ReduceOp::kSum)->wait();
+        break;
     }
   }
 };
@@ -82,6 +86,7 @@ Call make_call(Collective c, int64_t bytes, int world, at::ScalarType dtype) {
       return {at::ones({per_rank * world}, options), at::empty({per_rank}, options), c};
     case Collective::kAllReduce:
     case Collective::kBroadcast:
+    case Collective::kReduce:
       return {at::ones({per_rank * world}, options), at::Tensor(), c};
   }
   TORCH_INTERNAL_ASSERT(false, "unknown collective");
@@ -146,6 +151,7 @@ double bus_factor(Collective c, int world_size) {
     case Collective::kAllReduce:
       return 2 * (w - 1) / w;
     case Collective::kBroadcast:
+    case Collective::kReduce:
       return 1;
   }
   return 1;

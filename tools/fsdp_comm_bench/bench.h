@@ -26,7 +26,8 @@ enum class Collective {
   kReduceScatter,
   kReduceScatterViaAllReduce,
   kAllReduce,
-  kBroadcast
+  kBroadcast,
+  kReduce
 };
 
 std::string collective_name(Collective c);

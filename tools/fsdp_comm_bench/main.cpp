@@ -27,7 +27,7 @@ struct Flags {
   int nproc = 2;
   std::string backend = "auto";
   std::vector<std::string> collectives = {"all_gather", "reduce_scatter", "reduce_scatter_c10d",
-                                          "all_reduce", "broadcast"};
+                                          "all_reduce", "broadcast",      "reduce"};
   std::string min_bytes = "1K", max_bytes = "256M";
   std::string dtype = "fp32";
   std::string output;
@@ -80,10 +80,10 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--collectives", f.collectives,
                  "Which collectives: all_gather, reduce_scatter (ours, a ring), "
                  "reduce_scatter_c10d (c10d gloo's: all-reduce, then this rank's chunk), "
-                 "all_reduce, broadcast")
+                 "all_reduce, broadcast, reduce (to rank 0)")
       ->delimiter(',')
-      ->check(CLI::IsMember(
-          {"all_gather", "reduce_scatter", "reduce_scatter_c10d", "all_reduce", "broadcast"}))
+      ->check(CLI::IsMember({"all_gather", "reduce_scatter", "reduce_scatter_c10d", "all_reduce",
+                             "broadcast", "reduce"}))
       ->capture_default_str();
   app.add_option("--min-bytes", f.min_bytes, "Smallest message (nccl-tests' size; K, M, G)")
       ->capture_default_str();

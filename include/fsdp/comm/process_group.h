@@ -74,8 +74,8 @@ class Work {
 using WorkHandle = std::shared_ptr<Work>;
 
 // Bytes and calls per kind of collective, as seen by one rank. "payload" is the size of the
-// collective's logical buffer (all-gather: its output; reduce-scatter: its input; all-reduce
-// and broadcast: the tensor). "sent" is what this rank actually put on the wire, where the
+// collective's logical buffer (all-gather: its output; reduce-scatter: its input; all-reduce,
+// broadcast and reduce: the tensor). "sent" is what this rank actually put on the wire, where the
 // backend can know it exactly.
 struct CollectiveCounters {
   int64_t calls = 0;
@@ -87,6 +87,7 @@ struct CommCounters {
   CollectiveCounters reduce_scatter;
   CollectiveCounters all_reduce;
   CollectiveCounters broadcast;
+  CollectiveCounters reduce;
 };
 
 class ProcessGroup {
@@ -109,6 +110,10 @@ class ProcessGroup {
                                            ReduceOp op) = 0;
   virtual WorkHandle all_reduce(const at::Tensor& tensor, ReduceOp op) = 0;
   virtual WorkHandle broadcast(const at::Tensor& tensor, int root) = 0;
+  // tensor (floating point) is reduced element-wise over ranks into root's tensor; the other
+  // ranks' tensors are left as they were (for inter-tensor ZeRO-3, which reduces each gradient
+  // to its owner).
+  virtual WorkHandle reduce(const at::Tensor& tensor, int root, ReduceOp op) = 0;
   virtual WorkHandle barrier() = 0;
 
   // A new group of the given ranks of this group, numbered in that order (for the dimensions

@@ -121,6 +121,20 @@ class GlooProcessGroup final : public QueuedProcessGroup {
               root == rank() ? -1 : root);
   }
 
+  // c10d's gloo reduce may leave partial sums in the non-roots' tensors, which our contract
+  // says stay untouched: they reduce a copy.
+  void run_reduce(const OpContext& op, const at::Tensor& tensor, int root,
+                  ReduceOp reduce_op) override {
+    std::vector<at::Tensor> tensors{root == rank() ? tensor : tensor.clone()};
+    c10d::ReduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.rootRank = root;
+    opts.rootTensor = 0;
+    wait_c10d(issue_c10d([&] { return pg_->reduce(tensors, opts); }), op,
+              root == rank() ? -1 : root);
+    if (root == rank() && reduce_op == ReduceOp::kAvg) tensor.div_(size());
+  }
+
   void run_barrier(const OpContext& op) override {
     wait_c10d(issue_c10d([&] { return pg_->barrier(); }), op, -1);
   }
