@@ -120,8 +120,12 @@ void init_module(torch::nn::Module& module, const std::string& prefix, const GPT
 // functional linear) instead runs matmul and then adds the bias in place for inputs of more than
 // two dimensions, which in bf16 rounds twice: the same weights then give different bf16
 // activations than PyTorch's (in fp32 the two gave identical results in our tests).
-at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
-  return at::linear(x, layer->weight, layer->bias);
+// Called through fsdp::forward_with, so the layer may be an FSDP unit of its own (an auto-wrap
+// policy's choice).
+at::Tensor linear(torch::nn::Linear layer, const at::Tensor& x) {
+  return fsdp::forward_with(
+      layer, [&layer](const at::Tensor& in) { return at::linear(in, layer->weight, layer->bias); },
+      x);
 }
 
 torch::nn::LayerNorm make_layer_norm(const GPT2Config& config) {
@@ -259,8 +263,9 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
 }
 
 at::Tensor BlockImpl::body(const at::Tensor& x) {
-  at::Tensor h = x + attn->forward(ln_1->forward(x));
-  return h + mlp->forward(ln_2->forward(h));
+  // Every module through fsdp::forward: any of them may be an FSDP unit (fsdp/wrap_policy.h).
+  at::Tensor h = x + fsdp::forward(attn, fsdp::forward(ln_1, x));
+  return h + fsdp::forward(mlp, fsdp::forward(ln_2, h));
 }
 
 GPT2ModelImpl::GPT2ModelImpl(const GPT2Options& options, const std::string& name_prefix)
@@ -294,9 +299,9 @@ at::Tensor GPT2ModelImpl::forward(const at::Tensor& idx) {
   TORCH_CHECK(seq <= config_.n_positions, "sequence length ", seq,
               " exceeds the model's n_positions=", config_.n_positions);
   at::Tensor pos = at::arange(seq, idx.options());
-  at::Tensor x = wte->forward(idx) + wpe->forward(pos);
+  at::Tensor x = fsdp::forward(wte, idx) + fsdp::forward(wpe, pos);
   for (auto& block : blocks) x = fsdp::forward(block, x);
-  return ln_f->forward(x);
+  return fsdp::forward(ln_f, x);
 }
 
 GPT2LMHeadImpl::GPT2LMHeadImpl(const GPT2Options& options) {
@@ -305,7 +310,7 @@ GPT2LMHeadImpl::GPT2LMHeadImpl(const GPT2Options& options) {
 }
 
 at::Tensor GPT2LMHeadImpl::forward(const at::Tensor& idx) {
-  return lm_head->forward(transformer->forward(idx));
+  return fsdp::forward(lm_head, fsdp::forward(transformer, idx));
 }
 
 }  // namespace fsdp::models

@@ -108,8 +108,11 @@ torch::nn::Linear make_linear(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
 }
 
-at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
-  return at::linear(x, layer->weight);
+// Through fsdp::forward_with, so the layer may be an FSDP unit of its own (an auto-wrap
+// policy's choice).
+at::Tensor linear(torch::nn::Linear layer, const at::Tensor& x) {
+  return fsdp::forward_with(
+      layer, [&layer](const at::Tensor& in) { return at::linear(in, layer->weight); }, x);
 }
 
 // transformers' rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
@@ -373,8 +376,9 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x) {
 }
 
 at::Tensor LlamaDecoderLayerImpl::body(const at::Tensor& x) {
-  at::Tensor h = x + self_attn->forward(input_layernorm->forward(x));
-  return h + mlp->forward(post_attention_layernorm->forward(h));
+  // Every module through fsdp::forward: any of them may be an FSDP unit (fsdp/wrap_policy.h).
+  at::Tensor h = x + fsdp::forward(self_attn, fsdp::forward(input_layernorm, x));
+  return h + fsdp::forward(mlp, fsdp::forward(post_attention_layernorm, h));
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaOptions& options, const std::string& name_prefix)
@@ -405,9 +409,9 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& idx) {
               idx.scalar_type());
   TORCH_CHECK(idx.size(1) <= config_.max_position_embeddings, "sequence length ", idx.size(1),
               " exceeds the model's max_position_embeddings=", config_.max_position_embeddings);
-  at::Tensor x = embed_tokens->forward(idx);
+  at::Tensor x = fsdp::forward(embed_tokens, idx);
   for (auto& layer : decoder_layers) x = fsdp::forward(layer, x);
-  return norm->forward(x);
+  return fsdp::forward(norm, x);
 }
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& options) {
@@ -424,8 +428,8 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& options) {
 }
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& idx) {
-  const at::Tensor h = model->forward(idx);
-  return tied_head_ ? tied_head_->forward(h) : linear(untied_head_, h);
+  const at::Tensor h = fsdp::forward(model, idx);
+  return tied_head_ ? fsdp::forward(tied_head_, h) : linear(untied_head_, h);
 }
 
 }  // namespace fsdp::models

@@ -124,6 +124,21 @@ void add_mode_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
          "sync: reduce every micro-batch; no-sync: reduce once per step; no-reshard: also keep "
          "parameters gathered across micro-batches")
       ->capture_default_str();
+  app.add_option("--wrap-policy", o.wrap_policy,
+                 "FSDP units: block (each transformer block, sharded as it is built) or "
+                 "min-params:N (FSDP1's size-based auto-wrap: a module owning at least N "
+                 "parameter elements not in a unit below it); the root is always a unit")
+      ->check(CLI::Validator(
+          [](const std::string& value) {
+            try {
+              fsdp::train::parse_wrap_policy(value);
+            } catch (const c10::Error& e) {
+              return std::string(e.what_without_backtrace());
+            }
+            return std::string();
+          },
+          "block|min-params:N"))
+      ->capture_default_str();
   app.add_option("--prefetch", o.prefetch,
                  "1: gather the next unit while this one computes; 0: off")
       ->check(CLI::IsMember({0, 1}))

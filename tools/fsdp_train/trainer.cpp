@@ -25,6 +25,7 @@
 #include <fsdp/fully_shard.h>
 #include <fsdp/memory_estimate.h>
 #include <fsdp/util/memory_counter.h>
+#include <fsdp/wrap_policy.h>
 #include <fsdp_train/corpus.h>
 #include <fsdp_train/data.h>
 #include <fsdp_train/nonfinite.h>
@@ -112,6 +113,7 @@ nlohmann::json to_json(const StepRecord& r) {
                          {"exposed_comm_s", r.exposed_comm_s},
                          {"lr", r.lr},
                          {"skipped_steps", r.skipped_steps},
+                         {"units", r.units},
                          {"ranks", ranks}};
   if (r.val_loss) line["val_loss"] = *r.val_loss;
   return line;
@@ -274,6 +276,19 @@ std::shared_ptr<const models::ModelSpec> model_spec_of(const TrainerOptions& o) 
   return spec->with_overrides(overrides);
 }
 
+std::optional<int64_t> parse_wrap_policy(const std::string& value) {
+  if (value == "block") return std::nullopt;
+  const std::string prefix = "min-params:";
+  const std::string digits =
+      value.compare(0, prefix.size(), prefix) == 0 ? value.substr(prefix.size()) : "";
+  const bool is_number = !digits.empty() && digits.size() <= 18 &&
+                         digits.find_first_not_of("0123456789") == std::string::npos;
+  const int64_t n = is_number ? std::stoll(digits) : 0;
+  TORCH_CHECK(n >= 1, "--wrap-policy must be block or min-params:N with N >= 1 parameter elements ",
+              "(at most 18 digits), got '", value, "'");
+  return n;
+}
+
 std::optional<at::ScalarType> dtype_flag(const std::string& flag, const std::string& value) {
   if (value.empty()) return std::nullopt;
   if (value == "fp32") return at::kFloat;
@@ -337,6 +352,7 @@ void validate(const TrainerOptions& o, int world) {
               o.global_batch, " is not divisible by ranks x --grad-accum micro-batches = ", world,
               " x ", o.grad_accum);
   validate_sharding(o, world);
+  parse_wrap_policy(o.wrap_policy);
   dtype_flag("--param-dtype", o.param_dtype);
   dtype_flag("--reduce-dtype", o.reduce_dtype);
   TORCH_CHECK(!o.no_fsdp || (o.param_dtype == "fp32" && o.reduce_dtype.empty()),
@@ -407,6 +423,7 @@ struct Run {
   int64_t first_step = 0;
   double elapsed = 0;         // seconds spent in steps so far
   int64_t skipped_steps = 0;  // non-finite steps skipped (--skip-nonfinite)
+  int64_t units = 0;          // FSDP units, the root included (0 without FSDP)
 };
 
 // What a step measures around its forward and backward, for RankStepStats.
@@ -489,18 +506,27 @@ void build_model(Run& run) {
   models::BuildOptions model_options;
   model_options.seed(o.seed);
   model_options.activation_checkpoint(o.activation_checkpoint);
-  if (run.mesh) {
+  const std::optional<int64_t> min_params = parse_wrap_policy(o.wrap_policy);
+  const FullyShardOptions unit_options = unit_shard_options(run, mp_policy);
+  const FullyShardOptions root_options = FullyShardOptions().mp_policy(mp_policy);
+  if (run.mesh && !min_params) {
     model_options.on_unit_built(
-        [&run, unit_options = unit_shard_options(run, mp_policy)](
-            const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
+        [&run, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
           fully_shard(block, *run.mesh, unit_options);
         });
   }
   run.built = run.spec->build(model_options);
   run.model = run.built->root();
   if (run.mesh) {
-    run.root = fully_shard(run.model, *run.mesh, FullyShardOptions().mp_policy(mp_policy));
+    // --wrap-policy min-params:N chooses units in the whole built model (no deferred init).
+    run.root =
+        min_params
+            ? fully_shard_tree(
+                  run.model, *run.mesh, size_based_wrap_policy(*min_params),
+                  FullyShardTreeOptions().unit_options(unit_options).root_options(root_options))
+            : fully_shard(run.model, *run.mesh, root_options);
     run.root->set_implicit_prefetch(o.prefetch);
+    run.units = static_cast<int64_t>(fsdp_modules_under(*run.model).size());
     run.tracer = &run.mesh->tracer();
   }
   if (!o.trace_dir.empty() && run.mesh) trace_memory(*run.tracer, run.mesh->stats());
@@ -526,6 +552,22 @@ void open_outputs(Run& run) {
   }
 }
 
+// The FSDP units, in pre-order (the root first), with the parameter elements each owns.
+std::string describe_units(const Run& run) {
+  std::string list;
+  for (const FSDPModule& unit : fsdp_modules_under(*run.model)) {
+    int64_t elements = 0;
+    for (const ShardedParameter& p : unit.sharded_parameters()) {
+      int64_t n = 1;
+      for (const int64_t d : p.metadata.global_shape) n *= d;
+      elements += n;
+    }
+    list += fmt::format("{}{} ({})", list.empty() ? "" : ", ",
+                        unit.path().empty() ? "root" : unit.path(), elements);
+  }
+  return list;
+}
+
 void print_banner(const Run& run, const TokenDataset& data, double unigram_entropy) {
   if (!run.printing) return;
   const TrainerOptions& o = run.o;
@@ -535,6 +577,10 @@ void print_banner(const Run& run, const TokenDataset& data, double unigram_entro
       o.model, run.spec->num_parameters() / 1e6, o.no_fsdp ? "no FSDP" : "FSDP", run.world,
       run.world == 1 ? "" : "s", o.steps, o.global_batch, o.seq_len, data.source(), data.size(),
       data.tokens().scalar_type() == at::kByte ? "bytes" : "tokens", unigram_entropy);
+  if (run.root) {
+    fmt::print("fsdp-train: {} FSDP units (--wrap-policy {}), parameter elements each: {}\n",
+               run.units, o.wrap_policy, describe_units(run));
+  }
   std::fflush(stdout);
 }
 
@@ -935,6 +981,7 @@ StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
   StepRecord record = record_step(run, step, mean_loss, norm, probe);
   record.lr = lr;
   record.skipped_steps = run.skipped_steps;
+  record.units = run.units;
   return record;
 }
 

@@ -44,6 +44,10 @@ struct TrainerOptions {
   std::string reduce_dtype;          // empty: param_dtype
   int grad_accum = 1;                // micro-batches per optimizer step
   std::string accum_mode = "sync";   // sync | no-sync | no-reshard (see README)
+  // Which modules are FSDP units (parse_wrap_policy): "block", the model's units (each
+  // transformer block, sharded as it is built), or "min-params:N", FSDP1's size-based auto-wrap
+  // over the whole built model (fsdp/wrap_policy.h). The root is always a unit.
+  std::string wrap_policy = "block";
   bool no_fsdp = false;
   // The training data (sources.h): a text file taken as bytes, llm.c .bin shards, or with
   // tokenizer_path any spec fsdp::data::TokenCorpus takes. Empty: the embedded corpus.
@@ -131,6 +135,7 @@ struct StepRecord {
   double lr = 0;                   // the learning rate the step took
   std::optional<double> val_loss;  // held-out loss after the step, when evaluated
   int64_t skipped_steps = 0;       // non-finite steps skipped so far (--skip-nonfinite)
+  int64_t units = 0;               // FSDP units, the root included (0 under --no-fsdp)
 };
 
 struct TrainSummary {
@@ -157,6 +162,10 @@ std::shared_ptr<const models::ModelSpec> model_spec_of(const TrainerOptions& opt
 
 // The dtype a --param-dtype / --reduce-dtype value names (fp32, bf16, fp16); nullopt for "".
 // Throws naming flag and value otherwise.
+// --wrap-policy's value: nullopt for "block", N for "min-params:N" (N >= 1). Throws naming the
+// flag and the value otherwise.
+std::optional<int64_t> parse_wrap_policy(const std::string& value);
+
 std::optional<at::ScalarType> dtype_flag(const std::string& flag, const std::string& value);
 
 }  // namespace fsdp::train
