@@ -18,7 +18,8 @@
 //            collective and group size, or a ring over the hardware's links).
 // Waiting for an all-gather or a reduction moves the compute thread to the collective's end;
 // that wait is the exposed communication (fsdp-train's exposed_comm_s). The gradient-norm
-// all-reduce of clipping and AdamW end the step.
+// all-reduce of clipping, the trainer's all-reduce of the loss and AdamW end the step (those
+// two scalar all-reduces block, but are not FSDP's, so they are not counted as exposed).
 // What the planner does not model: the CPU time a collective takes from compute on a host
 // whose ranks share cores (loopback transfers run on the same cores), kernel launch and
 // framework overhead, and stragglers. bench/RESULTS.md compares predictions with measurements.
@@ -115,6 +116,9 @@ struct StepTimeOptions {
   // The step clips the gradient norm (fsdp-train does by default): one more pass over the
   // gradients and an all-reduce of a scalar. (optional) defaults to true.
   TORCH_ARG(bool, clip_grad_norm) = true;
+  // The trainer all-reduces the step's loss for its report (fsdp-train does): one more scalar
+  // all-reduce before the optimizer step. (optional) defaults to true.
+  TORCH_ARG(bool, all_reduce_loss) = true;
 };
 
 struct StepTimePlan {

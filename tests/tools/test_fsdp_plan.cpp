@@ -58,7 +58,9 @@ StepTimePlan toy_plan(int prefetch, double gather_s) {
   const auto [memory, compute] = toy_model();
   const HardwareSpec hw = HardwareSpec::from_json(toy_hardware(gather_s / 4000).dump(), "toy");
   StepTimeOptions options;
-  options.memory(MemoryEstimateOptions().world_size(2).prefetch(prefetch)).clip_grad_norm(false);
+  options.memory(MemoryEstimateOptions().world_size(2).prefetch(prefetch))
+      .clip_grad_norm(false)
+      .all_reduce_loss(false);
   return plan_step_time(memory, compute, options, hw);
 }
 
@@ -87,7 +89,9 @@ TEST(StepTimePlan, OneRankCommunicatesNothing) {
   const auto [memory, compute] = toy_model();
   const HardwareSpec hw = HardwareSpec::from_json(toy_hardware(1.0).dump(), "toy");
   StepTimeOptions options;
-  options.memory(MemoryEstimateOptions().world_size(1)).clip_grad_norm(false);
+  options.memory(MemoryEstimateOptions().world_size(1))
+      .clip_grad_norm(false)
+      .all_reduce_loss(false);
   const StepTimePlan p = plan_step_time(memory, compute, options, hw);
   EXPECT_NEAR(p.step_s, 6.0, 1e-9);
   EXPECT_EQ(p.exposed_comm_s, 0);
