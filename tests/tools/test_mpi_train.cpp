@@ -144,6 +144,24 @@ TEST(MpiTrain, AStalledRankTimesOutNamingTheOperationAndTheRank) {
   std::cerr << "a stalled rank ended the mpirun job after " << seconds << " s\n";
 }
 
+// A rank that dies is mpirun's to notice: it ends the whole job at once, far inside the
+// timeout, and says which rank it was.
+TEST(MpiTrain, AKilledRankEndsTheJobWithinSeconds) {
+  const std::string dir = test::temp_dir("mpi_kill");
+  const auto start = std::chrono::steady_clock::now();
+  const CommandResult r =
+      test::run_command("env FSDP_TRAIN_KILL_AT=2:1:" + dir + "/killed " + mpirun(3) +
+                            test::fsdp_train_binary() + kCommon + " --steps 1000 --timeout-s 120",
+                        120);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(test::exists(dir + "/killed")) << r.output;
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("rank 1|signal 9|Killed")) << r.output;
+  EXPECT_LT(seconds, 30) << r.output;
+  std::cerr << "a killed rank ended the mpirun job after " << seconds << " s\n";
+}
+
 TEST(MpiTrain, BackendMpiWithoutMpirunSaysHowToLaunch) {
   const CommandResult r =
       test::run_command(test::fsdp_train_binary() + " --nproc 2 --backend mpi" + kCommon);
