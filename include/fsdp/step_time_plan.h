@@ -20,9 +20,11 @@
 // that wait is the exposed communication (fsdp-train's exposed_comm_s). The gradient-norm
 // all-reduce of clipping, the trainer's all-reduce of the loss and AdamW end the step (those
 // two scalar all-reduces block, but are not FSDP's, so they are not counted as exposed).
-// What the planner does not model: the CPU time a collective takes from compute on a host
-// whose ranks share cores (loopback transfers run on the same cores), kernel launch and
-// framework overhead, and stragglers. bench/RESULTS.md compares predictions with measurements.
+// On a CPU host a collective's transfers are copies on the same cores that compute: the part of
+// the collectives that ran hidden under compute (their time less the exposed time) is added to
+// the compute thread's, times comm_cpu_fraction. What the planner does not model: kernel launch
+// and framework overhead, and stragglers. bench/RESULTS.md compares predictions with
+// measurements.
 #pragma once
 
 #include <fsdp/memory_estimate.h>
@@ -73,6 +75,11 @@ struct HardwareSpec {
   // Seconds per parameter element of one AdamW step, when measured (0: 28 bytes per element
   // over memory_bandwidth: read parameter, gradient and two moments, write three).
   double adamw_s_per_param = 0;
+  // Fraction of a collective's time its transfers keep one of the rank's cores busy (CPU hosts:
+  // loopback sends and receives are copies by the CPU, so a collective that runs under compute
+  // slows that compute down by about its own duration; 0 on a GPU, whose copies do not use the
+  // cores that compute). (optional) defaults to 0.
+  double comm_cpu_fraction = 0;
   // Per link, per direction: NVLink within a node, the network between nodes.
   AlphaBeta intra_node, inter_node;
   // Measured fits (fsdp-comm-bench --output's "fit"), by group size, then collective name

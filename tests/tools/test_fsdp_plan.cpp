@@ -76,6 +76,22 @@ TEST(StepTimePlan, PrefetchHidesAllButTheFirstGatherOfEachPassAndTheLastReductio
   EXPECT_NEAR(p.comm_s, 6 * 0.25, 1e-9);  // 4 gathers and 2 reduce-scatters (the root's: empty)
 }
 
+// On a CPU host whose cores both compute and copy the collectives' bytes, the hidden part of
+// the collectives (6g of them, 3g exposed) slows compute by as much.
+TEST(StepTimePlan, HiddenCollectivesTakeTheirTimeFromComputeOnACpuHost) {
+  const auto [memory, compute] = toy_model();
+  nlohmann::json file = toy_hardware(0.25 / 4000);
+  file["comm_cpu_fraction"] = 1.0;
+  const HardwareSpec hw = HardwareSpec::from_json(file.dump(), "toy");
+  StepTimeOptions options;
+  options.memory(MemoryEstimateOptions().world_size(2))
+      .clip_grad_norm(false)
+      .all_reduce_loss(false);
+  const StepTimePlan p = plan_step_time(memory, compute, options, hw);
+  EXPECT_NEAR(p.step_s, 6.75 + 0.75, 1e-9);
+  EXPECT_NEAR(p.exposed_comm_s, 0.75, 1e-9);
+}
+
 // Prefetch off: each gather is issued when its unit starts, and unit 0's backward gather queues
 // behind unit 1's reduce-scatter on the one progress thread (2g). 6 + 6g.
 TEST(StepTimePlan, PrefetchOffWaitsForEveryGather) {

@@ -218,7 +218,8 @@ nlohmann::json calibrate(const CalibrateOptions& o) {
        "outside matmuls and attention in the planner's accounting, from a forward and backward "
        "of a 2-block GPT-2 and Llama of width 512 less their matmuls and attention; "
        "elementwise_bandwidth (not used) is a plain elementwise mix's. collectives are "
-       "fsdp-comm-bench's fits at each world size, links.intra_node the 2-rank all-gather's."},
+       "fsdp-comm-bench's fits at each world size, links.intra_node the 2-rank all-gather's. "
+       "comm_cpu_fraction 1 is an assumption: loopback transfers are copies by the CPU."},
       {"memory_bytes", total_memory_bytes()},
       {"devices_per_node", 1},
       {"cpu_cores", cores}};
@@ -230,6 +231,8 @@ nlohmann::json calibrate(const CalibrateOptions& o) {
   hw["memory_bandwidth"] = other_work_bandwidth(hw, cores, o.seconds_per_point);
   at::set_num_threads(saved_threads);
 
+  // Not measured: loopback transfers are CPU copies, taken to occupy a core for their duration.
+  hw["comm_cpu_fraction"] = 1.0;
   hw["collectives"] = nlohmann::json::object();
   for (int w : o.world_sizes) hw["collectives"][std::to_string(w)] = comm_fits(o.comm_bench, w);
   // The link: a 2-rank all-gather is one step of a ring, sending half its output.
