@@ -17,7 +17,9 @@
 //   hf_config_json() is the config.json that class loads;
 // - memory_spec() describes the model to the estimator (include/fsdp/memory_estimate.h)
 //   without building it;
-// - forward(idx) calls the root through fsdp::forward and every unit through fsdp::forward.
+// - forward(idx) calls the root through fsdp::forward, and the model calls every module that
+//   has parameters through fsdp::forward (or fsdp::forward_with), so that an auto-wrap policy
+//   (fsdp/wrap_policy.h, fsdp-train --wrap-policy) may make any of them a unit.
 // Model implementations (which call fsdp::checkpoint, the function) include
 // models/common/modules.h, not this header: fsdp::checkpoint is also the namespace of the
 // checkpoint types used here, and C++ allows one of the two per translation unit.
