@@ -44,8 +44,9 @@ using WrapPredicate = std::function<bool(const std::string& path, const torch::n
 struct WrapPolicy {
   // Whether a module becomes a unit. Required.
   TORCH_ARG(WrapPredicate, wrap) = nullptr;
-  // Whether to look below a module at all, given its subtree's parameter elements; a module
-  // below which nothing is looked at is a leaf for the policy. (optional) defaults to always.
+  // Whether to look below a module at all, given its subtree's parameter elements not in units
+  // sharded before the call (FSDP1's nonwrapped_numel); a module below which nothing is looked
+  // at is a leaf for the policy. (optional) defaults to always.
   TORCH_ARG(WrapPredicate, recurse) = nullptr;
 };
 
