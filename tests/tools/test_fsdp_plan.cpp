@@ -219,26 +219,28 @@ TEST(FsdpPlanValidation, PredictedStepTimeIsWithin15PercentOfMeasured) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const std::string model : {"small", "llama-debug"}) {
     SCOPED_TRACE(model);
-    const std::string flags =
-        " --model " + model + " --world-size 2 --global-batch 8 --seq-len 128 --prefetch 1";
+    const std::string flags = " --model " + model + " --global-batch 8 --seq-len 128 --prefetch 1";
     const std::string metrics = temp_path(model + "_metrics.jsonl");
-    r = run_command(program_path("fsdp-train") + flags +
+    r = run_command(program_path("fsdp-train") + " --nproc 2" + flags +
                         " --steps 8 --val-every 0 --quiet --metrics " + metrics + " 2>&1",
                     120);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const double measured = median_step_s(metrics);
-    r = run_command(program_path("fsdp-plan") + " --hardware " + hw + flags + " --json 2>&1", 60);
+    r = run_command(program_path("fsdp-plan") + " --hardware " + hw + " --world-size 2" + flags +
+                        " --json 2>&1",
+                    60);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const nlohmann::json plan = nlohmann::json::parse(r.output);
     const double predicted = plan["step_s"];
     EXPECT_NEAR(predicted, measured, 0.15 * measured)
         << "predicted " << predicted << " s, measured " << measured << " s";
     // The byte fields are the estimator's, which tests/estimate/ checks exactly; here only that
-    // they come under fsdp-train's names for every rank.
+    // they come under fsdp-train's names for every rank. (all_reduce_bytes is left out: the
+    // runtime also counts clipping's scalar all-reduce there, which the estimator does not.)
     ASSERT_EQ(plan["ranks"].size(), 2u);
     const auto measured_rank = read_json_lines(metrics).back()["ranks"][0];
-    for (const char* key : {"param_bytes", "grad_bytes", "optim_bytes", "all_gather_bytes",
-                            "reduce_scatter_bytes", "all_reduce_bytes"}) {
+    for (const char* key :
+         {"param_bytes", "grad_bytes", "optim_bytes", "all_gather_bytes", "reduce_scatter_bytes"}) {
       EXPECT_EQ(plan["ranks"][0][key], measured_rank[key]) << key;
     }
   }
