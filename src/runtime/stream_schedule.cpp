@@ -22,6 +22,21 @@ std::string name(const char* base, int unit, const std::string& phase = "") {
   return phase.empty() ? out : out + "@" + phase;
 }
 
+using Names = std::vector<std::string>;
+
+// A function, not brace initialisation, so that every op spells only the fields it uses.
+ScheduleOp make_op(ScheduleStream stream, ScheduleOpKind kind, int unit, Names waits = {},
+                   Names reads = {}, Names writes = {}, std::string record = "", Names frees = {}) {
+  return ScheduleOp{stream,
+                    kind,
+                    unit,
+                    std::move(waits),
+                    std::move(reads),
+                    std::move(writes),
+                    std::move(record),
+                    std::move(frees)};
+}
+
 enum class Gather { kSharded, kIssued, kUnsharded };
 
 // A buffer whose free waits until its last reader's event has been recorded and the owning
@@ -61,7 +76,7 @@ class Builder {
 
   // Frees on `stream` whose reader's event exists, in one release op before its next op.
   void flush(ScheduleStream stream) {
-    ScheduleOp release{stream, ScheduleOpKind::kRelease};
+    ScheduleOp release = make_op(stream, ScheduleOpKind::kRelease, -1);
     auto ready = [&](const DeferredFree& d) {
       return d.stream == stream && recorded_.count(d.event);
     };
@@ -79,46 +94,25 @@ class Builder {
     const std::string& p = phase_[u];
     const std::string buf = name("ag_buf", u, p);
     flush(ScheduleStream::kCopyIn);  // the previous gathers' buffers: bounds prefetch memory
-    emit({ScheduleStream::kCopyIn,
-          ScheduleOpKind::kCopyIn,
-          u,
-          {},
-          {name("shard", u)},
-          {buf},
-          name("copied_in", u, p)});
-    emit({ScheduleStream::kAllGather,
-          ScheduleOpKind::kAllGather,
-          u,
-          {name("copied_in", u, p)},
-          {buf},
-          {buf},
-          name("gathered", u, p)});
+    emit(make_op(ScheduleStream::kCopyIn, ScheduleOpKind::kCopyIn, u, {}, {name("shard", u)}, {buf},
+                 name("copied_in", u, p)));
+    emit(make_op(ScheduleStream::kAllGather, ScheduleOpKind::kAllGather, u,
+                 {name("copied_in", u, p)}, {buf}, {buf}, name("gathered", u, p)));
     state_[u] = Gather::kIssued;
   }
 
   void wait_unshard(int u) {
     if (state_[u] == Gather::kUnsharded) return;
     const std::string& p = phase_[u];
-    emit({ScheduleStream::kCompute,
-          ScheduleOpKind::kCopyOut,
-          u,
-          {name("gathered", u, p)},
-          {name("ag_buf", u, p)},
-          {name("unsharded", u, p)},
-          name("copied_out", u, p)});
+    emit(make_op(ScheduleStream::kCompute, ScheduleOpKind::kCopyOut, u, {name("gathered", u, p)},
+                 {name("ag_buf", u, p)}, {name("unsharded", u, p)}, name("copied_out", u, p)));
     deferred_.push_back({name("ag_buf", u, p), ScheduleStream::kCopyIn, name("copied_out", u, p)});
     state_[u] = Gather::kUnsharded;
   }
 
   void reshard(int u) {
-    emit({ScheduleStream::kCompute,
-          ScheduleOpKind::kReshard,
-          u,
-          {},
-          {},
-          {},
-          "",
-          {name("unsharded", u, phase_[u])}});
+    emit(make_op(ScheduleStream::kCompute, ScheduleOpKind::kReshard, u, {}, {}, {}, "",
+                 {name("unsharded", u, phase_[u])}));
     state_[u] = Gather::kSharded;
   }
 
@@ -126,8 +120,8 @@ class Builder {
     issue_unshard(u);
     for (int k = 1; k <= s_.options.prefetch && u + k < units(); ++k) issue_unshard(u + k);
     wait_unshard(u);
-    emit(
-        {ScheduleStream::kCompute, ScheduleOpKind::kForward, u, {}, {name("unsharded", u, "fwd")}});
+    emit(make_op(ScheduleStream::kCompute, ScheduleOpKind::kForward, u, {},
+                 {name("unsharded", u, "fwd")}));
     if (s_.options.reshard_after_forward) reshard(u);
     // A unit regathered in backward gets fresh buffers; their names say which gather.
     phase_[u] = "bwd";
@@ -141,35 +135,21 @@ class Builder {
     wait_unshard(u);
     const std::string unsharded =
         name("unsharded", u, s_.options.reshard_after_forward ? "bwd" : "fwd");
-    emit({ScheduleStream::kCompute,
-          ScheduleOpKind::kBackward,
-          u,
-          {},
-          {unsharded},
-          {name("grad", u)},
-          name("backward_done", u)});
-    emit({ScheduleStream::kCompute, ScheduleOpKind::kReshard, u, {}, {}, {}, "", {unsharded}});
+    emit(make_op(ScheduleStream::kCompute, ScheduleOpKind::kBackward, u, {}, {unsharded},
+                 {name("grad", u)}, name("backward_done", u)));
+    emit(make_op(ScheduleStream::kCompute, ScheduleOpKind::kReshard, u, {}, {}, {}, "",
+                 {unsharded}));
     state_[u] = Gather::kSharded;
     reduce_scatter(u);
   }
 
   void reduce_scatter(int u) {
     flush(ScheduleStream::kReduceScatter);
-    emit({ScheduleStream::kReduceScatter,
-          ScheduleOpKind::kRsCopyIn,
-          u,
-          {name("backward_done", u)},
-          {name("grad", u)},
-          {name("rs_in", u)},
-          name("rs_copied_in", u)});
-    emit({ScheduleStream::kReduceScatter,
-          ScheduleOpKind::kReduceScatter,
-          u,
-          {},
-          {name("rs_in", u)},
-          {name("rs_out", u)},
-          name("reduced", u),
-          {name("rs_in", u)}});
+    emit(make_op(ScheduleStream::kReduceScatter, ScheduleOpKind::kRsCopyIn, u,
+                 {name("backward_done", u)}, {name("grad", u)}, {name("rs_in", u)},
+                 name("rs_copied_in", u)));
+    emit(make_op(ScheduleStream::kReduceScatter, ScheduleOpKind::kReduceScatter, u, {},
+                 {name("rs_in", u)}, {name("rs_out", u)}, name("reduced", u), {name("rs_in", u)}));
     pending_.push_back(u);
     while (static_cast<int>(pending_.size()) > s_.options.reduces_in_flight) finish_reduce();
   }
@@ -179,25 +159,15 @@ class Builder {
     pending_.pop_front();
     std::string ready = name("reduced", u);
     if (s_.options.hsdp) {
-      emit({ScheduleStream::kAllReduce,
-            ScheduleOpKind::kAllReduce,
-            u,
-            {ready},
-            {name("rs_out", u)},
-            {name("rs_out", u)},
-            name("all_reduced", u)});
+      emit(make_op(ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce, u, {ready},
+                   {name("rs_out", u)}, {name("rs_out", u)}, name("all_reduced", u)));
       ready = name("all_reduced", u);
     }
     // grad[u] was allocated on compute and last read on the reduce-scatter stream, which
     // recorded `reduced` after that read: waiting on it orders the free.
-    emit({ScheduleStream::kCompute,
-          ScheduleOpKind::kFinishReduce,
-          u,
-          {ready},
-          {name("rs_out", u)},
-          {name("sharded_grad", u)},
-          name("finished", u),
-          {name("grad", u)}});
+    emit(make_op(ScheduleStream::kCompute, ScheduleOpKind::kFinishReduce, u, {ready},
+                 {name("rs_out", u)}, {name("sharded_grad", u)}, name("finished", u),
+                 {name("grad", u)}));
     deferred_.push_back({name("rs_out", u), ScheduleStream::kReduceScatter, name("finished", u)});
   }
 

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -127,6 +129,8 @@ TEST(StreamSchedule, DiagramNamesEveryStream) {
     EXPECT_NE(text.find(stream), std::string::npos) << stream;
   }
   EXPECT_NE(text.find("wait gathered[1]@fwd"), std::string::npos) << text;
+  // How docs/design.md's diagram is made: FSDP_PRINT_SCHEDULE=1 ./test_stream_schedule.
+  if (std::getenv("FSDP_PRINT_SCHEDULE") != nullptr) std::cout << text;
 }
 
 }  // namespace
