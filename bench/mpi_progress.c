@@ -9,7 +9,7 @@
  * reduce-scatter), rank 0 prints the median over 200 calls (after 20 untimed) of: the blocking
  * call; the non-blocking call then MPI_Wait; and the non-blocking call driven by MPI_Test in a
  * loop that spins, yields (sched_yield) or sleeps with backoff (2 us doubling to 200 us after
- * 50 us of spinning, with a 1 us timer slack: the backend's default). Ranks start each call
+ * 50 us of spinning, with a 1 us timer slack). Ranks start each call
  * together (a barrier). */
 #define _GNU_SOURCE
 #include <mpi.h>

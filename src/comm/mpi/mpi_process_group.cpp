@@ -184,18 +184,20 @@ Reduction sum_of(at::ScalarType dtype, const std::string& context) {
 
 enum class PollPolicy { kSpin, kYield, kBackoff };
 
-// FSDP_MPI_POLL: spin (MPI_Test back to back), yield (sched_yield between tests) or backoff
-// (the default: spin for a few microseconds, then sleep between tests, doubling the sleep up to
-// a ceiling). bench/RESULTS.md ("MPI against gloo") measures the three.
+// FSDP_MPI_POLL: spin (MPI_Test back to back), yield (the default: sched_yield between tests)
+// or backoff (spin for a few microseconds, then sleep between tests, doubling the sleep up to a
+// ceiling). Open MPI advances a non-blocking collective only inside MPI_Test, one round of its
+// schedule per call, so sleeping between tests stretches every round: backoff made a 4 MiB
+// reduce 40 times slower than yield. bench/RESULTS.md ("MPI against gloo") measures the three.
 PollPolicy poll_policy() {
   static const PollPolicy policy = [] {
     const char* value = std::getenv("FSDP_MPI_POLL");
-    const std::string name = value ? value : "backoff";
+    const std::string name = value ? value : "yield";
     if (name == "spin") return PollPolicy::kSpin;
-    if (name == "yield") return PollPolicy::kYield;
-    TORCH_CHECK(name == "backoff", "fsdp: FSDP_MPI_POLL='", name,
+    if (name == "backoff") return PollPolicy::kBackoff;
+    TORCH_CHECK(name == "yield", "fsdp: FSDP_MPI_POLL='", name,
                 "' is not a poll policy; use spin, yield or backoff");
-    return PollPolicy::kBackoff;
+    return PollPolicy::kYield;
   }();
   return policy;
 }
