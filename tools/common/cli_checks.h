@@ -5,6 +5,9 @@
 // wrong with a path; these do.
 #pragma once
 
+#include <fsdp/comm/rendezvous.h>
+
+#include <c10/util/Exception.h>
 #include <CLI/CLI.hpp>
 
 #include <sys/stat.h>
@@ -15,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace fsdp::tools {
 
@@ -171,6 +175,25 @@ inline CLI::Validator output_dir(bool created_with_parents = false) {
         return problem.empty() ? "" : "cannot create '" + p + "': " + problem;
       },
       "DIR");
+}
+
+// --backend: auto (what fsdp::default_backend picks for the launch: mpi under mpirun when the
+// build has it, else gloo) or one of this build's backends, checked at parse time.
+inline void add_backend_flag(CLI::App& app, std::string& backend) {
+  std::vector<std::string> choices = fsdp::available_backends();
+  choices.insert(choices.begin(), "auto");
+  app.add_option("--backend", backend,
+                 "Communication backend: auto (mpi under mpirun when built with MPI, else gloo), "
+                 "or one of this build's")
+      ->check(CLI::IsMember(choices))
+      ->capture_default_str();
+}
+
+// A program about to launch its own local ranks refuses --backend mpi: MPI's ranks are the
+// processes mpirun starts.
+inline void check_backend_launches_locally(const std::string& backend, const char* program) {
+  TORCH_CHECK(backend != "mpi", "--backend mpi needs its ranks started by MPI: run mpirun -np N ",
+              program, " ... (or srun --mpi=pmix), not --nproc");
 }
 
 }  // namespace fsdp::tools

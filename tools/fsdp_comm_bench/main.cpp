@@ -70,13 +70,7 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--nproc", f.nproc, "Local ranks to launch (not under torchrun, Slurm or mpirun)")
       ->check(fsdp::tools::integer_at_least(1, 1024))
       ->capture_default_str();
-  std::vector<std::string> backends = fsdp::available_backends();
-  backends.insert(backends.begin(), "auto");
-  app.add_option("--backend", f.backend,
-                 "Communication backend: auto (mpi under mpirun when built with MPI, else gloo), "
-                 "or one of this build's")
-      ->check(CLI::IsMember(backends))
-      ->capture_default_str();
+  fsdp::tools::add_backend_flag(app, f.backend);
   app.add_option("--collectives", f.collectives,
                  "Which collectives: all_gather, reduce_scatter (ours, a ring), "
                  "reduce_scatter_c10d (c10d gloo's: all-reduce, then this rank's chunk), "
@@ -177,9 +171,7 @@ int main(int argc, char** argv) {
     if (!nproc_given && fsdp::launched_by_a_launcher()) {
       return run_rank(f);
     }
-    TORCH_CHECK(f.backend != "mpi",
-                "--backend mpi needs its ranks started by MPI: run mpirun -np N fsdp-comm-bench "
-                "... (or srun --mpi=pmix), not --nproc");
+    fsdp::tools::check_backend_launches_locally(f.backend, "fsdp-comm-bench");
     std::vector<std::string> args(argv + 1, argv + argc);
     return fsdp::tools::launch_local_ranks(f.nproc, fsdp::tools::strip_flag(args, "--nproc"));
   });

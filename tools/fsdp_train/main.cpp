@@ -193,13 +193,7 @@ void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, LaunchFlags& launc
   using fsdp::tools::finite_in;
   const auto positive = fsdp::tools::integer_at_least(1);
   const auto non_negative = fsdp::tools::integer_at_least(0);
-  std::vector<std::string> backends = fsdp::available_backends();
-  backends.insert(backends.begin(), "auto");
-  app.add_option("--backend", launch.backend,
-                 "Communication backend: auto (mpi under mpirun when built with MPI, else gloo), "
-                 "or one of this build's")
-      ->check(CLI::IsMember(backends))
-      ->capture_default_str();
+  fsdp::tools::add_backend_flag(app, launch.backend);
   app.add_option("--nproc", launch.nproc,
                  "Launch this many local ranks (default 2 unless RANK/WORLD_SIZE are set)")
       ->check(positive);
@@ -297,9 +291,7 @@ int main(int argc, char** argv) {
       fsdp::train::train(o, group);
       return 0;
     }
-    TORCH_CHECK(launch.backend != "mpi",
-                "--backend mpi needs its ranks started by MPI: run mpirun -np N fsdp-train ... "
-                "(or srun --mpi=pmix), not --nproc");
+    fsdp::tools::check_backend_launches_locally(launch.backend, "fsdp-train");
     const int ranks = nproc_given ? launch.nproc : kDefaultLocalRanks;
     TORCH_CHECK(ranks >= 1, "--nproc must be at least 1, got ", ranks);
     fsdp::train::validate(o, ranks);  // report bad flags once, before starting any rank
