@@ -134,6 +134,15 @@ std::shared_ptr<ProcessGroup> make_backend_group(const c10::intrusive_ptr<c10d::
                               std::move(flight_store), "world", options);
 }
 
+c10::intrusive_ptr<c10d::Store> join_subgroup(const c10::intrusive_ptr<c10d::Store>& parent,
+                                              const std::string& name, int index, int size,
+                                              const std::string& backend,
+                                              std::chrono::milliseconds timeout) {
+  auto store = c10::make_intrusive<c10d::PrefixStore>("split/" + name, parent);
+  const std::string base = join_ranks(*store, index, size, timeout);
+  return c10::make_intrusive<c10d::PrefixStore>(base + backend, store);
+}
+
 void resolve_master(LaunchEnv& env) {
   if (!env.master_from_mpi) return;
 #ifdef FSDP_WITH_MPI

@@ -32,6 +32,14 @@ namespace detail {
 std::string join_ranks(c10d::Store& store, int rank, int world_size,
                        std::chrono::milliseconds timeout);
 
+// A subgroup's members meet: each calls this with its index in the subgroup, over the parent
+// group's store, and gets the store private to the subgroup's backend (the parent's keys under
+// "split/<name>/", then join_ranks' prefix and the backend's name). Throws as join_ranks does.
+c10::intrusive_ptr<c10d::Store> join_subgroup(const c10::intrusive_ptr<c10d::Store>& parent,
+                                              const std::string& name, int index, int size,
+                                              const std::string& backend,
+                                              std::chrono::milliseconds timeout);
+
 // The group of options.backend for this rank, connected over store (private to this group).
 // Throws listing the backends of this build when options.backend is not one of them.
 std::shared_ptr<ProcessGroup> make_backend_group(const c10::intrusive_ptr<c10d::Store>& store,

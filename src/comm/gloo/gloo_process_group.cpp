@@ -21,7 +21,6 @@
 #include <exception>
 #include <mutex>
 #include <string>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <vector>
 #include "../bootstrap.h"
@@ -142,11 +141,9 @@ class GlooProcessGroup final : public QueuedProcessGroup {
   std::shared_ptr<ProcessGroup> split_member(const std::vector<int>& ranks, int index,
                                              const std::string& name) override {
     // The subgroup rendezvouses on its own key space of this group's store.
-    auto store = c10::make_intrusive<c10d::PrefixStore>("split/" + name, store_);
     const int size = static_cast<int>(ranks.size());
-    const std::string base = join_ranks(*store, index, size, options_.timeout);
-    return make_gloo_process_group(c10::make_intrusive<c10d::PrefixStore>(base + "gloo", store),
-                                   index, size, options_);
+    return make_gloo_process_group(
+        join_subgroup(store_, name, index, size, "gloo", options_.timeout), index, size, options_);
   }
 
   // Waits for a c10d work within what is left of op's deadline; on failure throws an error that

@@ -26,7 +26,6 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -299,9 +298,8 @@ class MpiProcessGroup final : public QueuedProcessGroup {
   // with this group's collectives. MPI_Comm_create_group involves only the members.
   std::shared_ptr<ProcessGroup> split_member(const std::vector<int>& ranks, int index,
                                              const std::string& name) override {
-    auto store = c10::make_intrusive<c10d::PrefixStore>("split/" + name, store_);
     const int size = static_cast<int>(ranks.size());
-    const std::string base = join_ranks(*store, index, size, options_.timeout);
+    auto store = join_subgroup(store_, name, index, size, "mpi", options_.timeout);
     MPI_Comm sub = MPI_COMM_NULL;
     enqueue("split", {}, [&](const OpContext& op) {
       MPI_Group whole = MPI_GROUP_NULL;
@@ -314,8 +312,7 @@ class MpiProcessGroup final : public QueuedProcessGroup {
       MPI_Group_free(&whole);
       FSDP_MPI_CHECK(rc, context(op));
     })->wait();
-    return std::make_shared<MpiProcessGroup>(
-        sub, index, size, c10::make_intrusive<c10d::PrefixStore>(base + "mpi", store), options_);
+    return std::make_shared<MpiProcessGroup>(sub, index, size, std::move(store), options_);
   }
 
   std::string context(const OpContext& op) const { return prefix() + op.name + ": "; }
