@@ -146,7 +146,7 @@ c10::intrusive_ptr<c10d::Store> join_subgroup(const c10::intrusive_ptr<c10d::Sto
 void resolve_master(LaunchEnv& env) {
   if (!env.master_from_mpi) return;
 #ifdef FSDP_WITH_MPI
-  share_master_over_mpi(env, env.local_world_size);
+  share_master_over_mpi(env);
   env.master_from_mpi = false;
 #else
   TORCH_CHECK(false,

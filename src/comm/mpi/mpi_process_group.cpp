@@ -415,7 +415,7 @@ std::shared_ptr<ProcessGroup> make_mpi_process_group(const c10::intrusive_ptr<c1
   return std::make_shared<MpiProcessGroup>(comm, rank, world_size, store, options);
 }
 
-void share_master_over_mpi(LaunchEnv& env, int local_world_size) {
+void share_master_over_mpi(LaunchEnv& env) {
   ensure_mpi_initialized();
   int size = 0;
   const int rank = local_world_rank_and_size(size);
@@ -428,7 +428,7 @@ void share_master_over_mpi(LaunchEnv& env, int local_world_size) {
     int port = 0;
     env.master_listen_fd = listen_on_any_port(port);
     std::string host = "127.0.0.1";
-    if (local_world_size != size) {
+    if (env.local_world_size != size) {
       std::array<char, 256> name{};
       TORCH_CHECK(::gethostname(name.data(), name.size() - 1) == 0,
                   "fsdp: gethostname failed: ", std::strerror(errno));

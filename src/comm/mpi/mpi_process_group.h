@@ -28,7 +28,7 @@ std::shared_ptr<ProcessGroup> make_mpi_process_group(const c10::intrusive_ptr<c1
 // rendezvous store and broadcasts its address and port over MPI, so that `mpirun -np N prog`
 // needs no other setting. Fills env.master_addr, env.master_port and, on rank 0,
 // env.master_listen_fd. The address is 127.0.0.1 when every rank is on this host
-// (OMPI_COMM_WORLD_LOCAL_SIZE equals the world size), else rank 0's host name.
-void share_master_over_mpi(LaunchEnv& env, int local_world_size);
+// (env.local_world_size equals the world size), else rank 0's host name.
+void share_master_over_mpi(LaunchEnv& env);
 
 }  // namespace fsdp::detail
