@@ -15,7 +15,11 @@
 #     all-reduce tensor; the measured all-reduce also holds the gradient norm and the loss,
 #     8 bytes each) and the bytes the rank wrote to its sockets (/proc/self/io wchar).
 # Two tables are printed: bytes held by category, then time, totals and communication.
-# FSDP_BIN_DIR picks the build (default ./build).
+# FSDP_BIN_DIR picks the build (default ./build). GLOBAL_BATCH and SEQ_LEN (default 8 and 128)
+# size the step; CASES (an extended regex, default every case) picks cases by name, e.g.
+#   for w in 1 2 4; do CASES='^full_shard \(' GLOBAL_BATCH=4 SEQ_LEN=64 \
+#     bash bench/training_modes.sh gpt2-medium $w 2; done
+# measures one strategy's memory as the world grows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model="${1:-small}"
@@ -24,7 +28,9 @@ steps="${3:-4}"
 bin_dir="${FSDP_BIN_DIR:-./build}"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-common="--model $model --global-batch 8 --seq-len 128"
+batch="${GLOBAL_BATCH:-8}"
+seq_len="${SEQ_LEN:-128}"
+common="--model $model --global-batch $batch --seq-len $seq_len"
 
 # name|flags given to both fsdp-train and fsdp-estimate
 cases=(
@@ -40,7 +46,12 @@ cases=(
   "full_shard + 2 micro-batches, no-reshard|--strategy full_shard --grad-accum 2 --accum-mode no-reshard"
 )
 i=0
+selected=()
 for c in "${cases[@]}"; do
+  if [[ "${c%%|*}" =~ ${CASES:-.} ]]; then selected+=("$c"); fi
+done
+[ ${#selected[@]} -gt 0 ] || { echo "CASES='$CASES' matches no case" >&2; exit 2; }
+for c in "${selected[@]}"; do
   flags="${c#*|}"
   echo "== $bin_dir/fsdp-estimate $common --world-size $world $flags" >&2
   "$bin_dir/fsdp-estimate" $common --world-size "$world" $flags > "$out/$i.estimate.json"
@@ -49,9 +60,10 @@ for c in "${cases[@]}"; do
   i=$((i + 1))
 done
 
-python3 - "$out" "$model" "$world" "${cases[@]}" <<'PY'
+python3 - "$out" "$model" "$world" "$batch" "$seq_len" "${selected[@]}" <<'PY'
 import json, os, statistics, sys
-out, model, world, cases = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+out, model, world, cases = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[6:]
+batch, seq_len = int(sys.argv[4]), int(sys.argv[5])
 runs = []
 for i, case in enumerate(cases):
     est = json.load(open(os.path.join(out, f"{i}.estimate.json")))
@@ -65,7 +77,7 @@ def cell(p, m, scale=1e6, digits=3):
         return f"{p / scale:.{digits}f} / 0"
     return f"{p / scale:.{digits}f} / {m / scale:.{digits}f} ({p / m:.3f})"
 
-print(f"model {model}, W={world}, global batch 8 x 128 tokens, AdamW; measured on rank 0. "
+print(f"model {model}, W={world}, global batch {batch} x {seq_len} tokens, AdamW; measured on rank 0. "
       "MB = 10^6 bytes; each pair is predicted / measured (ratio).")
 print()
 print("Bytes held per rank (last step):")
@@ -92,7 +104,7 @@ for name, est, steps in runs:
     sent = statistics.median(s["ranks"][0]["sent_bytes"] for s in steps[1:])
     state_p = est["param_bytes"] + est["grad_bytes"] + est["optim_bytes"]
     state_m = r0["param_bytes"] + r0["grad_bytes"] + r0["optim_bytes"]
-    print(f"| {name} | {step_s:.3f} | {8 * 128 / step_s:.0f} | {cell(state_p, state_m, digits=1)} | "
+    print(f"| {name} | {step_s:.3f} | {batch * seq_len / step_s:.0f} | {cell(state_p, state_m, digits=1)} | "
           f"{cell(est['total_bytes'], r0['peak_alloc_bytes'], digits=1)} | {r0['peak_rss_bytes'] / 1e6:.0f} | "
           f"{cell(est['all_gather_bytes'], r0['all_gather_bytes'], digits=1)} | "
           f"{cell(est['reduce_scatter_bytes'], r0['reduce_scatter_bytes'], digits=1)} | "

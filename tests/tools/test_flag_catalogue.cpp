@@ -33,6 +33,9 @@ struct BadFlag {
 // with LibTorch's start-up on a loaded 2-core machine.
 constexpr double kWithinSeconds = 10;
 
+// fsdp-plan checks most flags only once it has a hardware file to plan for.
+#define kPlanHardware "--hardware " FSDP_SOURCE_DIR "/bench/hardware/h100_sxm.json"
+
 // clang-format off
 const BadFlag kCatalogue[] = {
     // --- fsdp-train ---
@@ -174,6 +177,41 @@ const BadFlag kCatalogue[] = {
     {"fsdp-estimate", "--no-fsdp", "--no-fsdp=maybe"},
     {"fsdp-estimate", "--pretty", "--pretty=maybe"},
     {"fsdp-estimate", "--timeline", "--timeline=maybe"},
+    // --- fsdp-plan (the same model and mode flags as fsdp-estimate, plus the hardware file) ---
+    {"fsdp-plan", "--model", "--model gpt5"},
+    {"fsdp-plan", "--vocab-size", "--vocab-size 0"},
+    {"fsdp-plan", "--n-positions", "--n-positions 0"},
+    {"fsdp-plan", "--n-embd", "--n-embd -32"},
+    {"fsdp-plan", "--n-layer", "--n-layer many"},
+    {"fsdp-plan", "--n-head", kPlanHardware " --n-head 5"},
+    {"fsdp-plan", "--world-size", "--world-size 0"},
+    {"fsdp-plan", "--strategy", "--strategy zero4"},
+    {"fsdp-plan", "--replicate", "--replicate 0"},
+    {"fsdp-plan", "--replicate", kPlanHardware " --world-size 4 --strategy hybrid_shard --replicate 3"},
+    {"fsdp-plan", "--param-dtype", kPlanHardware " --param-dtype int8"},
+    {"fsdp-plan", "--reduce-dtype", kPlanHardware " --reduce-dtype x"},
+    {"fsdp-plan", "--master-dtype", kPlanHardware " --master-dtype x"},
+    {"fsdp-plan", "--global-batch", "--global-batch 0"},
+    {"fsdp-plan", "--seq-len", kPlanHardware " --seq-len 100000"},
+    {"fsdp-plan", "--activation-checkpoint", "--activation-checkpoint=maybe"},
+    {"fsdp-plan", "--reshard-after-forward", kPlanHardware " --world-size 4 --reshard-after-forward 3"},
+    {"fsdp-plan", "--prefetch", "--prefetch -1"},
+    {"fsdp-plan", "--grad-accum", "--grad-accum 0"},
+    {"fsdp-plan", "--accum-mode", "--accum-mode later"},
+    {"fsdp-plan", "--no-fsdp", "--no-fsdp=maybe"},
+    {"fsdp-plan", "--max-grad-norm", "--max-grad-norm nan"},
+    {"fsdp-plan", "--hardware", "--hardware /nonexistent.json"},
+    {"fsdp-plan", "--hardware", "--hardware /"},
+    {"fsdp-plan", "--hardware", "--hardware /etc/hostname"},  // not JSON
+    {"fsdp-plan", "--hardware", "--world-size 2"},  // required without --calibrate
+    {"fsdp-plan", "--json", "--json=maybe"},
+    {"fsdp-plan", "--pretty", "--pretty=maybe"},
+    {"fsdp-plan", "--calibrate", "--calibrate=maybe"},
+    {"fsdp-plan", "--output", "--calibrate --output /"},
+    {"fsdp-plan", "--output", "--calibrate"},  // --calibrate needs somewhere to write
+    {"fsdp-plan", "--sweep", "--sweep=maybe"},
+    {"fsdp-plan", "--memory-budget", kPlanHardware " --sweep --memory-budget 12Q"},
+    {"fsdp-plan", "--memory-budget", kPlanHardware " --memory-budget 80G"},  // without --sweep
     // --- fsdp-tokenize (a tokenizer file is read only after every flag passed) ---
     {"fsdp-tokenize", "--tokenizer", "--tokenizer /nonexistent.json --output /tmp/x.bin /etc/hostname"},
     {"fsdp-tokenize", "--tokenizer", "--tokenizer / --output /tmp/x.bin /etc/hostname"},
@@ -267,8 +305,8 @@ TEST(FlagCatalogueTest, CoversEveryFlag) {
       if (flag == "--help") continue;
       // A flag with two names (--world-size,--nproc) is covered by either.
       const bool has_case =
-          cases.count(flag) > 0 ||
-          (program == "fsdp-estimate" && flag == "--nproc" && cases.count("--world-size") > 0);
+          cases.count(flag) > 0 || ((program == "fsdp-estimate" || program == "fsdp-plan") &&
+                                    flag == "--nproc" && cases.count("--world-size") > 0);
       EXPECT_TRUE(has_case) << program << " " << flag << " has no bad-value case in the catalogue";
     }
   }

@@ -54,11 +54,15 @@ void add_flags(CLI::App& app, Flags& f) {
                "2 and 4 ranks) and write a hardware file to --output");
   app.add_option("--output", f.output, "Where --calibrate writes the hardware file")
       ->check(fsdp::tools::output_file());
-  app.add_flag("--sweep", f.sweep,
-               "List strategies and hpZ group sizes that fit --memory-budget, fastest first");
+  CLI::Option* sweep =
+      app.add_flag("--sweep", f.sweep,
+                   "List strategies and hpZ group sizes that fit --memory-budget, fastest first");
+  // A budget without --sweep would be silently ignored: the single plan reports fit against
+  // the hardware file's memory.
   app.add_option("--memory-budget", f.memory_budget,
                  "Bytes per rank for --sweep (K, M, G: powers of 1024; default: the hardware "
-                 "file's memory_bytes)");
+                 "file's memory_bytes)")
+      ->needs(sweep);
 }
 
 std::string read_file(const std::string& path) {
@@ -226,6 +230,15 @@ int run_calibration(const Flags& f, const char* argv0) {
   return 0;
 }
 
+// The hardware file's faults (not JSON, a field missing or out of range) name the flag too.
+fsdp::HardwareSpec load_hardware(const std::string& path) {
+  try {
+    return fsdp::HardwareSpec::from_json(read_file(path), path);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "--hardware: ", e.what_without_backtrace());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -238,7 +251,7 @@ int main(int argc, char** argv) {
     if (f.calibrate) return run_calibration(f, argv[0]);
     if (f.no_fsdp) f.world = 1;
     TORCH_CHECK(!f.hardware.empty(), "--hardware FILE is required (or --calibrate to make one)");
-    const fsdp::HardwareSpec hw = fsdp::HardwareSpec::from_json(read_file(f.hardware), f.hardware);
+    const fsdp::HardwareSpec hw = load_hardware(f.hardware);
     if (f.sweep) return run_sweep(f, hw);
     const fsdp::StepTimePlan p = plan(f, hw);
     if (f.json) {
