@@ -34,7 +34,7 @@ struct BadFlag {
 constexpr double kWithinSeconds = 10;
 
 // fsdp-plan checks most flags only once it has a hardware file to plan for.
-#define kPlanHardware "--hardware " FSDP_SOURCE_DIR "/bench/hardware/h100_sxm.json"
+#define FSDP_PLAN_HARDWARE_FLAG "--hardware " FSDP_SOURCE_DIR "/bench/hardware/h100_sxm.json"
 
 // clang-format off
 const BadFlag kCatalogue[] = {
@@ -183,18 +183,18 @@ const BadFlag kCatalogue[] = {
     {"fsdp-plan", "--n-positions", "--n-positions 0"},
     {"fsdp-plan", "--n-embd", "--n-embd -32"},
     {"fsdp-plan", "--n-layer", "--n-layer many"},
-    {"fsdp-plan", "--n-head", kPlanHardware " --n-head 5"},
+    {"fsdp-plan", "--n-head", FSDP_PLAN_HARDWARE_FLAG " --n-head 5"},
     {"fsdp-plan", "--world-size", "--world-size 0"},
     {"fsdp-plan", "--strategy", "--strategy zero4"},
     {"fsdp-plan", "--replicate", "--replicate 0"},
-    {"fsdp-plan", "--replicate", kPlanHardware " --world-size 4 --strategy hybrid_shard --replicate 3"},
-    {"fsdp-plan", "--param-dtype", kPlanHardware " --param-dtype int8"},
-    {"fsdp-plan", "--reduce-dtype", kPlanHardware " --reduce-dtype x"},
-    {"fsdp-plan", "--master-dtype", kPlanHardware " --master-dtype x"},
+    {"fsdp-plan", "--replicate", FSDP_PLAN_HARDWARE_FLAG " --world-size 4 --strategy hybrid_shard --replicate 3"},
+    {"fsdp-plan", "--param-dtype", FSDP_PLAN_HARDWARE_FLAG " --param-dtype int8"},
+    {"fsdp-plan", "--reduce-dtype", FSDP_PLAN_HARDWARE_FLAG " --reduce-dtype x"},
+    {"fsdp-plan", "--master-dtype", FSDP_PLAN_HARDWARE_FLAG " --master-dtype x"},
     {"fsdp-plan", "--global-batch", "--global-batch 0"},
-    {"fsdp-plan", "--seq-len", kPlanHardware " --seq-len 100000"},
+    {"fsdp-plan", "--seq-len", FSDP_PLAN_HARDWARE_FLAG " --seq-len 100000"},
     {"fsdp-plan", "--activation-checkpoint", "--activation-checkpoint=maybe"},
-    {"fsdp-plan", "--reshard-after-forward", kPlanHardware " --world-size 4 --reshard-after-forward 3"},
+    {"fsdp-plan", "--reshard-after-forward", FSDP_PLAN_HARDWARE_FLAG " --world-size 4 --reshard-after-forward 3"},
     {"fsdp-plan", "--prefetch", "--prefetch -1"},
     {"fsdp-plan", "--grad-accum", "--grad-accum 0"},
     {"fsdp-plan", "--accum-mode", "--accum-mode later"},
@@ -210,8 +210,8 @@ const BadFlag kCatalogue[] = {
     {"fsdp-plan", "--output", "--calibrate --output /"},
     {"fsdp-plan", "--output", "--calibrate"},  // --calibrate needs somewhere to write
     {"fsdp-plan", "--sweep", "--sweep=maybe"},
-    {"fsdp-plan", "--memory-budget", kPlanHardware " --sweep --memory-budget 12Q"},
-    {"fsdp-plan", "--memory-budget", kPlanHardware " --memory-budget 80G"},  // without --sweep
+    {"fsdp-plan", "--memory-budget", FSDP_PLAN_HARDWARE_FLAG " --sweep --memory-budget 12Q"},
+    {"fsdp-plan", "--memory-budget", FSDP_PLAN_HARDWARE_FLAG " --memory-budget 80G"},  // without --sweep
     // --- fsdp-tokenize (a tokenizer file is read only after every flag passed) ---
     {"fsdp-tokenize", "--tokenizer", "--tokenizer /nonexistent.json --output /tmp/x.bin /etc/hostname"},
     {"fsdp-tokenize", "--tokenizer", "--tokenizer / --output /tmp/x.bin /etc/hostname"},
