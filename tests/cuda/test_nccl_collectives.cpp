@@ -263,10 +263,12 @@ TEST(NcclCuda, TwoRanksAsProcessesMatchGlooInEveryDtype) {
   std::vector<CommandResult> results(2);
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
+    // run_command runs it under timeout(1): the variables go through env(1).
     std::string env =
-        "FSDP_NCCL_TEST_CHILD=1 RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
-        " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(socket.port()) +
-        " FSDP_MASTER_LISTEN_FD=" + std::to_string(socket.fd()) + " ";
+        "env FSDP_NCCL_TEST_CHILD=1 RANK=" + std::to_string(r) +
+        " LOCAL_RANK=" + std::to_string(r) +
+        " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(socket.port()) + " ";
+    if (r == 0) env += "FSDP_MASTER_LISTEN_FD=" + std::to_string(socket.fd()) + " ";
     if (devices < 2)
       env += "NCCL_HOSTID=fsdp-test-rank-" + std::to_string(r) + " NCCL_SOCKET_IFNAME=lo ";
     ranks.emplace_back([&results, r, cmd = env + self] { results[r] = run_command(cmd, 300); });
