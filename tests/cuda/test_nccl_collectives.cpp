@@ -15,6 +15,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <fsdp/comm/process_group.h>
 #include <fsdp/comm/rendezvous.h>
+#include <fsdp/util/error.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -289,7 +290,14 @@ TEST(NcclCuda, TwoRanksAsProcessesMatchGlooInEveryDtype) {
 }  // namespace fsdp::test
 
 int main(int argc, char** argv) {
-  if (std::getenv("FSDP_NCCL_TEST_CHILD")) return fsdp::test::child_main();
+  if (std::getenv("FSDP_NCCL_TEST_CHILD")) {
+    try {
+      return fsdp::test::child_main();
+    } catch (const std::exception& e) {
+      std::cerr << "CHILD FAILURE: " << fsdp::error_message(e) << std::endl;
+      return 1;
+    }
+  }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
