@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reference for fsdp-train: the same GPT-2 or Llama, weights and token batches, trained
-with PyTorch FSDP2 (fully_shard), DDP or a single process, on the CPU over gloo.
+with PyTorch FSDP2 (fully_shard), DDP or a single process, on the CPU over gloo, or with
+--device cuda on GPUs over NCCL.
 
 A reference, not product code. It exists so that fsdp-train's numbers can be checked step by
 step against PyTorch's own FSDP2 (tests/tools/test_fsdp2_parity.cpp) and timed side by side
@@ -34,6 +35,9 @@ models/llama/llama.cpp); config.json beside --init (written by --export) says wh
   clipping with torch.nn.utils.clip_grad_norm_(max_norm), norm reported before clipping;
 - the reported loss: the mean over ranks and micro-batches of the micro-batch mean losses;
 - threads: each of W local ranks uses cpu_count // W intra-op threads, as fsdp-train does.
+- --device cuda: rank r trains on GPU r mod the GPU count, over NCCL. With more ranks than GPUs
+  each rank gets its own NCCL_HOSTID (and NCCL_SOCKET_IFNAME=lo unless set), so that NCCL
+  accepts several ranks on one GPU, as bench/gpu/run.sh does for fsdp-train.
 
 Modes: fsdp2 (fully_shard on every block, then the root, over a 1-D mesh of W ranks), ddp
 (DistributedDataParallel, the counterpart of --strategy no_shard) and single (one process on
@@ -44,8 +48,9 @@ tokens_per_s, step_s and ranks (per rank: param_bytes, grad_bytes, optim_bytes, 
 of the all_gather_into_tensor / reduce_scatter_tensor calls FSDP2 makes (all-gather: output
 size, reduce-scatter: input size, as fsdp-train counts them), all_reduce_bytes (DDP: the
 gradients), sent_bytes (what this process wrote to sockets and files during the step, from
-/proc/self/io wchar) and peak_rss_bytes (VmHWM)). --export writes the final parameters in the
-same Hugging Face layout as fsdp-train's --export.
+/proc/self/io wchar) and peak_rss_bytes (VmHWM); with --device cuda also
+cuda_peak_allocated_bytes and cuda_peak_reserved_bytes, the caching allocator's peaks so far).
+--export writes the final parameters in the same Hugging Face layout as fsdp-train's --export.
 
 A failure is never silent: an exception in any rank ends the run with a non-zero exit and the
 PyTorch error on stderr.
@@ -164,7 +169,7 @@ class GPT2Model(nn.Module):
         self.ln_f = nn.LayerNorm(c["n_embd"], eps=c["layer_norm_epsilon"])
 
     def forward(self, idx):
-        pos = torch.arange(idx.size(1), dtype=idx.dtype)
+        pos = torch.arange(idx.size(1), dtype=idx.dtype, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for block in self.h:
             x = block(x)
@@ -297,8 +302,8 @@ class LlamaAttention(nn.Module):
 
         q, k, v = heads(self.q_proj(x), self.n_heads), heads(self.k_proj(x), self.n_kv), \
             heads(self.v_proj(x), self.n_kv)
-        freqs = torch.arange(t, dtype=torch.int64).to(torch.float).unsqueeze(1) * \
-            self.inv_freq.unsqueeze(0)
+        positions = torch.arange(t, dtype=torch.int64, device=x.device).to(torch.float)
+        freqs = positions.unsqueeze(1) * self.inv_freq.to(x.device).unsqueeze(0)
         angles = torch.cat((freqs, freqs), dim=-1)
         cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
         q = q * cos + rotate_half(q) * sin
@@ -486,22 +491,39 @@ class LibTorchAdamW(torch.optim.Optimizer):
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+def rank_device(rank, world, args):
+    """This rank's device; on CUDA also set as current, with NCCL told to accept shared GPUs."""
+    if args.device == "cpu":
+        return torch.device("cpu")
+    gpus = torch.cuda.device_count()
+    if gpus == 0:
+        raise RuntimeError("--device cuda: torch.cuda.device_count() is 0")
+    if world > gpus:
+        os.environ["NCCL_HOSTID"] = f"fsdp2-reference-rank-{rank}"
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    device = torch.device("cuda", rank % gpus)
+    torch.cuda.set_device(device)
+    return device
+
+
 def train(rank, world, args):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    device = rank_device(rank, world, args)
     distributed = args.mode != "single"
     if distributed:
         # A file store needs no port: several runners started at once (ctest -j) cannot collide
         # on one, as they could between picking a free port and binding it.
-        dist.init_process_group("gloo", init_method=f"file://{args.rendezvous_file}", rank=rank,
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                init_method=f"file://{args.rendezvous_file}", rank=rank,
                                 world_size=world)
     counter = CommCounter() if args.mode == "fsdp2" else None
 
     config = load_config(args.init)
-    model = build_model(config, args.init)
+    model = build_model(config, args.init).to(device)
     if args.mode == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(device.type, (world,))
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[args.param_dtype] if args.param_dtype else None,
                                   reduce_dtype=DTYPES[args.reduce_dtype] if args.reduce_dtype else None)
         units = model.model.layers if config.get("model_type") == "llama" else model.transformer.h
@@ -550,8 +572,8 @@ def train(rank, world, args):
             sync = k == accum - 1 or args.accum_mode == "sync"
             if args.mode == "fsdp2":
                 train_model.set_requires_gradient_sync(sync)
-            x = inputs[rank * rows:(rank + 1) * rows]
-            y = targets[rank * rows:(rank + 1) * rows]
+            x = inputs[rank * rows:(rank + 1) * rows].to(device)
+            y = targets[rank * rows:(rank + 1) * rows].to(device)
             if args.mode == "ddp" and not sync:
                 with train_model.no_sync():
                     logits = train_model(x)
@@ -567,10 +589,12 @@ def train(rank, world, args):
             norm = norm.full_tensor()
         norm = norm.item()
         optimizer.step()
-        mean_loss = torch.tensor([loss_sum / accum], dtype=torch.float64)
+        mean_loss = torch.tensor([loss_sum / accum], dtype=torch.float64, device=device)
         if distributed:
             dist.all_reduce(mean_loss)
         mean_loss = mean_loss.item() / world
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         step_s = time.perf_counter() - start
         sent = written_bytes() - sent0
 
@@ -590,14 +614,18 @@ def train(rank, world, args):
         ]
         keys = ["param_bytes", "grad_bytes", "optim_bytes", "all_gather_bytes",
                 "reduce_scatter_bytes", "all_reduce_bytes", "sent_bytes", "peak_rss_bytes"]
-        stats = torch.tensor(mine, dtype=torch.float64)
+        if device.type == "cuda":
+            mine += [torch.cuda.max_memory_allocated(device),
+                     torch.cuda.max_memory_reserved(device)]
+            keys += ["cuda_peak_allocated_bytes", "cuda_peak_reserved_bytes"]
+        stats = torch.tensor(mine, dtype=torch.float64, device=device)
         if distributed:
             everyone = [torch.empty_like(stats) for _ in range(world)]
             dist.all_gather(everyone, stats)
         else:
             everyone = [stats]
         if metrics:
-            ranks = [dict(rank=r, **{k: int(v) for k, v in zip(keys, s.tolist())})
+            ranks = [dict(rank=r, **{k: int(v) for k, v in zip(keys, s.cpu().tolist())})
                      for r, s in enumerate(everyone)]
             metrics.write(json.dumps({"step": step, "loss": mean_loss, "grad_norm": norm,
                                       "tokens_per_s": accum * b * t / step_s, "step_s": step_s,
@@ -665,6 +693,8 @@ def main():
     p.add_argument("--adamw", choices=["torch", "libtorch"], default="torch",
                    help="torch: torch.optim.AdamW; libtorch: torch::optim::AdamW's arithmetic "
                         "(see LibTorchAdamW)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu (gloo) or cuda (NCCL; rank r on GPU r mod the GPU count)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
     if args.mode == "single" and args.nproc != 1:

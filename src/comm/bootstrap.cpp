@@ -17,6 +17,9 @@
 #ifdef FSDP_WITH_MPI
 #include "mpi/mpi_process_group.h"
 #endif
+#ifdef FSDP_WITH_NCCL
+#include "nccl/nccl_process_group.h"
+#endif
 #include "recording_process_group.h"
 
 #include <c10/util/Exception.h>
@@ -117,6 +120,11 @@ std::shared_ptr<ProcessGroup> make_backend(const c10::intrusive_ptr<c10d::Store>
     return make_mpi_process_group(group_store, rank, world_size, options);
   }
 #endif
+#ifdef FSDP_WITH_NCCL
+  if (options.backend == "nccl") {
+    return make_nccl_process_group(group_store, rank, world_size, options);
+  }
+#endif
   std::string names;
   for (const auto& name : available_backends()) names += (names.empty() ? "" : ", ") + name;
   TORCH_CHECK(false, "fsdp: backend '", options.backend, "' is not in this build; it has: ", names);
@@ -158,11 +166,14 @@ void resolve_master(LaunchEnv& env) {
 }  // namespace detail
 
 std::vector<std::string> available_backends() {
+  std::vector<std::string> names{"gloo"};
 #ifdef FSDP_WITH_MPI
-  return {"gloo", "mpi"};
-#else
-  return {"gloo"};
+  names.push_back("mpi");
 #endif
+#ifdef FSDP_WITH_NCCL
+  names.push_back("nccl");
+#endif
+  return names;
 }
 
 std::string default_backend(const LaunchEnv& env) {

@@ -9,13 +9,14 @@
 //   once wait() returns, and their storage can go as soon as the caller drops it.
 #include "queued_process_group.h"
 
+#include "collective_checks.h"
+
 #include <fsdp/util/error.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <exception>
-#include <sstream>
 #include <utility>
 
 namespace fsdp::detail {
@@ -65,11 +66,6 @@ std::exception_ptr error_at(const std::string& message) {
       c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message));
 }
 
-bool reducible(at::ScalarType dtype) {
-  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 ||
-         dtype == at::kHalf;
-}
-
 }  // namespace
 
 QueuedProcessGroup::QueuedProcessGroup(int rank, int world_size, std::chrono::milliseconds timeout)
@@ -95,93 +91,58 @@ void QueuedProcessGroup::stop_progress() {
   if (progress_thread_.joinable()) progress_thread_.join();
 }
 
-std::string QueuedProcessGroup::prefix() const {
-  std::ostringstream out;
-  out << "fsdp: rank " << rank_ << " of " << size_ << ": ";
-  return out.str();
-}
-
-void QueuedProcessGroup::check_tensor(const char* op, const char* what, const at::Tensor& t) const {
-  TORCH_CHECK(t.defined(), prefix(), op, ": ", what, " is an undefined tensor");
-  TORCH_CHECK(t.device() == device(), prefix(), op, ": the ", backend_name(), " backend moves ",
-              device(), " tensors, but ", what, " is on ", t.device());
-  TORCH_CHECK(t.is_contiguous(), prefix(), op, ": ", what, " (sizes ", t.sizes(), ", strides ",
-              t.strides(), ") must be contiguous");
-}
-
-void QueuedProcessGroup::check_same_dtype(const char* op, const at::Tensor& output,
-                                          const at::Tensor& input) const {
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), prefix(), op, ": output is ",
-              output.scalar_type(), " but input is ", input.scalar_type());
-}
+std::string QueuedProcessGroup::prefix() const { return group_prefix(*this); }
 
 WorkHandle QueuedProcessGroup::all_gather_into_tensor(const at::Tensor& output,
                                                       const at::Tensor& input) {
-  static constexpr const char* kOp = "all_gather_into_tensor";
-  check_tensor(kOp, "output", output);
-  check_tensor(kOp, "input", input);
-  check_same_dtype(kOp, output, input);
-  TORCH_CHECK(output.numel() == size_ * input.numel(), prefix(), kOp, ": output has ",
-              output.numel(), " elements (sizes ", output.sizes(), ") but ", size_,
-              " ranks x input of ", input.numel(), " elements (sizes ", input.sizes(), ") need ",
-              size_ * input.numel());
+  check_all_gather_args(*this, output, input);
   const int64_t bytes = output.nbytes();
   update_counters([&](CommCounters& c) {
     c.all_gather.calls += 1;
     c.all_gather.payload_bytes += bytes;
   });
-  const int64_t sent = static_cast<int64_t>(input.nbytes()) * (size_ - 1);
-  return enqueue(kOp, {output, input}, [this, output, input, sent](const OpContext& op) {
-    // Our contract is about element counts only, so the bodies get flat views.
-    if (size_ == 1) {
-      output.view(-1).copy_(input.view(-1));
-      return;
-    }
-    run_all_gather(op, output.view(-1), input.view(-1));
-    update_counters([&](CommCounters& c) { c.all_gather.sent_bytes += sent; });
-  });
+  const int64_t sent = all_gather_sent_bytes(input.nbytes(), size_);
+  return enqueue("all_gather_into_tensor", {output, input},
+                 [this, output, input, sent](const OpContext& op) {
+                   // Our contract is about element counts only, so the bodies get flat views.
+                   if (size_ == 1) {
+                     output.view(-1).copy_(input.view(-1));
+                     return;
+                   }
+                   run_all_gather(op, output.view(-1), input.view(-1));
+                   update_counters([&](CommCounters& c) { c.all_gather.sent_bytes += sent; });
+                 });
 }
 
 WorkHandle QueuedProcessGroup::reduce_scatter_tensor(const at::Tensor& output,
                                                      const at::Tensor& input, ReduceOp reduce_op) {
-  static constexpr const char* kOp = "reduce_scatter_tensor";
-  check_tensor(kOp, "output", output);
-  check_tensor(kOp, "input", input);
-  check_same_dtype(kOp, output, input);
-  TORCH_CHECK(reducible(input.scalar_type()), prefix(), kOp, ": the ", backend_name(),
-              " backend reduces Float, Double, BFloat16 and Half, got ", input.scalar_type());
-  TORCH_CHECK(input.numel() == size_ * output.numel(), prefix(), kOp, ": input has ", input.numel(),
-              " elements (sizes ", input.sizes(), ") but ", size_, " ranks x output of ",
-              output.numel(), " elements (sizes ", output.sizes(), ") need ",
-              size_ * output.numel());
+  check_reduce_scatter_args(*this, output, input);
   const int64_t bytes = input.nbytes();
   update_counters([&](CommCounters& c) {
     c.reduce_scatter.calls += 1;
     c.reduce_scatter.payload_bytes += bytes;
   });
-  const int64_t sent = bytes / size_ * (size_ - 1);
-  return enqueue(kOp, {output, input}, [this, output, input, reduce_op, sent](const OpContext& op) {
-    if (size_ == 1) {
-      output.view(-1).copy_(input.view(-1));  // The average of one is itself.
-      return;
-    }
-    run_reduce_scatter(op, output.view(-1), input.view(-1), reduce_op);
-    update_counters([&](CommCounters& c) { c.reduce_scatter.sent_bytes += sent; });
-  });
+  const int64_t sent = reduce_scatter_sent_bytes(bytes, size_);
+  return enqueue("reduce_scatter_tensor", {output, input},
+                 [this, output, input, reduce_op, sent](const OpContext& op) {
+                   if (size_ == 1) {
+                     output.view(-1).copy_(input.view(-1));  // The average of one is itself.
+                     return;
+                   }
+                   run_reduce_scatter(op, output.view(-1), input.view(-1), reduce_op);
+                   update_counters([&](CommCounters& c) { c.reduce_scatter.sent_bytes += sent; });
+                 });
 }
 
 WorkHandle QueuedProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp reduce_op) {
-  static constexpr const char* kOp = "all_reduce";
-  check_tensor(kOp, "tensor", tensor);
-  TORCH_CHECK(reduce_op != ReduceOp::kAvg || at::isFloatingType(tensor.scalar_type()), prefix(),
-              kOp, ": kAvg needs a floating point tensor, got ", tensor.scalar_type());
+  check_all_reduce_args(*this, tensor, reduce_op);
   const int64_t bytes = tensor.nbytes();
   update_counters([&](CommCounters& c) {
     c.all_reduce.calls += 1;
     c.all_reduce.payload_bytes += bytes;
   });
-  const int64_t sent = 2 * (size_ - 1) * bytes / size_;
-  return enqueue(kOp, {tensor}, [this, tensor, reduce_op, sent](const OpContext& op) {
+  const int64_t sent = all_reduce_sent_bytes(bytes, size_);
+  return enqueue("all_reduce", {tensor}, [this, tensor, reduce_op, sent](const OpContext& op) {
     if (size_ == 1) {
       return;  // The sum, and the average, over one rank is the tensor itself.
     }
@@ -191,17 +152,14 @@ WorkHandle QueuedProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp red
 }
 
 WorkHandle QueuedProcessGroup::broadcast(const at::Tensor& tensor, int root) {
-  static constexpr const char* kOp = "broadcast";
-  check_tensor(kOp, "tensor", tensor);
-  TORCH_CHECK(root >= 0 && root < size_, prefix(), kOp, ": root ", root,
-              " is not a rank of a group of ", size_);
+  check_broadcast_args(*this, tensor, root);
   const int64_t bytes = tensor.nbytes();
   update_counters([&](CommCounters& c) {
     c.broadcast.calls += 1;
     c.broadcast.payload_bytes += bytes;
   });
-  const int64_t sent = root == rank_ ? bytes : 0;
-  return enqueue(kOp, {tensor}, [this, tensor, root, sent](const OpContext& op) {
+  const int64_t sent = broadcast_sent_bytes(bytes, rank_, root);
+  return enqueue("broadcast", {tensor}, [this, tensor, root, sent](const OpContext& op) {
     if (size_ == 1) {
       return;
     }
@@ -211,19 +169,14 @@ WorkHandle QueuedProcessGroup::broadcast(const at::Tensor& tensor, int root) {
 }
 
 WorkHandle QueuedProcessGroup::reduce(const at::Tensor& tensor, int root, ReduceOp reduce_op) {
-  static constexpr const char* kOp = "reduce";
-  check_tensor(kOp, "tensor", tensor);
-  TORCH_CHECK(reducible(tensor.scalar_type()), prefix(), kOp, ": the ", backend_name(),
-              " backend reduces Float, Double, BFloat16 and Half, got ", tensor.scalar_type());
-  TORCH_CHECK(root >= 0 && root < size_, prefix(), kOp, ": root ", root,
-              " is not a rank of a group of ", size_);
+  check_reduce_args(*this, tensor, root);
   const int64_t bytes = tensor.nbytes();
   update_counters([&](CommCounters& c) {
     c.reduce.calls += 1;
     c.reduce.payload_bytes += bytes;
   });
-  const int64_t sent = root == rank_ ? 0 : bytes;
-  return enqueue(kOp, {tensor}, [this, tensor, root, reduce_op, sent](const OpContext& op) {
+  const int64_t sent = reduce_sent_bytes(bytes, rank_, root);
+  return enqueue("reduce", {tensor}, [this, tensor, root, reduce_op, sent](const OpContext& op) {
     if (size_ == 1) {
       return;
     }
@@ -240,17 +193,7 @@ WorkHandle QueuedProcessGroup::barrier() {
 
 std::shared_ptr<ProcessGroup> QueuedProcessGroup::split(const std::vector<int>& ranks,
                                                         const std::string& name) {
-  TORCH_CHECK(!ranks.empty(), prefix(), "split '", name, "': no ranks given");
-  std::vector<bool> seen(size_, false);
-  int index = -1;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    const int r = ranks[i];
-    TORCH_CHECK(r >= 0 && r < size_, prefix(), "split '", name, "': rank ", r,
-                " is outside this group of ", size_);
-    TORCH_CHECK(!seen[r], prefix(), "split '", name, "': rank ", r, " is listed twice");
-    seen[r] = true;
-    if (r == rank_) index = static_cast<int>(i);
-  }
+  const int index = split_index(*this, ranks, name);
   if (index < 0) return nullptr;
   return split_member(ranks, index, name);
 }

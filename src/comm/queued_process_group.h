@@ -1,8 +1,8 @@
 // Private to src/comm: what every CPU backend shares. A QueuedProcessGroup checks each call's
-// tensors on the caller's thread, counts it, and queues it for one progress thread that runs
-// the ops one at a time in call order, each against a deadline. A backend (gloo, MPI) supplies
-// only the bodies that move the bytes (run_*), for groups of two ranks or more: at W = 1 this
-// class answers every collective itself.
+// tensors on the caller's thread (collective_checks.h, as every backend does), counts it, and
+// queues it for one progress thread that runs the ops one at a time in call order, each against
+// a deadline. A backend (gloo, MPI) supplies only the bodies that move the bytes (run_*), for
+// groups of two ranks or more: at W = 1 this class answers every collective itself.
 //
 // Counter conventions (see CommCounters in include/fsdp/comm/process_group.h), the same for
 // every backend: calls and payload_bytes are counted when an op is queued; sent_bytes when it
@@ -106,8 +106,6 @@ class QueuedProcessGroup : public ProcessGroup {
     std::function<void(const OpContext&)> body;
   };
 
-  void check_tensor(const char* op, const char* what, const at::Tensor& t) const;
-  void check_same_dtype(const char* op, const at::Tensor& output, const at::Tensor& input) const;
   void progress_loop();
   // Pops the next op, or returns false when stopping and drained. broken receives why the op
   // must fail without running ("" when it may run).

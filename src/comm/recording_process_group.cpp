@@ -300,14 +300,17 @@ class RecordingProcessGroup final : public ProcessGroup {
   // Throws on every rank, naming each rank's collective, unless all ranks are about to issue
   // the same one.
   void check_same_collective(int64_t seq, const char* op, const at::Tensor& input, int root) {
-    const at::Tensor mine = fingerprint(op, input, root);
-    const at::Tensor all = at::empty({size() * kFingerprintWords}, at::kLong);
+    // The fingerprints travel on the backend's device (NCCL moves only CUDA tensors); .cpu()
+    // is the tensor itself on a CPU backend.
+    const at::Tensor mine = fingerprint(op, input, root).to(inner_->device());
+    const at::Tensor all = at::empty({size() * kFingerprintWords}, mine.options());
     try {
       inner_->all_gather_into_tensor(all, mine)->wait();
     } catch (const std::exception& e) {
       recorder_->fail(seq, error_message(e));
     }
-    const int64_t* w = all.data_ptr<int64_t>();
+    const at::Tensor gathered = all.cpu();
+    const int64_t* w = gathered.data_ptr<int64_t>();
     bool same = true;
     for (int r = 1; r < size(); ++r) {
       same = same && std::equal(w, w + kFingerprintWords, w + r * kFingerprintWords);

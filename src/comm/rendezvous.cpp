@@ -139,6 +139,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& launch,
   ProcessGroupOptions resolved = options;
   if (resolved.hostname.empty())
     resolved.hostname = detail::transport_address_towards(env.master_addr);
+  if (!resolved.cuda_device) resolved.cuda_device = env.local_rank;
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);

@@ -37,8 +37,8 @@ const std::map<Collective, std::string>& names() {
 
 // The slowest rank's value of x.
 double max_over_ranks(ProcessGroup& group, double x) {
-  const at::Tensor mine = at::full({1}, x, at::kDouble);
-  const at::Tensor all = at::empty({group.size()}, at::kDouble);
+  const at::Tensor mine = at::full({1}, x, at::TensorOptions(group.device()).dtype(at::kDouble));
+  const at::Tensor all = at::empty({group.size()}, mine.options());
   group.all_gather_into_tensor(all, mine)->wait();
   return all.max().item<double>();
 }
@@ -73,11 +73,12 @@ struct Call {
   }
 };
 
-// Buffers for nccl-tests' size `bytes`, rounded down to whole elements per rank.
-Call make_call(Collective c, int64_t bytes, int world, at::ScalarType dtype) {
+// Buffers for nccl-tests' size `bytes`, rounded down to whole elements per rank, on the group's
+// device (the nccl backend's are CUDA tensors).
+Call make_call(Collective c, int64_t bytes, int world, at::ScalarType dtype, c10::Device device) {
   const int64_t item = c10::elementSize(dtype);
   const int64_t per_rank = std::max<int64_t>(1, bytes / item / world);
-  const auto options = at::TensorOptions().dtype(dtype);
+  const auto options = at::TensorOptions(device).dtype(dtype);
   switch (c) {
     case Collective::kAllGather:
       return {at::ones({per_rank}, options), at::empty({per_rank * world}, options), c};
@@ -164,7 +165,8 @@ std::vector<Measurement> run_bench(ProcessGroup& group, const BenchOptions& o) {
   std::vector<Measurement> results;
   for (Collective c : o.collectives) {
     for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.step_factor) {
-      results.push_back(measure(group, make_call(c, bytes, group.size(), o.dtype), o));
+      results.push_back(
+          measure(group, make_call(c, bytes, group.size(), o.dtype, group.device()), o));
     }
   }
   return results;

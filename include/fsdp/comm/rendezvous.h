@@ -39,10 +39,11 @@ class LoopbackSocket {
 };
 
 struct ProcessGroupOptions {
-  // The communication backend: "gloo" (CPU tensors; every build has it) or "mpi" (CPU tensors,
-  // ranks started by mpirun or srun --mpi=pmix; builds that found MPI). available_backends()
-  // lists this build's; default_backend() says which a launch uses unless told. (optional)
-  // defaults to "gloo".
+  // The communication backend: "gloo" (CPU tensors; every build has it), "mpi" (CPU tensors,
+  // ranks started by mpirun or srun --mpi=pmix; builds that found MPI) or "nccl" (CUDA tensors
+  // of the calling thread's current device; builds with a CUDA-enabled LibTorch).
+  // available_backends() lists this build's; default_backend() says which a launch uses unless
+  // told. (optional) defaults to "gloo".
   std::string backend = "gloo";
   // How long any collective, and the rendezvous itself, may take before it fails with an
   // error naming the rank and the operation. (optional) defaults to 300 s.
@@ -59,6 +60,11 @@ struct ProcessGroupOptions {
   // How many of its last collectives each group keeps for that record. (optional) defaults to
   // 2048.
   int64_t flight_recorder_entries = 2048;
+  // The CUDA device whose tensors an nccl group moves (group->device() says which it is); taken
+  // modulo the number of visible devices. (optional) defaults, for a group formed from a
+  // LaunchEnv, to its local_rank (torchrun's convention: one GPU per local rank), else to the
+  // calling thread's current CUDA device. Other backends ignore it.
+  std::optional<int> cuda_device;
   // Check before every collective that all ranks issue the same one (op, dtype, size, unit),
   // for one extra small all-gather each: a desync then fails at once, naming each rank's
   // collective, instead of timing out. (optional) defaults to on when the environment has
