@@ -1,0 +1,174 @@
+// fsdp-train --param-dtype fp16: dynamic loss scaling over the sharded gradients (fsdp/grad_scaler.h).
+//
+// - An overflow injected into one rank's gradient shard (FSDP_TRAIN_OVERFLOW_AT) skips the step on
+//   every rank (the weights equal those of a run that stopped before the step, bit for bit),
+//   counts in skipped_steps and halves the loss scale.
+// - fp16 at W = 4 follows the fp32 run's loss within 2% over 200 steps of tiny.
+// - W = 1 and W = 2 agree: the same loss scales and skipped steps, losses within fp16 rounding.
+// - The scale and the growth tracker are in checkpoints and survive a resume, at the same world
+//   size (bit for bit) and at another.
+#include "support/checkpoint_util.h"
+#include "support/test_support.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+namespace {
+
+using test::CommandResult;
+using test::run_command;
+using ::testing::HasSubstr;
+
+const std::string kFlags = " --global-batch 8 --seq-len 32 --seed 7 --quiet --val-every 0";
+
+std::string train(int world, const std::string& flags) {
+  return test::fsdp_train_binary() + " --nproc " + std::to_string(world) + kFlags + " " + flags;
+}
+
+std::vector<nlohmann::json> run_metrics(const std::string& command, const std::string& metrics) {
+  const CommandResult r = run_command(command + " --metrics " + metrics, 600);
+  EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.output;
+  return test::read_json_lines(metrics);
+}
+
+nlohmann::json checkpoint_scaler(const std::string& checkpoint_dir) {
+  std::ifstream in(checkpoint_dir + "/metadata.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto index = nlohmann::json::parse(text.str(), nullptr, false);
+  return index.is_object() && index.contains("grad_scaler") ? index["grad_scaler"]
+                                                             : nlohmann::json();
+}
+
+TEST(Fp16Train, AnInjectedOverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
+  const std::string dir = test::temp_dir("fp16_overflow");
+  // Step 4 (0-based 3) overflows on rank 1 only.
+  const auto lines = run_metrics(
+      "env FSDP_TRAIN_OVERFLOW_AT=3:1 " + train(2, "--param-dtype fp16 --steps 4 --save " + dir +
+                                                       "/ckpt --export " + dir + "/skipped.safetensors"),
+      dir + "/skipped.jsonl");
+  ASSERT_EQ(lines.size(), 4u);
+  const CommandResult three =
+      run_command(train(2, "--param-dtype fp16 --steps 3 --export " + dir + "/three.safetensors"));
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  // No rank updated anything at step 4: the gathered weights are those after step 3.
+  EXPECT_EQ(test::read_bytes(dir + "/skipped.safetensors"),
+            test::read_bytes(dir + "/three.safetensors"));
+  EXPECT_EQ(lines[3]["skipped_steps"].get<int64_t>(), lines[2]["skipped_steps"].get<int64_t>() + 1);
+  // The step ran at the scale of the step before (no growth within 2000 steps), and left it
+  // halved for the next one.
+  const double scale = lines[3]["loss_scale"];
+  EXPECT_EQ(scale, lines[2]["loss_scale"].get<double>());
+  const nlohmann::json saved = checkpoint_scaler(dir + "/ckpt/step_00000004");
+  ASSERT_TRUE(saved.is_object()) << "no grad_scaler in the checkpoint";
+  EXPECT_EQ(saved["scale"].get<double>(), scale / 2);
+  EXPECT_EQ(saved["growth_tracker"], 0);
+}
+
+TEST(Fp16Train, Fp16AtW4TracksFp32WithinTwoPercentOver200Steps) {
+  const std::string dir = test::temp_dir("fp16_tracks");
+  const std::string common = "--steps 200 --global-batch 16 --seq-len 64";
+  const auto fp32 = run_metrics(train(4, common), dir + "/fp32.jsonl");
+  const auto fp16 = run_metrics(train(4, common + " --param-dtype fp16"), dir + "/fp16.jsonl");
+  ASSERT_EQ(fp32.size(), 200u);
+  ASSERT_EQ(fp16.size(), 200u);
+  // Every step's loss within 2%. The fp16 loss is itself rounded to fp16 (2^-11 relative) and
+  // the run skips the steps whose gradients overflow at the initial scale, so it trails by a
+  // step or two where the loss falls fastest.
+  double worst = 0;
+  for (size_t s = 0; s < fp32.size(); ++s) {
+    const double a = fp16[s]["loss"], b = fp32[s]["loss"];
+    worst = std::max(worst, std::abs(a - b) / b);
+    EXPECT_LE(std::abs(a - b) / b, 0.02) << "step " << s + 1 << ": fp16 " << a << ", fp32 " << b;
+  }
+  EXPECT_LT(fp16.back()["skipped_steps"].get<int64_t>(), 10);
+  std::cout << "[fp16] worst relative loss difference to fp32 over 200 steps: " << worst
+            << ", skipped steps: " << fp16.back()["skipped_steps"] << "\n";
+}
+
+TEST(Fp16Train, W1AndW2AgreeWithinFp16Rounding) {
+  const std::string dir = test::temp_dir("fp16_w1_w2");
+  const std::string flags = "--param-dtype fp16 --steps 20 --growth-interval 5";
+  const auto w1 = run_metrics(train(1, flags), dir + "/w1.jsonl");
+  const auto w2 = run_metrics(train(2, flags), dir + "/w2.jsonl");
+  ASSERT_EQ(w1.size(), 20u);
+  ASSERT_EQ(w2.size(), 20u);
+  for (size_t s = 0; s < w1.size(); ++s) {
+    // The scaler's decisions are exact: a rounding difference that flipped one would show here.
+    EXPECT_EQ(w1[s]["loss_scale"], w2[s]["loss_scale"]) << "step " << s + 1;
+    EXPECT_EQ(w1[s]["skipped_steps"], w2[s]["skipped_steps"]) << "step " << s + 1;
+    // The loss is computed in fp16 (unit roundoff 2^-11 = 4.9e-4), from weights that differ
+    // by the fp16 reductions' rounding: W = 2 rounds each rank's half-batch gradient to fp16
+    // before summing, W = 1 the whole one. 4 units of fp16 rounding bound what 20 steps of
+    // that give; a real bug (a wrong scale, a missed unscale, a shard not updated) is off by
+    // far more.
+    const double a = w1[s]["loss"], b = w2[s]["loss"];
+    EXPECT_LE(std::abs(a - b) / a, 4 * std::ldexp(1.0, -11)) << "step " << s + 1;
+  }
+  // The loss scale grew at least once, so growth took part in the comparison.
+  double most = 0;
+  for (const auto& line : w1) most = std::max(most, line["loss_scale"].get<double>());
+  EXPECT_GT(most, w1.front()["loss_scale"].get<double>() / 2) << "the scale never grew back";
+}
+
+TEST(Fp16Train, TheScaleAndGrowthTrackerSurviveAResumeAtAnyWorldSize) {
+  const std::string dir = test::temp_dir("fp16_resume");
+  const std::string flags = "--param-dtype fp16 --steps 8 --growth-interval 3";
+  const auto whole = run_metrics(train(2, flags + " --save " + dir + "/ckpt --save-every 4 "
+                                                  "--export " + dir + "/whole/model.safetensors"),
+                                 dir + "/whole.jsonl");
+  ASSERT_EQ(whole.size(), 8u);
+  // The checkpoint at step 4 holds the scale step 5 ran at, and a growth tracker mid-interval
+  // (else a resume that lost it would go unnoticed).
+  const nlohmann::json saved = checkpoint_scaler(dir + "/ckpt/step_00000004");
+  ASSERT_TRUE(saved.is_object()) << "no grad_scaler in the checkpoint";
+  EXPECT_EQ(saved["scale"].get<double>(), whole[4]["loss_scale"].get<double>());
+  EXPECT_GT(saved["growth_tracker"].get<int64_t>(), 0);
+
+  for (const int world : {2, 4}) {
+    const std::string name = "w" + std::to_string(world);
+    const auto resumed =
+        run_metrics(train(world, flags + " --resume " + dir + "/ckpt/step_00000004 --export " +
+                                     dir + "/" + name + "/model.safetensors"),
+                    dir + "/" + name + ".jsonl");
+    ASSERT_EQ(resumed.size(), 4u) << name;
+    for (size_t s = 0; s < resumed.size(); ++s) {
+      const nlohmann::json& want = whole[4 + s];
+      EXPECT_EQ(resumed[s]["step"], want["step"]);
+      EXPECT_EQ(resumed[s]["loss_scale"], want["loss_scale"]) << name << " step " << want["step"];
+      EXPECT_EQ(resumed[s]["skipped_steps"], want["skipped_steps"]) << name;
+      if (world == 2) {
+        EXPECT_EQ(resumed[s]["loss"], want["loss"]) << "step " << want["step"];
+      } else {  // other fp16 reductions: as W1AndW2AgreeWithinFp16Rounding
+        const double a = resumed[s]["loss"], b = want["loss"];
+        EXPECT_LE(std::abs(a - b) / b, 4 * std::ldexp(1.0, -11)) << "step " << want["step"];
+      }
+    }
+  }
+  EXPECT_EQ(test::read_bytes(dir + "/w2/model.safetensors"),
+            test::read_bytes(dir + "/whole/model.safetensors"));
+}
+
+TEST(Fp16Train, AResumeWithOtherScalerSettingsIsRefused) {
+  const std::string dir = test::temp_dir("fp16_resume_refused");
+  const CommandResult saved =
+      run_command(train(2, "--param-dtype fp16 --steps 2 --save " + dir + "/ckpt"));
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  const CommandResult r = run_command(
+      train(2, "--param-dtype fp16 --steps 4 --growth-interval 7 --resume " + dir + "/ckpt"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("the checkpoint's gradient scaler has growth factor 2, backoff "
+                                  "factor 0.5 and growth interval 2000, this run's 2, 0.5 and 7"));
+}
+
+}  // namespace
+}  // namespace fsdp
