@@ -614,7 +614,9 @@ def train(rank, world, args):
         if metrics:
             ranks = [dict(rank=r, **{k: int(v) for k, v in zip(keys, s.tolist())})
                      for r, s in enumerate(everyone)]
-            line = {"step": step, "loss": mean_loss, "grad_norm": norm,
+            # A step that overflowed in fp16 has no finite norm: null, as fsdp-train writes it.
+            line = {"step": step, "loss": mean_loss,
+                    "grad_norm": norm if math.isfinite(norm) else None,
                     "tokens_per_s": accum * b * t / step_s, "step_s": step_s, "ranks": ranks}
             if scaler:
                 line["loss_scale"] = loss_scale

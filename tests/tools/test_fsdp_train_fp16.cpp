@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -28,10 +29,14 @@ using test::CommandResult;
 using test::run_command;
 using ::testing::HasSubstr;
 
-const std::string kFlags = " --global-batch 8 --seq-len 32 --seed 7 --quiet --val-every 0";
+const std::string kFlags = " --seed 7 --quiet --val-every 0";
+const std::string kSmall = " --global-batch 8 --seq-len 32 ";
 
+// Small batches unless the flags give --global-batch.
 std::string train(int world, const std::string& flags) {
-  return test::fsdp_train_binary() + " --nproc " + std::to_string(world) + kFlags + " " + flags;
+  const bool own_batch = flags.find("--global-batch") != std::string::npos;
+  return test::fsdp_train_binary() + " --nproc " + std::to_string(world) + kFlags +
+         (own_batch ? " " : kSmall) + flags;
 }
 
 std::vector<nlohmann::json> run_metrics(const std::string& command, const std::string& metrics) {
@@ -76,23 +81,27 @@ TEST(Fp16Train, AnInjectedOverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
 
 TEST(Fp16Train, Fp16AtW4TracksFp32WithinTwoPercentOver200Steps) {
   const std::string dir = test::temp_dir("fp16_tracks");
-  const std::string common = "--steps 200 --global-batch 16 --seq-len 64";
-  const auto fp32 = run_metrics(train(4, common), dir + "/fp32.jsonl");
-  const auto fp16 = run_metrics(train(4, common + " --param-dtype fp16"), dir + "/fp16.jsonl");
+  // 8 x 32 tokens a step (each rank 2 sequences), so that the two runs take about 45 s together
+  // on CI's 2 cores. The initial scale is one at which tiny's gradients do not overflow:
+  // at the default 2^16 the fp16 run skips its first two steps (the fp16 loss's gradient, 2^16,
+  // is itself past fp16's range), trails fp32 by two updates where the loss falls fastest, and
+  // differs by up to 7% there (1.8% after step 25); here every step compares like with like,
+  // and the skips are AnInjectedOverflow's and Fsdp2Parity.Fp16*'s.
+  const auto fp32 = run_metrics(train(4, "--steps 200"), dir + "/fp32.jsonl");
+  const auto fp16 =
+      run_metrics(train(4, "--steps 200 --param-dtype fp16 --init-scale 8192"), dir + "/fp16.jsonl");
   ASSERT_EQ(fp32.size(), 200u);
   ASSERT_EQ(fp16.size(), 200u);
-  // Every step's loss within 2%. The fp16 loss is itself rounded to fp16 (2^-11 relative) and
-  // the run skips the steps whose gradients overflow at the initial scale, so it trails by a
-  // step or two where the loss falls fastest.
+  // Every step's loss within 2% (measured: 0.4%).
   double worst = 0;
   for (size_t s = 0; s < fp32.size(); ++s) {
     const double a = fp16[s]["loss"], b = fp32[s]["loss"];
     worst = std::max(worst, std::abs(a - b) / b);
     EXPECT_LE(std::abs(a - b) / b, 0.02) << "step " << s + 1 << ": fp16 " << a << ", fp32 " << b;
+    EXPECT_EQ(fp16[s]["loss_scale"], 8192.0) << "step " << s + 1;
   }
-  EXPECT_LT(fp16.back()["skipped_steps"].get<int64_t>(), 10);
-  std::cout << "[fp16] worst relative loss difference to fp32 over 200 steps: " << worst
-            << ", skipped steps: " << fp16.back()["skipped_steps"] << "\n";
+  EXPECT_EQ(fp16.back()["skipped_steps"], 0);
+  std::cout << "[fp16] worst relative loss difference to fp32 over 200 steps: " << worst << "\n";
 }
 
 TEST(Fp16Train, W1AndW2AgreeWithinFp16Rounding) {
@@ -102,6 +111,7 @@ TEST(Fp16Train, W1AndW2AgreeWithinFp16Rounding) {
   const auto w2 = run_metrics(train(2, flags), dir + "/w2.jsonl");
   ASSERT_EQ(w1.size(), 20u);
   ASSERT_EQ(w2.size(), 20u);
+  double worst = 0;
   for (size_t s = 0; s < w1.size(); ++s) {
     // The scaler's decisions are exact: a rounding difference that flipped one would show here.
     EXPECT_EQ(w1[s]["loss_scale"], w2[s]["loss_scale"]) << "step " << s + 1;
@@ -113,7 +123,9 @@ TEST(Fp16Train, W1AndW2AgreeWithinFp16Rounding) {
     // far more.
     const double a = w1[s]["loss"], b = w2[s]["loss"];
     EXPECT_LE(std::abs(a - b) / a, 4 * std::ldexp(1.0, -11)) << "step " << s + 1;
+    worst = std::max(worst, std::abs(a - b) / a);
   }
+  std::cout << "[fp16] worst relative loss difference W = 1 vs 2: " << worst << "\n";
   // The loss scale grew at least once, so growth took part in the comparison.
   double most = 0;
   for (const auto& line : w1) most = std::max(most, line["loss_scale"].get<double>());
@@ -122,27 +134,27 @@ TEST(Fp16Train, W1AndW2AgreeWithinFp16Rounding) {
 
 TEST(Fp16Train, TheScaleAndGrowthTrackerSurviveAResumeAtAnyWorldSize) {
   const std::string dir = test::temp_dir("fp16_resume");
-  const std::string flags = "--param-dtype fp16 --steps 8 --growth-interval 3";
-  const auto whole = run_metrics(train(2, flags + " --save " + dir + "/ckpt --save-every 4 "
+  const std::string flags = "--param-dtype fp16 --steps 6 --growth-interval 3";
+  const auto whole = run_metrics(train(2, flags + " --save " + dir + "/ckpt --save-every 3 "
                                                   "--export " + dir + "/whole/model.safetensors"),
                                  dir + "/whole.jsonl");
-  ASSERT_EQ(whole.size(), 8u);
-  // The checkpoint at step 4 holds the scale step 5 ran at, and a growth tracker mid-interval
-  // (else a resume that lost it would go unnoticed).
-  const nlohmann::json saved = checkpoint_scaler(dir + "/ckpt/step_00000004");
+  ASSERT_EQ(whole.size(), 6u);
+  // The checkpoint at step 3 holds the scale step 4 ran at, and a growth tracker mid-interval
+  // (else a resume that lost it would go unnoticed: here it grows the scale after step 4).
+  const nlohmann::json saved = checkpoint_scaler(dir + "/ckpt/step_00000003");
   ASSERT_TRUE(saved.is_object()) << "no grad_scaler in the checkpoint";
-  EXPECT_EQ(saved["scale"].get<double>(), whole[4]["loss_scale"].get<double>());
+  EXPECT_EQ(saved["scale"].get<double>(), whole[3]["loss_scale"].get<double>());
   EXPECT_GT(saved["growth_tracker"].get<int64_t>(), 0);
 
   for (const int world : {2, 4}) {
     const std::string name = "w" + std::to_string(world);
     const auto resumed =
-        run_metrics(train(world, flags + " --resume " + dir + "/ckpt/step_00000004 --export " +
+        run_metrics(train(world, flags + " --resume " + dir + "/ckpt/step_00000003 --export " +
                                      dir + "/" + name + "/model.safetensors"),
                     dir + "/" + name + ".jsonl");
-    ASSERT_EQ(resumed.size(), 4u) << name;
+    ASSERT_EQ(resumed.size(), 3u) << name;
     for (size_t s = 0; s < resumed.size(); ++s) {
-      const nlohmann::json& want = whole[4 + s];
+      const nlohmann::json& want = whole[3 + s];
       EXPECT_EQ(resumed[s]["step"], want["step"]);
       EXPECT_EQ(resumed[s]["loss_scale"], want["loss_scale"]) << name << " step " << want["step"];
       EXPECT_EQ(resumed[s]["skipped_steps"], want["skipped_steps"]) << name;
