@@ -572,6 +572,13 @@ void parse_optimizer(const json& o, CheckpointIndex& index) {
   }
 }
 
+// A double as its shortest exact-enough text ("1e+39", "0.5"), for messages.
+std::string number_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.9g", v);
+  return text;
+}
+
 double as_finite(const json& value, const std::string& what) {
   if (!value.is_number()) fail(what + " must be a number, got " + value.dump().substr(0, 40));
   const double v = value.get<double>();
@@ -591,11 +598,11 @@ GradScalerRecord parse_grad_scaler(const json& g) {
   r.backoff_factor = as_finite(member(g, "backoff_factor", where), "grad_scaler backoff_factor");
   r.growth_interval = as_i64(member(g, "growth_interval", where), "grad_scaler growth_interval");
   if (!(r.scale > 0 && r.scale <= std::numeric_limits<float>::max())) {
-    fail("grad_scaler scale " + std::to_string(r.scale) + " is not a positive float32 value");
+    fail("grad_scaler scale " + number_text(r.scale) + " is not a positive float32 value");
   }
   if (!(r.growth_factor > 1) || !(r.backoff_factor > 0 && r.backoff_factor < 1)) {
-    fail("grad_scaler growth_factor " + std::to_string(r.growth_factor) + " must be > 1 and " +
-         "backoff_factor " + std::to_string(r.backoff_factor) + " in (0, 1)");
+    fail("grad_scaler growth_factor " + number_text(r.growth_factor) + " must be > 1 and " +
+         "backoff_factor " + number_text(r.backoff_factor) + " in (0, 1)");
   }
   if (r.growth_interval < 1 || r.growth_interval > std::numeric_limits<int32_t>::max() ||
       r.growth_tracker >= r.growth_interval) {
