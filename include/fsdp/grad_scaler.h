@@ -95,8 +95,8 @@ class ShardedGradScaler {
 
   std::optional<DeviceMesh> mesh_;
   GradScalerOptions options_;
-  at::Tensor scale_;           // float32, 0-D
-  at::Tensor growth_tracker_;  // int32, 0-D
+  at::Tensor scale_;               // float32, 0-D
+  at::Tensor growth_tracker_;      // int32, 0-D
   std::optional<bool> found_inf_;  // set by unscale_, cleared by update
   bool stepped_ = false;
 };

@@ -34,8 +34,8 @@ void check_hyper_parameters(double growth_factor, double backoff_factor, int64_t
 }
 
 void check_scale(double scale, const char* who) {
-  TORCH_CHECK(std::isfinite(scale) && scale > 0 && scale <= std::numeric_limits<float>::max(),
-              who, ": the scale must be a positive, finite float32 value, got ", scale);
+  TORCH_CHECK(std::isfinite(scale) && scale > 0 && scale <= std::numeric_limits<float>::max(), who,
+              ": the scale must be a positive, finite float32 value, got ", scale);
 }
 
 // The gradients of optimizer's parameters, grouped by device and dtype as the fused kernel

@@ -72,8 +72,9 @@ TEST(GradScalerCheckpoint, AHostileRecordIsRejectedNamingTheField) {
   EXPECT_THAT(error("\"scale\": ", "\"scale\": -"), HasSubstr("is not a positive float32 value"));
   CheckpointIndex huge = index_with_scaler();
   huge.grad_scaler->scale = 1e39;  // past float32's range
-  EXPECT_THAT(test::error_message([&] { parse_checkpoint_index(serialize_checkpoint_index(huge)); }),
-              HasSubstr("grad_scaler scale 1e+39 is not a positive float32 value"));
+  EXPECT_THAT(
+      test::error_message([&] { parse_checkpoint_index(serialize_checkpoint_index(huge)); }),
+      HasSubstr("grad_scaler scale 1e+39 is not a positive float32 value"));
 }
 
 TEST(GradScalerCheckpoint, SavedAtTwoRanksLoadsAtOne) {
@@ -88,8 +89,7 @@ TEST(GradScalerCheckpoint, SavedAtTwoRanksLoadsAtOne) {
         DeviceMesh mesh(group);
         torch::nn::Linear linear(4, 3);
         fully_shard(linear, mesh);
-        save_sharded(root, *linear, nullptr, group.get(),
-                     SaveOptions().step(3).grad_scaler(state));
+        save_sharded(root, *linear, nullptr, group.get(), SaveOptions().step(3).grad_scaler(state));
       },
       test::test_options());
   torch::nn::Linear plain(4, 3);

@@ -36,7 +36,8 @@ TORCH_MODULE(GainBlock);
 // Two blocks (units) and a root buffer added at the end.
 struct GainNetImpl : torch::nn::Module {
   GainNetImpl() {
-    for (int i = 0; i < 2; ++i) blocks.push_back(register_module("b" + std::to_string(i), GainBlock(10 * (i + 1))));
+    for (int i = 0; i < 2; ++i)
+      blocks.push_back(register_module("b" + std::to_string(i), GainBlock(10 * (i + 1))));
     shift = register_buffer("shift", test::seeded_uniform({4}, 99, 0.3));
   }
   at::Tensor forward(at::Tensor x) {
@@ -53,10 +54,11 @@ constexpr auto kCompute = at::kHalf;
 // The blocks take param_dtype and buffer_dtype kCompute; the root casts its parameters but not
 // its buffers (no buffer_dtype), so `shift` stays float32.
 void shard(GainNet& net, const DeviceMesh& mesh) {
-  const auto block_policy =
-      MixedPrecisionPolicy().param_dtype(kCompute).buffer_dtype(kCompute);
-  for (auto& block : net->blocks) fully_shard(block, mesh, FullyShardOptions().mp_policy(block_policy));
-  fully_shard(net, mesh, FullyShardOptions().mp_policy(MixedPrecisionPolicy().param_dtype(kCompute)));
+  const auto block_policy = MixedPrecisionPolicy().param_dtype(kCompute).buffer_dtype(kCompute);
+  for (auto& block : net->blocks)
+    fully_shard(block, mesh, FullyShardOptions().mp_policy(block_policy));
+  fully_shard(net, mesh,
+              FullyShardOptions().mp_policy(MixedPrecisionPolicy().param_dtype(kCompute)));
 }
 
 // The reference: the same model unsharded, cast by hand as the policies say.
@@ -114,9 +116,9 @@ TEST(BufferDtype, ANonFloatingDtypeIsRefused) {
     DeviceMesh mesh(group);
     GainBlock block(1);
     EXPECT_THAT(test::error_message([&] {
-                  fully_shard(block, mesh,
-                              FullyShardOptions().mp_policy(
-                                  MixedPrecisionPolicy().buffer_dtype(at::kInt)));
+                  fully_shard(
+                      block, mesh,
+                      FullyShardOptions().mp_policy(MixedPrecisionPolicy().buffer_dtype(at::kInt)));
                 }),
                 ::testing::HasSubstr("buffer_dtype must be a floating-point dtype, got Int"));
     EXPECT_EQ(block->gain.scalar_type(), at::kFloat);  // refused before anything changed

@@ -1,8 +1,8 @@
-// ShardedGradScaler against PyTorch's torch.amp.GradScaler (tests/runtime/grad_scaler_reference.py):
-// the same scripted steps (an fp16 loss whose gradient overflows by itself at a large scale, and
-// inf / nan forced into it) must give the same scale, growth tracker, skipped steps and
-// parameters, bit for bit, in one process and on every rank of a 1-D and a 2-D (HSDP) mesh where
-// only one rank's gradient overflows.
+// ShardedGradScaler against PyTorch's torch.amp.GradScaler
+// (tests/runtime/grad_scaler_reference.py): the same scripted steps (an fp16 loss whose gradient
+// overflows by itself at a large scale, and inf / nan forced into it) must give the same scale,
+// growth tracker, skipped steps and parameters, bit for bit, in one process and on every rank of a
+// 1-D and a 2-D (HSDP) mesh where only one rank's gradient overflows.
 #include "support/test_support.h"
 
 #include <fsdp/comm/rendezvous.h>
@@ -47,16 +47,19 @@ const std::vector<float> kParam = {0.5f, -1.25f, 2.0f, 0.125f};
 // PyTorch's record of every step (see the script's docstring), computed once.
 const std::vector<nlohmann::json>& reference() {
   static const std::vector<nlohmann::json> lines = [] {
-    const nlohmann::json spec = {{"init_scale", 65536.0},   {"growth_factor", 2.0},
-                                 {"backoff_factor", 0.5},   {"growth_interval", kGrowthInterval},
-                                 {"lr", kLr},               {"param", kParam},
+    const nlohmann::json spec = {{"init_scale", 65536.0},
+                                 {"growth_factor", 2.0},
+                                 {"backoff_factor", 0.5},
+                                 {"growth_interval", kGrowthInterval},
+                                 {"lr", kLr},
+                                 {"param", kParam},
                                  {"steps", kSteps}};
     const std::string path = test::temp_path("grad_scaler_spec.json");
     std::ofstream(path) << spec.dump();
-    const test::CommandResult r = test::run_command(
-        test::reference_python() + " " FSDP_SOURCE_DIR "/tests/runtime/grad_scaler_reference.py " +
-            path,
-        120);
+    const test::CommandResult r =
+        test::run_command(test::reference_python() +
+                              " " FSDP_SOURCE_DIR "/tests/runtime/grad_scaler_reference.py " + path,
+                          120);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     std::vector<nlohmann::json> parsed;
     std::istringstream in(r.output);
@@ -71,7 +74,9 @@ at::Tensor coefficients(const std::vector<std::string>& text, double factor = 1.
   for (const auto& s : text) {
     const double v = std::stod(s);
     // Scaled down (a rank that must not overflow by itself): finite and small.
-    values.push_back(static_cast<float>(factor == 1.0 ? v : std::isfinite(v) ? v * factor : factor));
+    values.push_back(static_cast<float>(factor == 1.0      ? v
+                                        : std::isfinite(v) ? v * factor
+                                                           : factor));
   }
   return at::tensor(values);
 }
@@ -116,7 +121,8 @@ GradScalerOptions small_interval() { return GradScalerOptions().growth_interval(
 
 TEST(GradScaler, MatchesTorchAmpGradScalerInOneProcess) {
   ShardedGradScaler scaler(std::nullopt, small_interval());
-  expect_same_as_torch(scaler, [](size_t) { return true; }, "one process");
+  expect_same_as_torch(
+      scaler, [](size_t) { return true; }, "one process");
 }
 
 TEST(GradScaler, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
@@ -152,7 +158,8 @@ TEST(GradScaler, StateRoundTrips) {
   ShardedGradScaler a(std::nullopt, small_interval());
   at::Tensor p = at::ones({2}).set_requires_grad(true);
   torch::optim::SGD optimizer({p}, torch::optim::SGDOptions(0.1));
-  for (const float c : {std::numeric_limits<float>::infinity(), 1.0f}) {  // one overflow, then one good step
+  for (const float c :
+       {std::numeric_limits<float>::infinity(), 1.0f}) {  // one overflow, then one good step
     optimizer.zero_grad();
     a.scale((p * c).sum()).backward();
     a.step(optimizer);
@@ -169,17 +176,14 @@ TEST(GradScaler, StateRoundTrips) {
 }
 
 TEST(GradScaler, MisuseAndBadValuesAreRefusedNamingThem) {
-  EXPECT_THAT(test::error_message([] {
-                ShardedGradScaler(std::nullopt, GradScalerOptions().growth_factor(1.0));
-              }),
+  EXPECT_THAT(test::error_message(
+                  [] { ShardedGradScaler(std::nullopt, GradScalerOptions().growth_factor(1.0)); }),
               HasSubstr("growth_factor must be a finite number > 1, got 1"));
-  EXPECT_THAT(test::error_message([] {
-                ShardedGradScaler(std::nullopt, GradScalerOptions().backoff_factor(1.5));
-              }),
+  EXPECT_THAT(test::error_message(
+                  [] { ShardedGradScaler(std::nullopt, GradScalerOptions().backoff_factor(1.5)); }),
               HasSubstr("backoff_factor must be in (0, 1), got 1.5"));
-  EXPECT_THAT(test::error_message([] {
-                ShardedGradScaler(std::nullopt, GradScalerOptions().growth_interval(0));
-              }),
+  EXPECT_THAT(test::error_message(
+                  [] { ShardedGradScaler(std::nullopt, GradScalerOptions().growth_interval(0)); }),
               HasSubstr("growth_interval must be in [1, 2^31), got 0"));
   EXPECT_THAT(test::error_message(
                   [] { ShardedGradScaler(std::nullopt, GradScalerOptions().init_scale(-2)); }),

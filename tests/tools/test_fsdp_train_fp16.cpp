@@ -1,4 +1,5 @@
-// fsdp-train --param-dtype fp16: dynamic loss scaling over the sharded gradients (fsdp/grad_scaler.h).
+// fsdp-train --param-dtype fp16: dynamic loss scaling over the sharded gradients
+// (fsdp/grad_scaler.h).
 //
 // - An overflow injected into one rank's gradient shard (FSDP_TRAIN_OVERFLOW_AT) skips the step on
 //   every rank (the weights equal those of a run that stopped before the step, bit for bit),
@@ -51,16 +52,16 @@ nlohmann::json checkpoint_scaler(const std::string& checkpoint_dir) {
   text << in.rdbuf();
   const auto index = nlohmann::json::parse(text.str(), nullptr, false);
   return index.is_object() && index.contains("grad_scaler") ? index["grad_scaler"]
-                                                             : nlohmann::json();
+                                                            : nlohmann::json();
 }
 
 TEST(Fp16Train, AnInjectedOverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
   const std::string dir = test::temp_dir("fp16_overflow");
   // Step 4 (0-based 3) overflows on rank 1 only.
-  const auto lines = run_metrics(
-      "env FSDP_TRAIN_OVERFLOW_AT=3:1 " + train(2, "--param-dtype fp16 --steps 4 --save " + dir +
-                                                       "/ckpt --export " + dir + "/skipped.safetensors"),
-      dir + "/skipped.jsonl");
+  const auto lines = run_metrics("env FSDP_TRAIN_OVERFLOW_AT=3:1 " +
+                                     train(2, "--param-dtype fp16 --steps 4 --save " + dir +
+                                                  "/ckpt --export " + dir + "/skipped.safetensors"),
+                                 dir + "/skipped.jsonl");
   ASSERT_EQ(lines.size(), 4u);
   const CommandResult three =
       run_command(train(2, "--param-dtype fp16 --steps 3 --export " + dir + "/three.safetensors"));
@@ -88,8 +89,8 @@ TEST(Fp16Train, Fp16AtW4TracksFp32WithinTwoPercentOver200Steps) {
   // differs by up to 7% there (1.8% after step 25); here every step compares like with like,
   // and the skips are AnInjectedOverflow's and Fsdp2Parity.Fp16*'s.
   const auto fp32 = run_metrics(train(4, "--steps 200"), dir + "/fp32.jsonl");
-  const auto fp16 =
-      run_metrics(train(4, "--steps 200 --param-dtype fp16 --init-scale 8192"), dir + "/fp16.jsonl");
+  const auto fp16 = run_metrics(train(4, "--steps 200 --param-dtype fp16 --init-scale 8192"),
+                                dir + "/fp16.jsonl");
   ASSERT_EQ(fp32.size(), 200u);
   ASSERT_EQ(fp16.size(), 200u);
   // Every step's loss within 2% (measured: 0.4%).
@@ -135,8 +136,10 @@ TEST(Fp16Train, W1AndW2AgreeWithinFp16Rounding) {
 TEST(Fp16Train, TheScaleAndGrowthTrackerSurviveAResumeAtAnyWorldSize) {
   const std::string dir = test::temp_dir("fp16_resume");
   const std::string flags = "--param-dtype fp16 --steps 6 --growth-interval 3";
-  const auto whole = run_metrics(train(2, flags + " --save " + dir + "/ckpt --save-every 3 "
-                                                  "--export " + dir + "/whole/model.safetensors"),
+  const auto whole = run_metrics(train(2, flags + " --save " + dir +
+                                              "/ckpt --save-every 3 "
+                                              "--export " +
+                                              dir + "/whole/model.safetensors"),
                                  dir + "/whole.jsonl");
   ASSERT_EQ(whole.size(), 6u);
   // The checkpoint at step 3 holds the scale step 4 ran at, and a growth tracker mid-interval

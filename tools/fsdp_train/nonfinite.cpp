@@ -90,7 +90,9 @@ bool injected_at(const char* variable, int64_t step, int rank) {
 
 }  // namespace
 
-bool nan_injected_at(int64_t step, int rank) { return injected_at("FSDP_TRAIN_NAN_AT", step, rank); }
+bool nan_injected_at(int64_t step, int rank) {
+  return injected_at("FSDP_TRAIN_NAN_AT", step, rank);
+}
 
 bool overflow_injected_at(int64_t step, int rank) {
   return injected_at("FSDP_TRAIN_OVERFLOW_AT", step, rank);

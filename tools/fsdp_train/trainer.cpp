@@ -343,10 +343,10 @@ void validate_sharding(const TrainerOptions& o, int world) {
 // fp16's gradient scaler flags: in range, and given only where there is a scaler.
 void validate_grad_scaler(const TrainerOptions& o) {
   const TrainerOptions defaults;
-  TORCH_CHECK(o.param_dtype == "fp16" ||
-                  (o.init_scale == defaults.init_scale && o.growth_factor == defaults.growth_factor &&
-                   o.backoff_factor == defaults.backoff_factor &&
-                   o.growth_interval == defaults.growth_interval),
+  TORCH_CHECK(o.param_dtype == "fp16" || (o.init_scale == defaults.init_scale &&
+                                          o.growth_factor == defaults.growth_factor &&
+                                          o.backoff_factor == defaults.backoff_factor &&
+                                          o.growth_interval == defaults.growth_interval),
               "--init-scale, --growth-factor, --backoff-factor and --growth-interval set fp16's "
               "gradient scaler; they need --param-dtype fp16, not ",
               o.param_dtype);
@@ -355,8 +355,8 @@ void validate_grad_scaler(const TrainerOptions& o) {
               "--init-scale must be a positive float32 value, got ", o.init_scale);
   TORCH_CHECK(std::isfinite(o.growth_factor) && o.growth_factor > 1,
               "--growth-factor must be greater than 1, got ", o.growth_factor);
-  TORCH_CHECK(o.backoff_factor > 0 && o.backoff_factor < 1, "--backoff-factor must be in (0, 1), got ",
-              o.backoff_factor);
+  TORCH_CHECK(o.backoff_factor > 0 && o.backoff_factor < 1,
+              "--backoff-factor must be in (0, 1), got ", o.backoff_factor);
   TORCH_CHECK(o.growth_interval >= 1 && o.growth_interval <= std::numeric_limits<int32_t>::max(),
               "--growth-interval must be in [1, 2^31), got ", o.growth_interval);
 }
@@ -447,12 +447,12 @@ struct Run {
   std::ofstream metrics;
   std::ofstream batches;  // --dump-batches, format in trainer.h
   int64_t first_step = 0;
-  double elapsed = 0;         // seconds spent in steps so far
-  int64_t skipped_steps = 0;  // non-finite steps skipped (--skip-nonfinite)
+  double elapsed = 0;                       // seconds spent in steps so far
+  int64_t skipped_steps = 0;                // non-finite steps skipped (--skip-nonfinite)
   std::optional<ShardedGradScaler> scaler;  // fp16's dynamic loss scaling
   int64_t overflow_skips = 0;               // steps skipped because gradients overflowed (fp16)
   int64_t resumed_skips = 0;                // steps the run a resume continues skipped
-  int64_t units = 0;          // FSDP units, the root included (0 without FSDP)
+  int64_t units = 0;                        // FSDP units, the root included (0 without FSDP)
 };
 
 // What a step measures around its forward and backward, for RankStepStats.
@@ -648,9 +648,10 @@ void restore_grad_scaler(Run& run, const checkpoint::LoadResult& loaded) {
   if (!run.scaler) return;
   if (!loaded.grad_scaler) {
     if (run.printing) {
-      fmt::print("fsdp-train: the checkpoint has no gradient scaler (it was not trained in fp16); "
-                 "the loss scale starts at --init-scale {}\n",
-                 run.o.init_scale);
+      fmt::print(
+          "fsdp-train: the checkpoint has no gradient scaler (it was not trained in fp16); "
+          "the loss scale starts at --init-scale {}\n",
+          run.o.init_scale);
     }
     return;
   }
@@ -661,7 +662,8 @@ void restore_grad_scaler(Run& run, const checkpoint::LoadResult& loaded) {
               "--resume: the checkpoint's gradient scaler has growth factor ", s.growth_factor,
               ", backoff factor ", s.backoff_factor, " and growth interval ", s.growth_interval,
               ", this run's ", mine.growth_factor, ", ", mine.backoff_factor, " and ",
-              mine.growth_interval, "; resume with the same --growth-factor, --backoff-factor and "
+              mine.growth_interval,
+              "; resume with the same --growth-factor, --backoff-factor and "
               "--growth-interval");
   run.scaler->load_state(s);
 }

@@ -48,8 +48,8 @@ struct TrainerOptions {
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;
-  int grad_accum = 1;                // micro-batches per optimizer step
-  std::string accum_mode = "sync";   // sync | no-sync | no-reshard (see README)
+  int grad_accum = 1;               // micro-batches per optimizer step
+  std::string accum_mode = "sync";  // sync | no-sync | no-reshard (see README)
   // Which modules are FSDP units (parse_wrap_policy): "block", the model's units (each
   // transformer block, sharded as it is built), or "min-params:N", FSDP1's size-based auto-wrap
   // over the whole built model (fsdp/wrap_policy.h). The root is always a unit.
@@ -144,7 +144,7 @@ struct StepRecord {
   // those whose gradients overflowed at the loss scale.
   int64_t skipped_steps = 0;
   std::optional<double> loss_scale;  // fp16: the scale this step's loss was multiplied by
-  int64_t units = 0;               // FSDP units, the root included (0 under --no-fsdp)
+  int64_t units = 0;                 // FSDP units, the root included (0 under --no-fsdp)
 };
 
 struct TrainSummary {
