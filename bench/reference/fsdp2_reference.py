@@ -33,6 +33,10 @@ models/llama/llama.cpp); config.json beside --init (written by --export) says wh
   single-tensor implementation (foreach=False; CPU's default anyway); gradient
   clipping with torch.nn.utils.clip_grad_norm_(max_norm), norm reported before clipping;
 - the reported loss: the mean over ranks and micro-batches of the micro-batch mean losses;
+- fp16 (--param-dtype fp16): torch.amp.GradScaler(init_scale, growth_factor, backoff_factor,
+  growth_interval as fsdp-train's flags): each micro-batch's loss scaled, unscale_ before
+  clipping, step and update; the scale each step used is written as loss_scale, and a step whose
+  gradients overflowed has grad_norm null;
 - threads: each of W local ranks uses cpu_count // W intra-op threads, as fsdp-train does.
 
 Modes: fsdp2 (fully_shard on every block, then the root, over a 1-D mesh of W ranks), ddp
