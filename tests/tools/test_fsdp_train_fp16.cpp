@@ -46,6 +46,18 @@ std::vector<nlohmann::json> run_metrics(const std::string& command, const std::s
   return test::read_json_lines(metrics);
 }
 
+// The spacing of fp16 numbers around x (x normal): the loss of an fp16 run is such a number.
+double fp16_spacing(double x) { return std::ldexp(1.0, std::ilogb(x) - 10); }
+
+// Losses of two fp16 runs whose weights differ only by the rounding of their fp16 reductions
+// (W = 1 rounds the whole batch's gradient to fp16, W = 2 each half before the sum, W = 4 each
+// quarter): over a few dozen steps that moves the fp16 loss by a couple of spacings (measured:
+// 2 at W = 1 vs 2 over 20 steps). 4 allows it; a real fault is far off: one update missed
+// early on moves it by dozens of spacings (measured: two skipped updates, about 100).
+void expect_within_fp16_rounding(double a, double b, const std::string& where) {
+  EXPECT_LE(std::abs(a - b), 4 * fp16_spacing(std::max(a, b))) << where << ": " << a << " vs " << b;
+}
+
 nlohmann::json checkpoint_scaler(const std::string& checkpoint_dir) {
   std::ifstream in(checkpoint_dir + "/metadata.json");
   std::stringstream text;
@@ -117,20 +129,20 @@ TEST(Fp16Train, W1AndW2AgreeWithinFp16Rounding) {
     // The scaler's decisions are exact: a rounding difference that flipped one would show here.
     EXPECT_EQ(w1[s]["loss_scale"], w2[s]["loss_scale"]) << "step " << s + 1;
     EXPECT_EQ(w1[s]["skipped_steps"], w2[s]["skipped_steps"]) << "step " << s + 1;
-    // The loss is computed in fp16 (unit roundoff 2^-11 = 4.9e-4), from weights that differ
-    // by the fp16 reductions' rounding: W = 2 rounds each rank's half-batch gradient to fp16
-    // before summing, W = 1 the whole one. 4 units of fp16 rounding bound what 20 steps of
-    // that give; a real bug (a wrong scale, a missed unscale, a shard not updated) is off by
-    // far more.
     const double a = w1[s]["loss"], b = w2[s]["loss"];
-    EXPECT_LE(std::abs(a - b) / a, 4 * std::ldexp(1.0, -11)) << "step " << s + 1;
-    worst = std::max(worst, std::abs(a - b) / a);
+    expect_within_fp16_rounding(a, b, "step " + std::to_string(s + 1));
+    worst = std::max(worst, std::abs(a - b) / fp16_spacing(std::max(a, b)));
   }
-  std::cout << "[fp16] worst relative loss difference W = 1 vs 2: " << worst << "\n";
-  // The loss scale grew at least once, so growth took part in the comparison.
-  double most = 0;
-  for (const auto& line : w1) most = std::max(most, line["loss_scale"].get<double>());
-  EXPECT_GT(most, w1.front()["loss_scale"].get<double>() / 2) << "the scale never grew back";
+  std::cout << "[fp16] worst loss difference W = 1 vs 2: " << worst << " fp16 spacings\n";
+  // Growth and backoff both took part in the comparison.
+  int grew = 0, backed_off = 0;
+  for (size_t s = 1; s < w1.size(); ++s) {
+    const double before = w1[s - 1]["loss_scale"], now = w1[s]["loss_scale"];
+    grew += now > before ? 1 : 0;
+    backed_off += now < before ? 1 : 0;
+  }
+  EXPECT_GE(grew, 1);
+  EXPECT_GE(backed_off, 1);
 }
 
 TEST(Fp16Train, TheScaleAndGrowthTrackerSurviveAResumeAtAnyWorldSize) {
@@ -163,9 +175,9 @@ TEST(Fp16Train, TheScaleAndGrowthTrackerSurviveAResumeAtAnyWorldSize) {
       EXPECT_EQ(resumed[s]["skipped_steps"], want["skipped_steps"]) << name;
       if (world == 2) {
         EXPECT_EQ(resumed[s]["loss"], want["loss"]) << "step " << want["step"];
-      } else {  // other fp16 reductions: as W1AndW2AgreeWithinFp16Rounding
-        const double a = resumed[s]["loss"], b = want["loss"];
-        EXPECT_LE(std::abs(a - b) / b, 4 * std::ldexp(1.0, -11)) << "step " << want["step"];
+      } else {  // other fp16 reductions after the resume
+        expect_within_fp16_rounding(resumed[s]["loss"], want["loss"],
+                                    name + " step " + want["step"].dump());
       }
     }
   }
