@@ -34,6 +34,10 @@ models/llama/llama.cpp); config.json beside --init (written by --export) says wh
   single-tensor implementation (foreach=False; CPU's default anyway); gradient
   clipping with torch.nn.utils.clip_grad_norm_(max_norm), norm reported before clipping;
 - the reported loss: the mean over ranks and micro-batches of the micro-batch mean losses;
+- fp16 (--param-dtype fp16): torch.amp.GradScaler(init_scale, growth_factor, backoff_factor,
+  growth_interval as fsdp-train's flags): each micro-batch's loss scaled, unscale_ before
+  clipping, step and update; the scale each step used is written as loss_scale, and a step whose
+  gradients overflowed has grad_norm null;
 - threads: each of W local ranks uses cpu_count // W intra-op threads, as fsdp-train does.
 - --device cuda: rank r trains on GPU r mod the GPU count, over NCCL. With more ranks than GPUs
   each rank gets its own NCCL_HOSTID (and NCCL_SOCKET_IFNAME=lo unless set), so that NCCL
@@ -488,7 +492,7 @@ class LibTorchAdamW(torch.optim.Optimizer):
 
 # ---- one rank ------------------------------------------------------------------------------
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def rank_device(rank, world, args):
@@ -553,6 +557,14 @@ def train(rank, world, args):
     else:
         optimizer = LibTorchAdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
                                   weight_decay=args.weight_decay)
+    # fp16: dynamic loss scaling with torch.amp.GradScaler, as FSDP2's documentation prescribes
+    # (its found_inf is all-reduced over the mesh by DTensor); fsdp-train's --init-scale etc.
+    scaler = None
+    if args.param_dtype == "fp16":
+        scaler = torch.amp.GradScaler(device.type, init_scale=args.init_scale,
+                                      growth_factor=args.growth_factor,
+                                      backoff_factor=args.backoff_factor,
+                                      growth_interval=args.growth_interval)
     b, t, accum, batches = load_batches(args.batches)
     if args.steps is not None:
         batches = batches[:args.steps]
@@ -582,13 +594,20 @@ def train(rank, world, args):
             else:
                 logits = train_model(x)
                 loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-                (loss / accum).backward()
+                (scaler.scale(loss / accum) if scaler else loss / accum).backward()
             loss_sum += loss.detach().double().item()
+        loss_scale = scaler.get_scale() if scaler else None
+        if scaler:
+            scaler.unscale_(optimizer)  # clipping sees the unscaled gradients
         norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         norm = norm.item()
-        optimizer.step()
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         mean_loss = torch.tensor([loss_sum / accum], dtype=torch.float64, device=device)
         if distributed:
             dist.all_reduce(mean_loss)
@@ -627,9 +646,13 @@ def train(rank, world, args):
         if metrics:
             ranks = [dict(rank=r, **{k: int(v) for k, v in zip(keys, s.cpu().tolist())})
                      for r, s in enumerate(everyone)]
-            metrics.write(json.dumps({"step": step, "loss": mean_loss, "grad_norm": norm,
-                                      "tokens_per_s": accum * b * t / step_s, "step_s": step_s,
-                                      "ranks": ranks}) + "\n")
+            # A step that overflowed in fp16 has no finite norm: null, as fsdp-train writes it.
+            line = {"step": step, "loss": mean_loss,
+                    "grad_norm": norm if math.isfinite(norm) else None,
+                    "tokens_per_s": accum * b * t / step_s, "step_s": step_s, "ranks": ranks}
+            if scaler:
+                line["loss_scale"] = loss_scale
+            metrics.write(json.dumps(line) + "\n")
             metrics.flush()
         if rank == 0 and not args.quiet:
             print(f"{args.mode} W={world} step {step} | loss {mean_loss:.6f} | grad norm "
@@ -686,6 +709,11 @@ def main():
     p.add_argument("--reshard-after-forward", type=int, choices=[0, 1], default=1)
     p.add_argument("--param-dtype", choices=list(DTYPES), default=None)
     p.add_argument("--reduce-dtype", choices=list(DTYPES), default=None)
+    p.add_argument("--init-scale", type=float, default=2.0**16,
+                   help="fp16: torch.amp.GradScaler's init_scale (as fsdp-train's flag)")
+    p.add_argument("--growth-factor", type=float, default=2.0)
+    p.add_argument("--backoff-factor", type=float, default=0.5)
+    p.add_argument("--growth-interval", type=int, default=2000)
     p.add_argument("--accum-mode", choices=["no-sync", "sync"], default="no-sync",
                    help="with K > 1 micro-batches per step in --batches: no-sync reduces "
                         "gradients only after the last (FSDP2 set_requires_gradient_sync(False) "

@@ -45,6 +45,11 @@ struct MixedPrecisionPolicy {
   TORCH_ARG(std::optional<at::ScalarType>, output_dtype) = std::nullopt;
   // Cast the unit's floating-point tensor inputs to param_dtype. (optional) defaults to true.
   TORCH_ARG(bool, cast_forward_inputs) = true;
+  // dtype the unit's floating-point buffers (those at or under its module and not under a
+  // nested unit) are cast to, in place, when fully_shard is applied; they keep it from then on.
+  // Buffers are not sharded. FSDP1's MixedPrecision.buffer_dtype (FSDP2 has none; FSDP1 casts
+  // at the first forward). (optional) defaults to the buffers' own dtypes.
+  TORCH_ARG(std::optional<at::ScalarType>, buffer_dtype) = std::nullopt;
 };
 
 // FSDP2's reshard_after_forward, which is a bool or an int:

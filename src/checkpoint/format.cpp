@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <set>
@@ -442,6 +443,13 @@ std::string serialize_checkpoint_index(const CheckpointIndex& index) {
   if (!index.optimizer.empty()) {
     j["optimizer"] = {{"type", index.optimizer}, {"steps", index.optimizer_steps}};
   }
+  if (const auto& g = index.grad_scaler) {
+    j["grad_scaler"] = {{"scale", g->scale},
+                        {"growth_tracker", g->growth_tracker},
+                        {"growth_factor", g->growth_factor},
+                        {"backoff_factor", g->backoff_factor},
+                        {"growth_interval", g->growth_interval}};
+  }
   json rng = json::array();
   for (const auto& state : index.rng_states) rng.push_back(to_hex(state));
   j["rng_cpu"] = rng;
@@ -564,6 +572,47 @@ void parse_optimizer(const json& o, CheckpointIndex& index) {
   }
 }
 
+// A double as its shortest exact-enough text ("1e+39", "0.5"), for messages.
+std::string number_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.9g", v);
+  return text;
+}
+
+double as_finite(const json& value, const std::string& what) {
+  if (!value.is_number()) fail(what + " must be a number, got " + value.dump().substr(0, 40));
+  const double v = value.get<double>();
+  if (!std::isfinite(v)) fail(what + " is not finite");
+  return v;
+}
+
+GradScalerRecord parse_grad_scaler(const json& g) {
+  const std::string where = "grad_scaler";
+  if (!g.is_object()) fail("\"grad_scaler\" must be an object");
+  expect_only(g, {"scale", "growth_tracker", "growth_factor", "backoff_factor", "growth_interval"},
+              where);
+  GradScalerRecord r;
+  r.scale = as_finite(member(g, "scale", where), "grad_scaler scale");
+  r.growth_tracker = as_i64(member(g, "growth_tracker", where), "grad_scaler growth_tracker");
+  r.growth_factor = as_finite(member(g, "growth_factor", where), "grad_scaler growth_factor");
+  r.backoff_factor = as_finite(member(g, "backoff_factor", where), "grad_scaler backoff_factor");
+  r.growth_interval = as_i64(member(g, "growth_interval", where), "grad_scaler growth_interval");
+  if (!(r.scale > 0 && r.scale <= std::numeric_limits<float>::max())) {
+    fail("grad_scaler scale " + number_text(r.scale) + " is not a positive float32 value");
+  }
+  if (!(r.growth_factor > 1) || !(r.backoff_factor > 0 && r.backoff_factor < 1)) {
+    fail("grad_scaler growth_factor " + number_text(r.growth_factor) + " must be > 1 and " +
+         "backoff_factor " + number_text(r.backoff_factor) + " in (0, 1)");
+  }
+  if (r.growth_interval < 1 || r.growth_interval > std::numeric_limits<int32_t>::max() ||
+      r.growth_tracker >= r.growth_interval) {
+    fail("grad_scaler growth_tracker " + std::to_string(r.growth_tracker) +
+         " must be below growth_interval " + std::to_string(r.growth_interval) +
+         ", itself in [1, 2^31)");
+  }
+  return r;
+}
+
 std::vector<std::string> parse_rng_states(const json& rng, int64_t world) {
   if (!rng.is_array() || rng.size() > static_cast<size_t>(world)) {
     fail("rng_cpu must be an array of at most one state per rank");
@@ -586,7 +635,7 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, bool verify_checks
   const std::string where = "the index";
   expect_only(j,
               {"format", "version", "world_size", "step", "files", "tensors", "optimizer",
-               "rng_cpu", "user", "xxh3_64"},
+               "rng_cpu", "user", "grad_scaler", "xxh3_64"},
               where);
   check_index_identity(j, verify_checksum);
 
@@ -607,6 +656,7 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, bool verify_checks
   }
   if (auto it = j.find("optimizer"); it != j.end()) parse_optimizer(*it, index);
   if (auto it = j.find("rng_cpu"); it != j.end()) index.rng_states = parse_rng_states(*it, world);
+  if (auto it = j.find("grad_scaler"); it != j.end()) index.grad_scaler = parse_grad_scaler(*it);
   if (auto it = j.find("user"); it != j.end()) {
     if (!it->is_object()) fail("\"user\" must be an object");
     index.user_json = it->dump();

@@ -391,6 +391,8 @@ void check_save_options(const SaveOptions& options) {
   const auto user = nlohmann::json::parse(options.user_json(), nullptr, /*allow_exceptions=*/false);
   TORCH_CHECK(user.is_object(), "user_json must be a JSON object, got '",
               options.user_json().substr(0, 80), "'");
+  // A state a scaler would refuse to load is refused now (the check names the value).
+  if (options.grad_scaler()) ShardedGradScaler(std::nullopt).load_state(*options.grad_scaler());
 }
 
 // Rank 0 only: creates the temporary directory, removing those of crashed saves.
@@ -506,6 +508,10 @@ CheckpointIndex build_index(const SaveOptions& options, int world, const std::ve
   index.world_size = world;
   index.step = options.step();
   index.user_json = options.user_json();
+  if (const auto& g = options.grad_scaler()) {
+    index.grad_scaler = GradScalerRecord{g->scale, g->growth_tracker, g->growth_factor,
+                                         g->backoff_factor, g->growth_interval};
+  }
   for (int r = 0; r < world; ++r) {
     const int64_t* row = v + r * stride;
     TORCH_CHECK(row[2] == mine[2], "rank ", r, " has an RNG state of ", row[2],
@@ -758,6 +764,10 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
     restore_rng(dir, index, rank);
     result.step = index.step;
     result.user_json = index.user_json;
+    if (const auto& g = index.grad_scaler) {
+      result.grad_scaler = GradScalerState{g->scale, g->growth_tracker, g->growth_factor,
+                                           g->backoff_factor, g->growth_interval};
+    }
     result.saved_world_size = index.world_size;
     for (const auto& f : index.files) result.checkpoint_bytes += static_cast<int64_t>(f.bytes);
   } catch (...) {

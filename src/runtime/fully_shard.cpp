@@ -53,6 +53,32 @@ void check_policy(const MixedPrecisionPolicy& mp, const DeviceMesh& mesh) {
   TORCH_CHECK(!mp.output_dtype().has_value() || at::isFloatingType(*mp.output_dtype()),
               "fully_shard: MixedPrecisionPolicy.output_dtype must be a floating-point dtype, got ",
               *mp.output_dtype());
+  TORCH_CHECK(!mp.buffer_dtype().has_value() || at::isFloatingType(*mp.buffer_dtype()),
+              "fully_shard: MixedPrecisionPolicy.buffer_dtype must be a floating-point dtype, got ",
+              *mp.buffer_dtype());
+}
+
+// The buffers of module and of its submodules that no sharded descendant holds.
+void collect_unit_buffers(torch::nn::Module& module, std::vector<at::Tensor>& buffers) {
+  for (auto& buffer : module.buffers(/*recurse=*/false)) buffers.push_back(buffer);
+  for (const auto& child : module.children()) {
+    if (detail::param_group_of(*child) == nullptr) collect_unit_buffers(*child, buffers);
+  }
+}
+
+// MixedPrecisionPolicy.buffer_dtype: floating-point buffers take it in place (set_data keeps
+// each buffer the module's own tensor); integer and bool buffers keep theirs, as in FSDP1.
+void cast_unit_buffers(torch::nn::Module& module, const MixedPrecisionPolicy& mp) {
+  if (!mp.buffer_dtype().has_value()) return;
+  std::vector<at::Tensor> buffers;
+  collect_unit_buffers(module, buffers);
+  at::NoGradGuard no_grad;
+  for (auto& buffer : buffers) {
+    if (buffer.defined() && buffer.is_floating_point() &&
+        buffer.scalar_type() != *mp.buffer_dtype()) {
+      buffer.set_data(buffer.to(*mp.buffer_dtype()));
+    }
+  }
 }
 
 }  // namespace
@@ -101,6 +127,7 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const D
                         options.mp_policy().param_dtype().value_or(tensor.scalar_type()));
   }
 
+  cast_unit_buffers(*module, options.mp_policy());
   auto group = std::make_shared<ParamGroup>(module.get(), std::move(params), mesh, options);
   detail::attach_param_group(*module, group);
   // Name every unit by its path under this module; an enclosing fully_shard renames them.

@@ -95,6 +95,17 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--replicate", "--replicate 2"},  // needs hybrid_shard
     {"fsdp-train", "--replicate", "--nproc 4 --global-batch 8 --strategy hybrid_shard --replicate 3"},
     {"fsdp-train", "--param-dtype", "--param-dtype int8"},
+    {"fsdp-train", "--init-scale", "--param-dtype fp16 --init-scale 0"},
+    {"fsdp-train", "--init-scale", "--param-dtype fp16 --init-scale inf"},
+    {"fsdp-train", "--init-scale", "--param-dtype fp16 --init-scale 1e39"},
+    {"fsdp-train", "--growth-factor", "--param-dtype fp16 --growth-factor 1"},
+    {"fsdp-train", "--growth-factor", "--param-dtype fp16 --growth-factor nan"},
+    {"fsdp-train", "--backoff-factor", "--param-dtype fp16 --backoff-factor 1"},
+    {"fsdp-train", "--backoff-factor", "--param-dtype fp16 --backoff-factor 0"},
+    {"fsdp-train", "--growth-interval", "--param-dtype fp16 --growth-interval 0"},
+    {"fsdp-train", "--growth-interval", "--param-dtype fp16 --growth-interval 1.5"},
+    {"fsdp-train", "--growth-interval", "--param-dtype fp16 --growth-interval 2147483648"},
+    {"fsdp-train", "--growth-interval", "--growth-interval 100"},  // no scaler without fp16
     {"fsdp-train", "--reduce-dtype", "--reduce-dtype fp64"},
     {"fsdp-train", "--grad-accum", "--grad-accum 0"},
     {"fsdp-train", "--grad-accum", "--grad-accum -2"},

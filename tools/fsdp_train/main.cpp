@@ -100,6 +100,30 @@ void add_schedule_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
       ->capture_default_str();
 }
 
+// fp16's dynamic loss scaling: torch.amp.GradScaler's parameters, names and defaults.
+void add_grad_scaler_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
+  using fsdp::tools::finite_in;
+  app.add_option("--init-scale", o.init_scale,
+                 "fp16: the first loss scale (the loss is multiplied by it before backward, the "
+                 "gradient shards divided by it after)")
+      ->check(finite_in(0, 3.4e38, /*open_min=*/true))
+      ->capture_default_str();
+  app.add_option("--growth-factor", o.growth_factor,
+                 "fp16: multiplies the loss scale after --growth-interval steps in a row without "
+                 "overflow")
+      ->check(finite_in(1, 1e6, /*open_min=*/true))
+      ->capture_default_str();
+  app.add_option("--backoff-factor", o.backoff_factor,
+                 "fp16: multiplies the loss scale after a step whose gradients overflowed on any "
+                 "rank (that step is skipped on every rank); in (0, 1)")
+      ->check(finite_in(0, 1, /*open_min=*/true))
+      ->capture_default_str();
+  app.add_option("--growth-interval", o.growth_interval,
+                 "fp16: steps without overflow before the loss scale grows")
+      ->check(fsdp::tools::integer_at_least(1, 2147483647))
+      ->capture_default_str();
+}
+
 // Sharding strategy, mixed precision, accumulation and prefetch.
 void add_mode_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
   const auto positive = fsdp::tools::integer_at_least(1);
@@ -116,6 +140,7 @@ void add_mode_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
       ->capture_default_str();
   app.add_option("--reduce-dtype", o.reduce_dtype,
                  "Gradient reduction dtype (default: --param-dtype)");
+  add_grad_scaler_flags(app, o);
   app.add_option("--grad-accum", o.grad_accum, "Micro-batches per optimizer step")
       ->check(positive)
       ->capture_default_str();

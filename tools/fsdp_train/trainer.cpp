@@ -23,6 +23,7 @@
 #include <fsdp/clip_grad.h>
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
+#include <fsdp/grad_scaler.h>
 #include <fsdp/memory_estimate.h>
 #include <fsdp/util/memory_counter.h>
 #include <fsdp/wrap_policy.h>
@@ -116,6 +117,7 @@ nlohmann::json to_json(const StepRecord& r) {
                          {"units", r.units},
                          {"ranks", ranks}};
   if (r.val_loss) line["val_loss"] = *r.val_loss;
+  if (r.loss_scale) line["loss_scale"] = *r.loss_scale;
   return line;
 }
 
@@ -211,8 +213,10 @@ nlohmann::json trainer_json(const TrainerOptions& o) {
           {"schedule", lr_schedule_json(o)}};
 }
 
-std::string run_state_json(const TrainerOptions& o, const TokenDataset& data, int64_t next_step) {
+std::string run_state_json(const TrainerOptions& o, const TokenDataset& data, int64_t next_step,
+                           int64_t skipped_steps) {
   const nlohmann::json j = {{"trainer", trainer_json(o)},
+                            {"skipped_steps", skipped_steps},
                             {"data",
                              {{"source", data.source()},
                               {"tokens", data.size()},
@@ -336,6 +340,27 @@ void validate_sharding(const TrainerOptions& o, int world) {
               " (a group size) does not divide the shard group of ", shard_group, " ranks");
 }
 
+// fp16's gradient scaler flags: in range, and given only where there is a scaler.
+void validate_grad_scaler(const TrainerOptions& o) {
+  const TrainerOptions defaults;
+  TORCH_CHECK(o.param_dtype == "fp16" || (o.init_scale == defaults.init_scale &&
+                                          o.growth_factor == defaults.growth_factor &&
+                                          o.backoff_factor == defaults.backoff_factor &&
+                                          o.growth_interval == defaults.growth_interval),
+              "--init-scale, --growth-factor, --backoff-factor and --growth-interval set fp16's "
+              "gradient scaler; they need --param-dtype fp16, not ",
+              o.param_dtype);
+  TORCH_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0 &&
+                  o.init_scale <= std::numeric_limits<float>::max(),
+              "--init-scale must be a positive float32 value, got ", o.init_scale);
+  TORCH_CHECK(std::isfinite(o.growth_factor) && o.growth_factor > 1,
+              "--growth-factor must be greater than 1, got ", o.growth_factor);
+  TORCH_CHECK(o.backoff_factor > 0 && o.backoff_factor < 1,
+              "--backoff-factor must be in (0, 1), got ", o.backoff_factor);
+  TORCH_CHECK(o.growth_interval >= 1 && o.growth_interval <= std::numeric_limits<int32_t>::max(),
+              "--growth-interval must be in [1, 2^31), got ", o.growth_interval);
+}
+
 }  // namespace
 
 void validate(const TrainerOptions& o, int world) {
@@ -355,6 +380,7 @@ void validate(const TrainerOptions& o, int world) {
   parse_wrap_policy(o.wrap_policy);
   dtype_flag("--param-dtype", o.param_dtype);
   dtype_flag("--reduce-dtype", o.reduce_dtype);
+  validate_grad_scaler(o);
   TORCH_CHECK(!o.no_fsdp || (o.param_dtype == "fp32" && o.reduce_dtype.empty()),
               "--no-fsdp trains in fp32; --param-dtype ", o.param_dtype, " and --reduce-dtype '",
               o.reduce_dtype, "' need FSDP");
@@ -421,9 +447,12 @@ struct Run {
   std::ofstream metrics;
   std::ofstream batches;  // --dump-batches, format in trainer.h
   int64_t first_step = 0;
-  double elapsed = 0;         // seconds spent in steps so far
-  int64_t skipped_steps = 0;  // non-finite steps skipped (--skip-nonfinite)
-  int64_t units = 0;          // FSDP units, the root included (0 without FSDP)
+  double elapsed = 0;                       // seconds spent in steps so far
+  int64_t skipped_steps = 0;                // non-finite steps skipped (--skip-nonfinite)
+  std::optional<ShardedGradScaler> scaler;  // fp16's dynamic loss scaling
+  int64_t overflow_skips = 0;               // steps skipped because gradients overflowed (fp16)
+  int64_t resumed_skips = 0;                // steps the run a resume continues skipped
+  int64_t units = 0;                        // FSDP units, the root included (0 without FSDP)
 };
 
 // What a step measures around its forward and backward, for RankStepStats.
@@ -435,6 +464,11 @@ struct StepProbe {
   int64_t activation_bytes = 0;
   int64_t grad_bytes = 0;
 };
+
+// Every step so far that updated nothing, on every rank.
+int64_t skipped_steps(const Run& run) {
+  return run.skipped_steps + run.overflow_skips + run.resumed_skips;
+}
 
 void build_mesh(Run& run) {
   if (!run.group) return;
@@ -533,6 +567,13 @@ void build_model(Run& run) {
   run.tracer->enable(!o.trace_dir.empty());
   run.params = unique_parameters(*run.model);
   run.optimizer = make_optimizer(run.params, o);
+  if (o.param_dtype == "fp16" && run.mesh) {
+    run.scaler.emplace(*run.mesh, GradScalerOptions()
+                                      .init_scale(o.init_scale)
+                                      .growth_factor(o.growth_factor)
+                                      .backoff_factor(o.backoff_factor)
+                                      .growth_interval(o.growth_interval));
+  }
 }
 
 void open_outputs(Run& run) {
@@ -596,6 +637,37 @@ std::string resume_dir_of(const Run& run) {
   return "";
 }
 
+// fp16: the scale and growth tracker of the run a resume continues, and the steps it skipped.
+// The checkpoint's hyper-parameters must be this run's: a resume continues that run.
+void restore_grad_scaler(Run& run, const checkpoint::LoadResult& loaded) {
+  const auto saved = nlohmann::json::parse(loaded.user_json, nullptr, false);
+  if (saved.is_object() && saved.contains("skipped_steps") &&
+      saved["skipped_steps"].is_number_integer()) {
+    run.resumed_skips = saved["skipped_steps"].get<int64_t>();
+  }
+  if (!run.scaler) return;
+  if (!loaded.grad_scaler) {
+    if (run.printing) {
+      fmt::print(
+          "fsdp-train: the checkpoint has no gradient scaler (it was not trained in fp16); "
+          "the loss scale starts at --init-scale {}\n",
+          run.o.init_scale);
+    }
+    return;
+  }
+  const GradScalerState& s = *loaded.grad_scaler;
+  const GradScalerState mine = run.scaler->state();
+  TORCH_CHECK(s.growth_factor == mine.growth_factor && s.backoff_factor == mine.backoff_factor &&
+                  s.growth_interval == mine.growth_interval,
+              "--resume: the checkpoint's gradient scaler has growth factor ", s.growth_factor,
+              ", backoff factor ", s.backoff_factor, " and growth interval ", s.growth_interval,
+              ", this run's ", mine.growth_factor, ", ", mine.backoff_factor, " and ",
+              mine.growth_interval,
+              "; resume with the same --growth-factor, --backoff-factor and "
+              "--growth-interval");
+  run.scaler->load_state(s);
+}
+
 // --init-from, then --resume (which sets the first step).
 void load_initial_state(Run& run) {
   const TrainerOptions& o = run.o;
@@ -608,6 +680,7 @@ void load_initial_state(Run& run) {
   const checkpoint::LoadResult loaded =
       checkpoint::load_sharded(resume_dir, *run.model, run.optimizer.get(), run.group.get());
   check_resume_compatible(o, loaded.user_json);
+  restore_grad_scaler(run, loaded);
   run.first_step = loaded.step;
   TORCH_CHECK(run.first_step <= o.steps, "--resume ", loaded.path, " is at step ", run.first_step,
               ", past --steps ", o.steps, " (the total number of steps)");
@@ -687,9 +760,11 @@ void set_up(Run& run) {
 
 // Collective: every rank saves its shards; the checkpoint holds the state after `step` steps.
 void save_checkpoint(Run& run, const TokenDataset& data, int64_t step) {
-  const auto saved = checkpoint::save_sharded(
-      run.o.save_dir, *run.model, run.optimizer.get(), run.group.get(),
-      checkpoint::SaveOptions().step(step).user_json(run_state_json(run.o, data, step)));
+  auto options = checkpoint::SaveOptions().step(step).user_json(
+      run_state_json(run.o, data, step, skipped_steps(run)));
+  if (run.scaler) options.grad_scaler(run.scaler->state());
+  const auto saved = checkpoint::save_sharded(run.o.save_dir, *run.model, run.optimizer.get(),
+                                              run.group.get(), options);
   if (!run.printing) return;
   fmt::print("fsdp-train: saved {} ({:.1f} MB in {:.2f}s, {:.0f} MB/s)\n", saved.path,
              saved.bytes / 1e6, saved.seconds, saved.bytes / 1e6 / saved.seconds);
@@ -770,7 +845,7 @@ at::Tensor forward_backward(Run& run, const at::Tensor& inputs, const at::Tensor
     if (accum > 1) micro = micro / accum;
     if (inject_nan) micro = micro * std::numeric_limits<double>::quiet_NaN();
     if (k == 0) probe.activation_bytes = activation_bytes_since(run, probe);
-    micro.backward();
+    (run.scaler ? run.scaler->scale(micro) : micro).backward();
     loss = k == 0 ? micro.detach() : loss + micro.detach();
   }
   return loss;
@@ -783,7 +858,11 @@ double clip_gradients(Run& run) {
 
 void optimizer_step(Run& run) {
   TraceScope trace(*run.tracer, "compute", "optimizer step");
-  run.optimizer->step();
+  if (run.scaler) {
+    run.scaler->step(*run.optimizer);
+  } else {
+    run.optimizer->step();
+  }
 }
 
 // Every rank's numbers for the step (collective: gathers them to every rank).
@@ -829,10 +908,12 @@ void print_progress(const Run& run, const StepRecord& r) {
   const int64_t done = r.step - run.first_step;
   const double eta = run.elapsed / double(done) * double(o.steps - r.step);
   const std::string val = r.val_loss ? fmt::format(" | val loss {:.4f}", *r.val_loss) : "";
+  const std::string scale = r.loss_scale ? fmt::format(" | loss scale {:g}", *r.loss_scale) : "";
   fmt::print(
-      "step {:>5}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:>8.0f} tokens/s | ETA {}\n",
+      "step {:>5}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:>8.0f} tokens/s | ETA "
+      "{}{}\n",
       r.step, o.steps, r.loss, val, r.lr, r.grad_norm,
-      double(o.global_batch * o.seq_len * done) / run.elapsed, format_duration(eta));
+      double(o.global_batch * o.seq_len * done) / run.elapsed, format_duration(eta), scale);
   std::fflush(stdout);
 }
 
@@ -973,14 +1054,27 @@ StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
   probe_before_forward(run, probe);
   const at::Tensor loss =
       forward_backward(run, inputs, targets, probe, nan_injected_at(step, run.rank));
+  if (overflow_injected_at(step, run.rank)) make_a_gradient_inf(run.params);
+  const std::optional<double> loss_scale =
+      run.scaler ? std::optional<double>(run.scaler->get_scale()) : std::nullopt;
+  // Clipping sees the unscaled gradients.
+  const bool overflow = run.scaler && run.scaler->unscale_(*run.optimizer);
   const double norm = clip_gradients(run);
   const double mean_loss = mean_over_ranks(loss, run);
   probe.grad_bytes = grad_bytes(run.params);
   const double lr = set_learning_rate(run, step);
-  if (step_is_finite(run, step, loss, mean_loss, norm)) optimizer_step(run);
+  // An overflow at the loss scale skips the step on every rank (found_inf is global); a loss
+  // that is not finite is the numerics guard's, scaler or not.
+  if (overflow && std::isfinite(mean_loss)) {
+    ++run.overflow_skips;
+  } else if (step_is_finite(run, step, loss, mean_loss, norm)) {
+    optimizer_step(run);
+  }
+  if (run.scaler) run.scaler->update();
   StepRecord record = record_step(run, step, mean_loss, norm, probe);
   record.lr = lr;
-  record.skipped_steps = run.skipped_steps;
+  record.loss_scale = loss_scale;
+  record.skipped_steps = skipped_steps(run);
   record.units = run.units;
   return record;
 }

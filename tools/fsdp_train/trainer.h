@@ -42,8 +42,14 @@ struct TrainerOptions {
   int replicate = 1;                 // hybrid_shard: size of the replicate dimension (divides W)
   std::string param_dtype = "fp32";  // fp32, bf16 or fp16: dtype of forward/backward compute
   std::string reduce_dtype;          // empty: param_dtype
-  int grad_accum = 1;                // micro-batches per optimizer step
-  std::string accum_mode = "sync";   // sync | no-sync | no-reshard (see README)
+  // fp16's dynamic loss scaling (fsdp/grad_scaler.h; torch.amp.GradScaler's names and defaults),
+  // on with param_dtype "fp16" only.
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  int grad_accum = 1;               // micro-batches per optimizer step
+  std::string accum_mode = "sync";  // sync | no-sync | no-reshard (see README)
   // Which modules are FSDP units (parse_wrap_policy): "block", the model's units (each
   // transformer block, sharded as it is built), or "min-params:N", FSDP1's size-based auto-wrap
   // over the whole built model (fsdp/wrap_policy.h). The root is always a unit.
@@ -134,8 +140,11 @@ struct StepRecord {
   std::vector<RankStepStats> ranks;
   double lr = 0;                   // the learning rate the step took
   std::optional<double> val_loss;  // held-out loss after the step, when evaluated
-  int64_t skipped_steps = 0;       // non-finite steps skipped so far (--skip-nonfinite)
-  int64_t units = 0;               // FSDP units, the root included (0 under --no-fsdp)
+  // Steps skipped so far without an update: non-finite ones (--skip-nonfinite) and, under fp16,
+  // those whose gradients overflowed at the loss scale.
+  int64_t skipped_steps = 0;
+  std::optional<double> loss_scale;  // fp16: the scale this step's loss was multiplied by
+  int64_t units = 0;                 // FSDP units, the root included (0 under --no-fsdp)
 };
 
 struct TrainSummary {

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <fsdp/comm/process_group.h>
+#include <fsdp/grad_scaler.h>
 
 #include <c10/core/ScalarType.h>
 #include <torch/arg.h>
@@ -58,6 +59,9 @@ struct SaveOptions {
   // After a save, checkpoints under root other than the newest keep_last (the one just written
   // among them) are deleted; 0 keeps all. (optional) defaults to 2.
   TORCH_ARG(int, keep_last) = 2;
+  // fp16's gradient scaler state (ShardedGradScaler::state(), the same on every rank), stored
+  // once in metadata.json. (optional) defaults to none.
+  TORCH_ARG(std::optional<GradScalerState>, grad_scaler) = std::nullopt;
 };
 
 struct SaveResult {
@@ -80,6 +84,8 @@ struct LoadResult {
   std::string path;  // the checkpoint directory read
   int64_t step = 0;
   std::string user_json;  // SaveOptions::user_json of the save
+  // SaveOptions::grad_scaler of the save, for ShardedGradScaler::load_state (any world size).
+  std::optional<GradScalerState> grad_scaler;
   int saved_world_size = 1;
   int64_t bytes_read = 0;        // by this rank
   int64_t checkpoint_bytes = 0;  // of all the checkpoint's rank files

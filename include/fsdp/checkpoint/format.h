@@ -135,6 +135,18 @@ struct FileRecord {
   uint64_t checksum = 0;  // of the whole file
 };
 
+// fp16's gradient scaler (fsdp/grad_scaler.h's GradScalerState), the same on every rank and so
+// stored once: the scale (a positive, finite float32 value), the good steps since it last
+// changed (in [0, growth_interval)) and its hyper-parameters (growth_factor > 1, backoff_factor
+// in (0, 1), growth_interval >= 1).
+struct GradScalerRecord {
+  double scale = 0;
+  int64_t growth_tracker = 0;
+  double growth_factor = 0;
+  double backoff_factor = 0;
+  int64_t growth_interval = 0;
+};
+
 struct CheckpointIndex {
   int world_size = 1;
   int64_t step = 0;
@@ -144,6 +156,7 @@ struct CheckpointIndex {
   std::map<std::string, int64_t> optimizer_steps;  // parameter name -> its optimizer step
   std::vector<std::string> rng_states;             // per rank (raw bytes); may be empty
   std::string user_json = "{}";                    // the caller's JSON object (re-serialized)
+  std::optional<GradScalerRecord> grad_scaler;     // absent unless the run had one
 };
 
 // "rank_00001-of-00004.safetensors".
