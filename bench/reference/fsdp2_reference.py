@@ -561,10 +561,9 @@ def train(rank, world, args):
     # (its found_inf is all-reduced over the mesh by DTensor); fsdp-train's --init-scale etc.
     scaler = None
     if args.param_dtype == "fp16":
-        scaler = torch.amp.GradScaler(device.type, init_scale=args.init_scale,
-                                      growth_factor=args.growth_factor,
-                                      backoff_factor=args.backoff_factor,
-                                      growth_interval=args.growth_interval)
+        scaler = torch.amp.GradScaler(
+            device.type, init_scale=args.init_scale, growth_factor=args.growth_factor,
+            backoff_factor=args.backoff_factor, growth_interval=args.growth_interval)
     b, t, accum, batches = load_batches(args.batches)
     if args.steps is not None:
         batches = batches[:args.steps]
