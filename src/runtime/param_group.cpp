@@ -366,10 +366,11 @@ void ParamGroup::post_backward() {
   if (backward_ran) {
     mesh_.tracer().complete("compute", "backward", compute_begin_, Tracer::Clock::now(), label_);
   }
-  if (backward_ran && unsharded_phase_ != nullptr) {
-    DeviceStreams::Op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kBackward, label_)
-        .reads("unsharded", unsharded_phase_)
-        .writes("grad");
+  if (backward_ran && (unsharded_phase_ != nullptr || reduces_gradients())) {
+    DeviceStreams::Op op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kBackward,
+                         label_);
+    if (unsharded_phase_ != nullptr) op.reads("unsharded", unsharded_phase_);
+    op.writes("grad");
   }
   UnitGrads grads = take_grads(backward_ran);
   // The unit's full gradients are alive together with its full parameters at this point, the
@@ -389,6 +390,13 @@ void ParamGroup::post_backward() {
   } else {
     root_->add_reduce(issue_reduce(std::move(grads)));
   }
+}
+
+bool ParamGroup::reduces_gradients() const {
+  const bool trainable = std::any_of(params_.begin(), params_.end(),
+                                     [](const FSDPParam& p) { return p.requires_grad(); });
+  return trainable && requires_gradient_sync_ &&
+         (mesh_.shard_size() > 1 || mesh_.replicate_group() != nullptr);
 }
 
 ParamGroup::UnitGrads ParamGroup::take_grads(bool backward_ran) {

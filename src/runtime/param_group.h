@@ -203,6 +203,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // count too unless the gather completed (gathered: the unit is now unsharded).
   void uncount_gather(const PendingGather& pending, bool gathered);
 
+  // Whether this backward's gradients go to a collective (not kept unsynced, not one rank's).
+  bool reduces_gradients() const;
   // Post-backward steps, in order.
   UnitGrads take_grads(bool backward_ran);
   void add_unsynced_grads(UnitGrads& grads);

@@ -105,6 +105,7 @@ struct RunOptions {
   int world = 2;
   int replicate = 1;
   std::optional<at::ScalarType> param_dtype;
+  std::optional<int> hpz;  // reshard_after_forward as an int (ZeRO++ hpZ), replacing the bool
 };
 
 // Trains two steps and returns each rank's log of the second (the steady state: the first has
@@ -117,6 +118,7 @@ std::vector<Log> record_second_step(const RunOptions& o) {
     auto net = std::static_pointer_cast<StepNetImpl>(m);
     FullyShardOptions unit;
     unit.reshard_after_forward(o.schedule.reshard_after_forward);
+    if (o.hpz) unit.reshard_after_forward(*o.hpz);
     if (o.param_dtype) unit.mp_policy(MixedPrecisionPolicy().param_dtype(*o.param_dtype));
     for (auto& block : net->blocks) fully_shard(block, mesh, unit);
     fully_shard(m, mesh).set_implicit_prefetch(o.schedule.prefetch);
@@ -214,6 +216,39 @@ TEST(StreamRuntime, RecordedStepWithACastPassesTheChecker) {
     }
     EXPECT_EQ(cast_inputs, 6) << "3 units gathered for forward and again for backward";
     EXPECT_EQ(collective_order(got), collective_order(want));
+  }
+}
+
+// hpZ (a post-forward piece gathered within groups of 2 of 4 ranks) and DDP-style replication
+// (shard groups of one rank, gradients all-reduced) are issued through the same ops but are not
+// in the data model: their recorded steps must pass the checker.
+TEST(StreamRuntime, RecordedStepsOfHpzAndDdpPassTheChecker) {
+  RunOptions hpz;
+  hpz.schedule = schedule_options(3, 1, true, false);
+  hpz.world = 4;
+  hpz.hpz = 2;
+  RunOptions ddp;
+  ddp.schedule = schedule_options(3, 1, true, false);
+  ddp.replicate = 2;
+  for (const RunOptions& o : {hpz, ddp}) {
+    const bool is_hpz = o.hpz.has_value();
+    const std::vector<Log> logs = record_second_step(o);
+    for (const Log& log : logs) {
+      StreamSchedule got{o.schedule, log.ops, build_stream_schedule(o.schedule).persistent};
+      const auto violations = check_schedule(got);
+      EXPECT_TRUE(violations.empty()) << (is_hpz ? "hpZ: " : "DDP: ") << violations.front();
+      int pieces_read = 0, all_reduces = 0;
+      for (const auto& op : log.ops) {
+        if (op.kind == ScheduleOpKind::kCopyIn && op.reads.front().rfind("piece[", 0) == 0) {
+          ++pieces_read;
+        }
+        all_reduces += op.kind == ScheduleOpKind::kAllReduce;
+      }
+      // hpZ: each unit's backward gathers from its piece; DDP: each unit's gradients are
+      // all-reduced and nothing is gathered.
+      EXPECT_EQ(pieces_read, is_hpz ? 3 : 0);
+      EXPECT_EQ(all_reduces, is_hpz ? 0 : 3);
+    }
   }
 }
 
