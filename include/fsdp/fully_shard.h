@@ -78,12 +78,27 @@ class ReshardAfterForward {
   int group_size_ = 1;
 };
 
+// FSDP2's CPUOffloadPolicy: a unit's sharded parameters, their gradients and so the optimizer
+// state live in host memory. Each all-gather first copies the unit's shards to the mesh's device
+// (on the all-gather copy-in stream), each reduce-scattered gradient is copied back to the host,
+// and the optimizer steps there on host tensors. The host waits for those copies at the end of
+// backward. On a CPU mesh the state is on the host already and nothing is copied.
+struct CPUOffloadPolicy {
+  // Page-locked host memory, so the copies to and from the device run asynchronously. Needs a
+  // device with streams; on a CPU mesh there is nothing to copy, and true is accepted and ignored
+  // with a warning that says so. (optional) defaults to true.
+  TORCH_ARG(bool, pin_memory) = true;
+};
+
 struct FullyShardOptions {
   // What happens to the unsharded parameters after this unit's forward (see
   // ReshardAfterForward). (optional) defaults to true for every unit but the root, false for
   // the root, whose backward starts right after its forward.
   TORCH_ARG(std::optional<ReshardAfterForward>, reshard_after_forward) = std::nullopt;
   TORCH_ARG(MixedPrecisionPolicy, mp_policy) = MixedPrecisionPolicy();
+  // Keep the sharded state in host memory (see CPUOffloadPolicy). (optional) defaults to none:
+  // the state lives on the mesh's device.
+  TORCH_ARG(std::optional<CPUOffloadPolicy>, offload_policy) = std::nullopt;
 };
 
 // Where a rank's shard of one parameter sits in the global tensor (DTensor-like metadata).
@@ -106,6 +121,8 @@ struct ShardedParameter {
   at::Tensor local;  // the parameter itself: its data is the padded local shard
   ShardMetadata metadata;
 };
+
+class ScheduleRecorder;  // fsdp/runtime/stream_schedule.h
 
 namespace detail {
 class ParamGroup;
@@ -167,6 +184,11 @@ class FSDPModule {
   // On the root: false lets the next backward return with reduce-scatters in flight (they
   // complete in a later backward); true (the default) completes them before it returns.
   void set_is_last_backward(bool last);
+
+  // On the root: reports every stream op the tree issues from now on to recorder (not owned; it
+  // must outlive the recording), or stops with nullptr. For tests and debugging: the ops a step
+  // issues, comparable with build_stream_schedule's. Throws during a backward pass.
+  void set_schedule_recorder(ScheduleRecorder* recorder);
 
  private:
   friend FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,

@@ -23,10 +23,13 @@ at::Tensor global_norm_tensor(const std::vector<at::Tensor>& grads, const Device
     local = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2);
   }
   if (mesh.shard_size() == 1) return local;
-  at::Tensor squared = (local.to(at::kDouble) * local.to(at::kDouble)).reshape({1});
+  // Offloaded gradients are on the host; the group communicates on the mesh's device (on CPU
+  // both to() calls return the tensor itself).
+  at::Tensor squared =
+      (local.to(at::kDouble) * local.to(at::kDouble)).reshape({1}).to(mesh.device());
   const CollectiveLabel collective_label("clip_grad_norm");
   mesh.shard_group().all_reduce(squared, ReduceOp::kSum)->wait();
-  return squared.sqrt().reshape({}).to(local.scalar_type());
+  return squared.sqrt().reshape({}).to(local.scalar_type()).to(local.device());
 }
 
 std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& parameters) {

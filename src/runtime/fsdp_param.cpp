@@ -2,25 +2,17 @@
 //
 // Invariants: while sharded, param_ aliases sharded_ and unsharded_ has a 0-byte storage;
 // while unsharded, param_ aliases unsharded_ (same StorageImpl as every earlier unshard).
+// unsharded_ lives on the mesh's device and is freed and re-filled in place through
+// fsdp/runtime/storage.h; sharded_ lives there too, or on the host with CPU offload.
 #include "runtime/fsdp_param.h"
 
 #include <ATen/ATen.h>
-#include <ATen/native/Resize.h>
 #include <c10/util/Exception.h>
+#include <fsdp/runtime/storage.h>
 
 #include <algorithm>
 
 namespace fsdp::detail {
-namespace {
-
-// Frees or re-allocates a tensor's bytes while keeping its StorageImpl (and so every view
-// autograd saved of it).
-void resize_storage(const at::Tensor& t, size_t nbytes) {
-  TORCH_INTERNAL_ASSERT(t.device().is_cpu(), "storage resizing is implemented for CPU only");
-  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), nbytes);
-}
-
-}  // namespace
 
 FSDPParam::FSDPParam(std::string name, at::Tensor param, int rank, int world,
                      at::ScalarType compute_dtype)

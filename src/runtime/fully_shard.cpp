@@ -90,6 +90,14 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const D
               "' is already sharded; fully_shard must be applied once per module");
 
   check_policy(options.mp_policy(), mesh);
+  if (options.offload_policy().has_value() && options.offload_policy()->pin_memory() &&
+      mesh.device().is_cpu()) {
+    // FSDP2's default is true, and a CPU mesh has no device to copy to: accept, say why it is
+    // ignored.
+    TORCH_WARN("fully_shard: CPUOffloadPolicy.pin_memory is ignored on a ", mesh.device(),
+               " mesh: the state is in host memory already and nothing is copied to a "
+               "device; pass CPUOffloadPolicy().pin_memory(false) to silence this");
+  }
   if (const auto& reshard = options.reshard_after_forward()) {
     // Only an int can fail: true and false give W and 1.
     const int w = mesh.shard_size();
@@ -228,5 +236,8 @@ void FSDPModule::set_reshard_after_forward(bool reshard, bool recurse) {
   for_units(*group_, recurse, [&](ParamGroup& g) { g.set_reshard_after_forward(reshard); });
 }
 void FSDPModule::set_is_last_backward(bool last) { group_->set_is_last_backward(last); }
+void FSDPModule::set_schedule_recorder(ScheduleRecorder* recorder) {
+  group_->set_schedule_recorder(recorder);
+}
 
 }  // namespace fsdp

@@ -7,6 +7,13 @@
 // parameters, full gradients and communication buffers is reported to the rank's stats as it
 // happens.
 //
+// Streams: every step that hands work to another stream is a DeviceStreams::Op on the role
+// stream_schedule.h gives it (copy-in, all-gather, copy-out, forward, reshard, backward, gradient
+// copy-in, reduce-scatter, all-reduce, finish), which waits on the events of what it reads and
+// records one for its readers. On CPU those are no-ops and each collective's Work is waited on
+// where its result is needed, exactly as before streams; on a device the collective's stream is
+// ordered after the Work at issue and readers wait on its event instead.
+//
 // Gradient flow of one unit in backward: autograd accumulates full gradients into the
 // (unsharded) parameters; post_backward copies them into one flat [W, S] buffer (S = the
 // unit's padded shard numel over trainable parameters), reduce-scatters it, divides by W and
@@ -106,7 +113,13 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
   const auto dtype = params_.empty() ? at::kFloat : params_.front().param().scalar_type();
   compute_dtype_ = options_.mp_policy().param_dtype().value_or(dtype);
   reduce_dtype_ = options_.mp_policy().reduce_dtype().value_or(compute_dtype_);
-  flat_shards_ = at::empty({total}, at::TensorOptions().dtype(dtype).device(mesh_.device()));
+  // Offloaded state lives on the host; a CPU mesh has it there already.
+  const auto& offload = options_.offload_policy();
+  offload_to_host_ = offload.has_value() && !mesh_.device().is_cpu();
+  flat_shards_ = at::empty(
+      {total}, offload_to_host_ ? at::TensorOptions().dtype(dtype).device(at::kCPU).pinned_memory(
+                                      offload->pin_memory())
+                                : device_options(dtype));
   int64_t offset = 0;
   for (auto& p : params_) {
     p.init_sharded(flat_shards_.narrow(0, offset, p.padded_numel()));
@@ -197,6 +210,12 @@ void ParamGroup::set_reshard_after_forward(bool reshard) {
   post_forward_group_ = nullptr;  // a bool replaces an int given to fully_shard
 }
 
+void ParamGroup::set_schedule_recorder(ScheduleRecorder* recorder) {
+  check_not_in_backward(recorder != nullptr ? "set_schedule_recorder(recorder)"
+                                            : "set_schedule_recorder(nullptr)");
+  tree().streams().set_recorder(recorder);
+}
+
 void ParamGroup::set_is_last_backward(bool last) {
   check_not_in_backward(last ? "set_is_last_backward(true)" : "set_is_last_backward(false)");
   own_root_.set_is_last_backward(last);
@@ -284,6 +303,10 @@ void ParamGroup::pre_forward() {
 
 void ParamGroup::post_forward(std::vector<at::Tensor>& outputs) {
   mesh_.tracer().complete("compute", "forward", compute_begin_, Tracer::Clock::now(), label_);
+  if (unsharded_phase_ != nullptr) {
+    DeviceStreams::Op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kForward, label_)
+        .reads("unsharded", unsharded_phase_);
+  }
   if (const auto dtype = options_.mp_policy().output_dtype()) {
     for (auto& out : outputs) {
       if (out.defined() && out.is_floating_point()) out = out.to(*dtype);
@@ -343,6 +366,12 @@ void ParamGroup::post_backward() {
   if (backward_ran) {
     mesh_.tracer().complete("compute", "backward", compute_begin_, Tracer::Clock::now(), label_);
   }
+  if (backward_ran && (unsharded_phase_ != nullptr || reduces_gradients())) {
+    DeviceStreams::Op op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kBackward,
+                         label_);
+    if (unsharded_phase_ != nullptr) op.reads("unsharded", unsharded_phase_);
+    op.writes("grad");
+  }
   UnitGrads grads = take_grads(backward_ran);
   // The unit's full gradients are alive together with its full parameters at this point, the
   // unit's peak: record it, then release both.
@@ -361,6 +390,13 @@ void ParamGroup::post_backward() {
   } else {
     root_->add_reduce(issue_reduce(std::move(grads)));
   }
+}
+
+bool ParamGroup::reduces_gradients() const {
+  const bool trainable = std::any_of(params_.begin(), params_.end(),
+                                     [](const FSDPParam& p) { return p.requires_grad(); });
+  return trainable && requires_gradient_sync_ &&
+         (mesh_.shard_size() > 1 || mesh_.replicate_group() != nullptr);
 }
 
 ParamGroup::UnitGrads ParamGroup::take_grads(bool backward_ran) {
@@ -420,19 +456,26 @@ void ParamGroup::assign_single_rank_grads(UnitGrads& grads) {
   for (size_t i = 0; i < grads.params.size(); ++i) {
     FSDPParam& p = *grads.params[i];
     const auto shape = p.layout().padded_shape(p.global_shape());
-    at::Tensor grad =
-        grads.full[i].defined()
-            ? alias_of(grads.full[i].to(reduce_dtype_).to(master_dtype).contiguous(), 0, shape)
-            : at::zeros(shape, flat_shards_.options());
+    at::Tensor full;
+    if (grads.full[i].defined()) {
+      full = grads.full[i].to(reduce_dtype_).to(master_dtype);
+      if (offload_to_host_) full = full.to(at::kCPU);
+    }
+    at::Tensor grad = full.defined() ? alias_of(full.contiguous(), 0, shape)
+                                     : at::zeros(shape, flat_shards_.options());
     if (grads.previous[i].defined()) grad.add_(grads.previous[i]);
     p.param().mutable_grad() = grad;
   }
 }
 
-at::Tensor ParamGroup::pack_reduce_input(UnitGrads& grads) {
+at::Tensor ParamGroup::pack_reduce_input(UnitGrads& grads, StreamEvent& packed) {
+  // On compute, where autograd wrote the full gradients, so they are freed as soon as copied
+  // (FSDP2's order); the reduce-scatter stream waits on `packed`.
+  DeviceStreams::Op op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kRsCopyIn,
+                       label_);
+  op.reads("grad").writes("rs_in").frees("grad");
   const int world = mesh_.shard_size();
-  at::Tensor input =
-      at::empty({world * grads.reduce_numel}, flat_shards_.options().dtype(reduce_dtype_));
+  at::Tensor input = at::empty({world * grads.reduce_numel}, device_options(reduce_dtype_));
   TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
   const at::Tensor input_2d = input.view({world, grads.reduce_numel});
   int64_t column = 0;
@@ -447,6 +490,7 @@ at::Tensor ParamGroup::pack_reduce_input(UnitGrads& grads) {
     grads.full[i] = at::Tensor();
     column += p.padded_numel();
   }
+  packed = op.record("rs_copied_in");
   return input;
 }
 
@@ -455,24 +499,35 @@ PendingReduce ParamGroup::issue_reduce(UnitGrads grads) {
   ProcessGroup* replicas = mesh_.replicate_group();
   PendingReduce reduce;
   reduce.unit = this;
-  reduce.input = pack_reduce_input(grads);
+  reduce.input = pack_reduce_input(grads, reduce.packed);
   reduce.params = std::move(grads.params);
   reduce.previous = std::move(grads.previous);
   reduce.replicate_after = replicas != nullptr && world > 1;
   mesh_.stats().add_comm_buffers(reduce.input.nbytes());
   reduce.issued = Tracer::Clock::now();
   const CollectiveLabel collective_label(label_);
+  DeviceStreams& streams = tree().streams();
+  streams.flush(ScheduleStream::kReduceScatter);
   try {
     if (world == 1) {
       // No shard dimension (DDP-style replication): the packed gradients are all-reduced
       // across replicas in place.
+      DeviceStreams::Op op(streams, ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce, label_);
+      op.wait(reduce.packed).reads("rs_in").writes("rs_in");
       reduce.output = reduce.input;
       reduce.op = "all-reduce";
       reduce.work = replicas->all_reduce(reduce.output, ReduceOp::kSum);
+      order_stream_after(reduce.work);
+      reduce.reduced = op.record("reduced");
     } else {
-      reduce.output = at::empty({grads.reduce_numel}, flat_shards_.options().dtype(reduce_dtype_));
+      DeviceStreams::Op op(streams, ScheduleStream::kReduceScatter, ScheduleOpKind::kReduceScatter,
+                           label_);
+      op.wait(reduce.packed).reads("rs_in").writes("rs_out");
+      reduce.output = at::empty({grads.reduce_numel}, device_options(reduce_dtype_));
       reduce.work =
           mesh_.shard_group().reduce_scatter_tensor(reduce.output, reduce.input, ReduceOp::kSum);
+      order_stream_after(reduce.work);
+      reduce.reduced = op.record("reduced");
     }
   } catch (const std::exception& e) {
     mesh_.stats().add_comm_buffers(-reduce.input.nbytes());
@@ -484,26 +539,68 @@ PendingReduce ParamGroup::issue_reduce(UnitGrads grads) {
 void ParamGroup::finish_reduce(PendingReduce& reduce) {
   TORCH_INTERNAL_ASSERT(reduce.unit == this, "fsdp: unit '", label_,
                         "' asked to finish another unit's reduction");
-  wait_for(reduce.work, "reduction of gradients");
+  DeviceStreams& streams = tree().streams();
+  // With streams, compute waits on the reduction's event below instead of the host here.
+  if (streams.in_program_order()) wait_for(reduce.work, "reduction of gradients");
   const int64_t input_bytes = reduce.input.nbytes();
   mesh_.tracer().complete("comm", reduce.op, reduce.issued, reduce.work->finished_at(), label_,
                           input_bytes, "comm");
   mesh_.stats().add_comm_buffers(-input_bytes);
-  reduce.input = at::Tensor();
-  if (reduce.replicate_after) all_reduce_across_replicas(reduce.output);
-  reduce.output.div_(mesh_.shard_size() * mesh_.replicate_size());
-  // Sharded gradients live in the master (sharded parameter) dtype.
-  assign_sharded_grads(reduce.output.to(flat_shards_.scalar_type()), reduce);
+  // In program order the reduction has completed: free its input now, as ever. With streams the
+  // input (allocated on compute) is freed once compute has waited on the reduction.
+  if (streams.in_program_order()) reduce.input = at::Tensor();
+  const StreamEvent ready = reduce.replicate_after
+                                ? all_reduce_across_replicas(reduce.output, reduce.reduced)
+                                : reduce.reduced;
+  const bool scattered = mesh_.shard_size() > 1;
+  StreamEvent finished;
+  {
+    DeviceStreams::Op op(streams, ScheduleStream::kCompute, ScheduleOpKind::kFinishReduce, label_);
+    op.wait(ready).reads(scattered ? "rs_out" : "rs_in").writes("sharded_grad").frees("rs_in");
+    reduce.input = at::Tensor();
+    reduce.output.div_(mesh_.shard_size() * mesh_.replicate_size());
+    // Sharded gradients live in the master (sharded parameter) dtype, and with offload on the
+    // host. The copy to the host overlaps unless a gradient is accumulated into on the host
+    // (FSDP2's rule); end of backward waits for it.
+    at::Tensor sharded = reduce.output.to(flat_shards_.scalar_type());
+    if (offload_to_host_) {
+      const bool accumulates = std::any_of(reduce.previous.begin(), reduce.previous.end(),
+                                           [](const at::Tensor& t) { return t.defined(); });
+      sharded = sharded.to(sharded.options().device(at::kCPU),
+                           /*non_blocking=*/flat_shards_.is_pinned() && !accumulates);
+    }
+    assign_sharded_grads(sharded, reduce);
+    finished = op.record("finished");
+  }
+  // The output (allocated on the reduce-scatter stream) may live on as the sharded gradients;
+  // this drops the runtime's own reference, ordered after the finish (FSDP2 does the same).
+  if (scattered) {
+    streams.release_after(ScheduleStream::kReduceScatter, std::move(reduce.output), finished,
+                          "rs_out", label_);
+  }
 }
 
-void ParamGroup::all_reduce_across_replicas(const at::Tensor& reduced) {
+StreamEvent ParamGroup::all_reduce_across_replicas(const at::Tensor& reduced,
+                                                   const StreamEvent& after) {
   // HSDP: this rank's reduced shard, summed over the replicas holding the same shard.
   const auto issued = Tracer::Clock::now();
   const CollectiveLabel collective_label(label_);
+  DeviceStreams& streams = tree().streams();
+  DeviceStreams::Op op(streams, ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce, label_);
+  op.wait(after).reads("rs_out").writes("rs_out");
   WorkHandle across = mesh_.replicate_group()->all_reduce(reduced, ReduceOp::kSum);
-  wait_for(across, "all-reduce of gradients across replicas");
+  if (streams.in_program_order()) {
+    wait_for(across, "all-reduce of gradients across replicas");
+  } else {
+    try {
+      order_stream_after(across);
+    } catch (const std::exception& e) {
+      rethrow_with_context("all-reduce of gradients across replicas", e);
+    }
+  }
   mesh_.tracer().complete("comm", "all-reduce", issued, across->finished_at(), label_,
                           reduced.nbytes(), "comm");
+  return op.record("all_reduced");
 }
 
 void ParamGroup::assign_sharded_grads(const at::Tensor& reduced, const PendingReduce& reduce) {
@@ -525,11 +622,13 @@ void ParamGroup::issue_unshard() {
   }
   const int world = mesh_.shard_size();
   const bool cast = compute_dtype_ != flat_shards_.scalar_type();
-  if (params_.empty() || (world == 1 && !cast)) {
+  if (params_.empty() || (world == 1 && !cast && !offload_to_host_)) {
     unshard_without_gather();
     return;
   }
   auto pending = std::make_unique<PendingGather>();
+  // A gather for backward follows the unit's forward; the schedule names the two apart.
+  pending->phase = training_state_ == TrainingState::kAwaitingBackward ? "bwd" : "fwd";
   ProcessGroup* group = &mesh_.shard_group();
   if (sharded_state_ == ShardedState::kPostForwardPiece) {
     // hpZ: gather the pieces of this rank's post-forward group, whose [N, W/N * S] output is
@@ -537,19 +636,13 @@ void ParamGroup::issue_unshard() {
     group = post_forward_group_.get();
     pending->piece_bytes = post_forward_piece_.nbytes();
     pending->input = std::move(post_forward_piece_);  // leaves the piece undefined
-  } else if (cast) {
-    TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
-    pending->input = flat_shards_.to(compute_dtype_);
   }
-  pending->buffer =
-      at::empty({world * flat_shards_.numel()}, flat_shards_.options().dtype(compute_dtype_));
+  copy_in(*pending);
   mesh_.stats().add_comm_buffers(pending->buffer.nbytes());
   mesh_.stats().add_unsharded_units(1);
   pending->issued = Tracer::Clock::now();
-  const CollectiveLabel collective_label(label_);
   try {
-    pending->work = group->all_gather_into_tensor(
-        pending->buffer, pending->input.defined() ? pending->input : flat_shards_);
+    issue_gather(*pending, *group);
   } catch (const std::exception& e) {
     uncount_gather(*pending, /*gathered=*/false);
     // A piece handed to the failed gather is gone with it.
@@ -560,6 +653,57 @@ void ParamGroup::issue_unshard() {
   }
   pending_gather_ = std::move(pending);
   set_sharded_state(ShardedState::kGathering);
+}
+
+void ParamGroup::copy_in(PendingGather& pending) {
+  DeviceStreams& streams = tree().streams();
+  // Earlier gathers' buffers are released first, so the caching allocator can reuse them.
+  streams.flush(ScheduleStream::kCopyIn);
+  DeviceStreams::Op op(streams, ScheduleStream::kCopyIn, ScheduleOpKind::kCopyIn, label_);
+  op.wait_for_step_begin();
+  if (pending.piece_bytes > 0) {
+    op.wait(piece_ready_).reads("piece");
+  } else {
+    op.reads("shard");
+    const bool cast = compute_dtype_ != flat_shards_.scalar_type();
+    if (cast || offload_to_host_) {
+      TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
+      pending.input = offload_to_host_ ? flat_shards_.to(device_options(compute_dtype_),
+                                                         /*non_blocking=*/true)
+                                       : flat_shards_.to(compute_dtype_);
+      op.writes("ag_in", pending.phase);
+    }
+  }
+  pending.buffer =
+      at::empty({mesh_.shard_size() * flat_shards_.numel()}, device_options(compute_dtype_));
+  op.writes("ag_buf", pending.phase);
+  pending.copied_in = op.record("copied_in", pending.phase);
+}
+
+void ParamGroup::issue_gather(PendingGather& pending, ProcessGroup& group) {
+  DeviceStreams::Op op(tree().streams(), ScheduleStream::kAllGather, ScheduleOpKind::kAllGather,
+                       label_);
+  const bool piece = pending.piece_bytes > 0;
+  op.wait(pending.copied_in);
+  if (!pending.input.defined()) {
+    op.reads("shard");
+  } else if (piece) {
+    op.reads("piece");
+  } else {
+    op.reads("ag_in", pending.phase);
+  }
+  op.writes("ag_buf", pending.phase);
+  const CollectiveLabel collective_label(label_);
+  pending.work = group.all_gather_into_tensor(
+      pending.buffer, pending.input.defined() ? pending.input : flat_shards_);
+  order_stream_after(pending.work);
+  pending.gathered = op.record("gathered", pending.phase);
+}
+
+void ParamGroup::order_stream_after(const WorkHandle& work) {
+  // In program order the host waits where the result is needed (wait_for). With streams this
+  // is c10d's Work::wait: the current (guarded) stream waits for the collective, not the host.
+  if (!tree().streams().in_program_order()) work->wait();
 }
 
 void ParamGroup::unshard_without_gather() {
@@ -576,7 +720,8 @@ void ParamGroup::wait_unshard() {
   if (sharded_state_ == ShardedState::kUnsharded) return;
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
   try {
-    wait_for(pending->work, "all-gather of parameters");
+    // With streams, copy-out's wait on the gather's event orders compute instead.
+    if (tree().streams().in_program_order()) wait_for(pending->work, "all-gather of parameters");
   } catch (...) {
     uncount_gather(*pending, /*gathered=*/false);
     set_sharded_state(ShardedState::kSharded);
@@ -584,20 +729,45 @@ void ParamGroup::wait_unshard() {
   }
   mesh_.tracer().complete("comm", "all-gather", pending->issued, pending->work->finished_at(),
                           label_, pending->buffer.nbytes(), "comm");
-  copy_out(pending->buffer);
+  const StreamEvent copied_out = copy_out(*pending);
   uncount_gather(*pending, /*gathered=*/true);
+  release_gather(*pending, copied_out);
   set_sharded_state(ShardedState::kUnsharded);
 }
 
-void ParamGroup::copy_out(const at::Tensor& gathered) {
-  TraceScope trace(mesh_.tracer(), "copy", "copy-out", label_);
-  const at::Tensor gathered_2d = gathered.view({mesh_.shard_size(), flat_shards_.numel()});
-  int64_t column = 0;
-  for (auto& p : params_) {
-    p.unshard_from(gathered_2d, column);
-    mesh_.stats().add_unsharded_params(p.unsharded_bytes());
-    column += p.padded_numel();
+StreamEvent ParamGroup::copy_out(PendingGather& pending) {
+  StreamEvent copied_out;
+  {
+    DeviceStreams::Op op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kCopyOut,
+                         label_);
+    op.wait(pending.gathered).reads("ag_buf", pending.phase).writes("unsharded", pending.phase);
+    TraceScope trace(mesh_.tracer(), "copy", "copy-out", label_);
+    const at::Tensor gathered_2d = pending.buffer.view({mesh_.shard_size(), flat_shards_.numel()});
+    int64_t column = 0;
+    for (auto& p : params_) {
+      p.unshard_from(gathered_2d, column);
+      mesh_.stats().add_unsharded_params(p.unsharded_bytes());
+      column += p.padded_numel();
+    }
+    copied_out = op.record("copied_out", pending.phase);
   }
+  unsharded_phase_ = pending.phase;
+  return copied_out;
+}
+
+void ParamGroup::release_gather(PendingGather& pending, const StreamEvent& last_read) {
+  DeviceStreams& streams = tree().streams();
+  if (pending.piece_bytes > 0) {
+    // The hpZ piece was made on compute; compute has waited on (or now waits on) the gather.
+    streams.release_after(ScheduleStream::kCompute, std::move(pending.input), pending.gathered,
+                          "piece", label_);
+    streams.flush(ScheduleStream::kCompute);
+  } else if (pending.input.defined()) {
+    streams.release_after(ScheduleStream::kCopyIn, std::move(pending.input), pending.gathered,
+                          "ag_in", label_, pending.phase);
+  }
+  streams.release_after(ScheduleStream::kCopyIn, std::move(pending.buffer), last_read, "ag_buf",
+                        label_, pending.phase);
 }
 
 void ParamGroup::drop_pending_gather() {
@@ -607,7 +777,8 @@ void ParamGroup::drop_pending_gather() {
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
   uncount_gather(*pending, /*gathered=*/false);
   set_sharded_state(ShardedState::kSharded);
-  wait_for(pending->work, "all-gather of parameters");
+  if (tree().streams().in_program_order()) wait_for(pending->work, "all-gather of parameters");
+  release_gather(*pending, pending->gathered);
 }
 
 void ParamGroup::uncount_gather(const PendingGather& pending, bool gathered) {
@@ -622,7 +793,12 @@ void ParamGroup::reshard() {
   drop_pending_gather();
   drop_post_forward_piece();
   if (sharded_state_ != ShardedState::kUnsharded) return;
-  free_unsharded_params();
+  {
+    DeviceStreams::Op op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kReshard,
+                         label_, /*report=*/unsharded_phase_ != nullptr);
+    if (unsharded_phase_ != nullptr) op.frees("unsharded", unsharded_phase_);
+    free_unsharded_params();
+  }
   set_sharded_state(ShardedState::kSharded);
 }
 
@@ -633,13 +809,19 @@ void ParamGroup::free_unsharded_params() {
     p.reshard();
   }
   mesh_.stats().add_unsharded_units(-1);
+  unsharded_phase_ = nullptr;
 }
 
 void ParamGroup::reshard_to_post_forward_group() {
   const int64_t shards = mesh_.shard_size() / post_forward_group_->size();
   const int64_t first = post_forward_group_->rank() * shards;
   const int64_t numel = flat_shards_.numel();
-  at::Tensor piece = at::empty({shards * numel}, flat_shards_.options().dtype(compute_dtype_));
+  DeviceStreams::Op op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kReshard, label_,
+                       /*report=*/unsharded_phase_ != nullptr);
+  if (unsharded_phase_ != nullptr) {
+    op.reads("unsharded", unsharded_phase_).writes("piece").frees("unsharded", unsharded_phase_);
+  }
+  at::Tensor piece = at::empty({shards * numel}, device_options(compute_dtype_));
   {
     TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
     at::NoGradGuard no_grad;
@@ -650,6 +832,8 @@ void ParamGroup::reshard_to_post_forward_group() {
       column += p.padded_numel();
     }
   }
+  // The gather for backward reads the piece on another stream.
+  piece_ready_ = op.record("piece_ready");
   free_unsharded_params();
   post_forward_piece_ = std::move(piece);
   set_sharded_state(ShardedState::kPostForwardPiece);

@@ -134,16 +134,25 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   bool is_unsharded() const { return sharded_state_ == ShardedState::kUnsharded; }
   bool gather_in_flight() const { return sharded_state_ == ShardedState::kGathering; }
   bool is_root() const { return root_ == &own_root_; }
+  // Whether the sharded state lives in host memory while the mesh computes on a device.
+  bool offloads_to_host() const { return offload_to_host_; }
+  // On the root: see FSDPModule::set_schedule_recorder.
+  void set_schedule_recorder(ScheduleRecorder* recorder);
   TrainingState training_state() const { return training_state_; }
   ShardedState sharded_state() const { return sharded_state_; }
 
  private:
   struct PendingGather {
     WorkHandle work;
-    at::Tensor input;  // the shards cast to the compute dtype, or the hpZ piece; else undefined
+    // The shards copied in (cast to the compute dtype, or copied from the host with offload), or
+    // the hpZ piece; else undefined (the all-gather reads flat_shards_ itself).
+    at::Tensor input;
     int64_t piece_bytes = 0;  // the hpZ piece's, counted as unsharded until the gather completes
     at::Tensor buffer;        // [W * shard numel]
     Tracer::Clock::time_point issued;
+    const char* phase = "fwd";  // which gather of the step, for the schedule's names
+    StreamEvent copied_in;      // recorded on the copy-in stream once the input is ready
+    StreamEvent gathered;       // recorded on the all-gather stream after the collective
   };
   // What post_backward works on: each trainable parameter's full gradient of this backward
   // (undefined if it got none) and the sharded gradient it held before (undefined after
@@ -169,7 +178,21 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
 
   // Unshard and reshard steps.
   void unshard_without_gather();
-  void copy_out(const at::Tensor& gathered);
+  // Copies the shards in for an all-gather (copy-in stream) and allocates its output there.
+  void copy_in(PendingGather& pending);
+  // Issues the all-gather on its stream; the caller owns the error handling.
+  void issue_gather(PendingGather& pending, ProcessGroup& group);
+  // Copies the gathered values out into the unsharded parameters; returns the event after it.
+  StreamEvent copy_out(PendingGather& pending);
+  // Frees a completed or dropped gather's buffers on the streams that allocated them.
+  void release_gather(PendingGather& pending, const StreamEvent& last_read);
+  // After issuing a collective under a stream guard: with streams, the guarded stream waits for
+  // it (c10d's Work::wait contract), so that stream's next event marks its end. Nothing in
+  // program order, where the host waits where the result is needed.
+  void order_stream_after(const WorkHandle& work);
+  at::TensorOptions device_options(at::ScalarType dtype) const {
+    return at::TensorOptions().dtype(dtype).device(mesh_.device());
+  }
   // Frees the unsharded parameters (the state change is the caller's).
   void free_unsharded_params();
   // After forward, with reshard_after_forward = N (1 < N < W): keeps the piece of the unsharded
@@ -180,15 +203,18 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // count too unless the gather completed (gathered: the unit is now unsharded).
   void uncount_gather(const PendingGather& pending, bool gathered);
 
+  // Whether this backward's gradients go to a collective (not kept unsynced, not one rank's).
+  bool reduces_gradients() const;
   // Post-backward steps, in order.
   UnitGrads take_grads(bool backward_ran);
   void add_unsynced_grads(UnitGrads& grads);
   void keep_unsynced_grads(UnitGrads& grads);
   void assign_single_rank_grads(UnitGrads& grads);
-  at::Tensor pack_reduce_input(UnitGrads& grads);
+  at::Tensor pack_reduce_input(UnitGrads& grads, StreamEvent& packed);
   PendingReduce issue_reduce(UnitGrads grads);
   // Finish-reduce steps.
-  void all_reduce_across_replicas(const at::Tensor& reduced);
+  // HSDP: all-reduces reduced across replicas once `after` is recorded; returns the event after.
+  StreamEvent all_reduce_across_replicas(const at::Tensor& reduced, const StreamEvent& after);
   static void assign_sharded_grads(const at::Tensor& reduced, const PendingReduce& reduce);
 
   // Blocks on work, counting the wait as exposed communication; rethrows with context.
@@ -206,13 +232,18 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   at::ScalarType reduce_dtype_;   // gradient reduction
   bool requires_gradient_sync_ = true;
   bool reshard_after_backward_ = true;
-  at::Tensor flat_shards_;  // every parameter's padded shard, concatenated
+  at::Tensor flat_shards_;        // every parameter's padded shard, concatenated
+  bool offload_to_host_ = false;  // flat_shards_ (and so gradients) on the host, mesh on a device
+  // The phase ("fwd", "bwd") of the gather whose values the unsharded parameters hold; null
+  // while sharded or unsharded without a gather (one rank). Names buffers for the recorder.
+  const char* unsharded_phase_ = nullptr;
   // hpZ: the group of N ranks that gathers for backward (null unless reshard_after_forward
   // is an N with 1 < N < W), and in kPostForwardPiece this rank's piece of the unsharded
   // parameters: the W / N consecutive shards (in the all-gather's [W, S] layout) starting at
   // shard (rank in that group) * W / N, in the compute dtype.
   std::shared_ptr<ProcessGroup> post_forward_group_;
   at::Tensor post_forward_piece_;
+  StreamEvent piece_ready_;  // recorded on compute once the piece is written
   TrainingState training_state_ = TrainingState::kIdle;
   ShardedState sharded_state_ = ShardedState::kSharded;
   std::unique_ptr<PendingGather> pending_gather_;  // set exactly in kGathering
@@ -222,8 +253,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   int last_forward_index_ = -1;  // position in the previous step's forward order
   Tracer::Clock::time_point compute_begin_;
 
-  RootState own_root_{*this};  // used when this unit is the root
-  RootState* root_ = nullptr;  // the tree's, set by its lazy_init
+  RootState own_root_{*this, mesh_.device()};  // used when this unit is the root
+  RootState* root_ = nullptr;                  // the tree's, set by its lazy_init
 };
 
 }  // namespace fsdp::detail

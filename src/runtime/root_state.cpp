@@ -30,6 +30,7 @@ void RootState::lazy_init() {
     if (unit == nullptr) continue;
     unit->join_tree(this, item.key(), /*is_top=*/unit == &root_);
     units_.push_back(unit);
+    offloads_to_host_ = offloads_to_host_ || unit->offloads_to_host();
   }
 }
 
@@ -43,6 +44,7 @@ void RootState::begin_step() {
   }
   forward_order_.clear();
   end_of_backward_queued_ = false;
+  streams_.begin_step();
 }
 
 int RootState::record_forward(ParamGroup* unit) {
@@ -69,6 +71,8 @@ void RootState::end_of_backward() {
   }
   if (is_last_backward_) finish_reduces(/*keep=*/0);
   for (ParamGroup* unit : units_) unit->finish_backward();
+  streams_.flush_all();
+  if (offloads_to_host_) streams_.synchronize();
 }
 
 void RootState::add_reduce(PendingReduce reduce) {

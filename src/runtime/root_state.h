@@ -19,6 +19,8 @@
 //     and reshards every unit.
 #pragma once
 
+#include "runtime/device_streams.h"
+
 #include <fsdp/comm/process_group.h>
 #include <fsdp/util/trace.h>
 
@@ -38,8 +40,10 @@ class ParamGroup;
 struct PendingReduce {
   ParamGroup* unit = nullptr;
   WorkHandle work;
-  at::Tensor input;   // [W * S]: kept alive until the op completes
-  at::Tensor output;  // [S]: becomes the sharded gradients
+  StreamEvent packed;   // recorded on compute after the gradients were packed into input
+  StreamEvent reduced;  // recorded on the reduce-scatter stream after the collective
+  at::Tensor input;     // [W * S]: kept alive until the op completes
+  at::Tensor output;    // [S]: becomes the sharded gradients
   std::vector<FSDPParam*> params;
   std::vector<at::Tensor> previous;  // sharded gradients to add (accumulation)
   Tracer::Clock::time_point issued;
@@ -49,7 +53,7 @@ struct PendingReduce {
 
 class RootState {
  public:
-  explicit RootState(ParamGroup& root) : root_(root) {}
+  RootState(ParamGroup& root, c10::Device device) : root_(root), streams_(device) {}
   RootState(const RootState&) = delete;
   RootState& operator=(const RootState&) = delete;
 
@@ -78,6 +82,9 @@ class RootState {
   // Takes a unit's reduction in flight, completing the oldest beyond kReducesInFlight.
   void add_reduce(PendingReduce reduce);
 
+  // The streams and events every unit of the tree orders its work with.
+  DeviceStreams& streams() { return streams_; }
+
  private:
   // Two in flight let one unit's reduce-scatter run during the next unit's backward while
   // bounding the gradient buffers held to two units' worth.
@@ -95,6 +102,10 @@ class RootState {
   std::vector<ParamGroup*> last_forward_order_;  // the same, for the previous step
   std::deque<PendingReduce> pending_reduces_;
   bool end_of_backward_queued_ = false;
+  DeviceStreams streams_;
+  // A unit offloads its state to the host while computing on a device: the host waits for
+  // every stream at the end of backward, so the optimizer reads finished copies.
+  bool offloads_to_host_ = false;
 };
 
 }  // namespace fsdp::detail

@@ -1,9 +1,12 @@
 // Builds and checks the CUDA stream schedule as data. The builder mirrors the runtime's issue
 // order: pre_forward issues the unit's all-gather, then the prefetches, then waits (copy-out);
-// post_backward issues the reduce-scatter and finishes the oldest beyond kReducesInFlight; the
-// end of backward finishes the rest. The checker builds happens-before as a DAG over ops (program
-// order per stream, an edge from each event's recorder to its waiters); since an op may only wait
-// on an earlier recorded event, issue order is a topological order and one pass suffices.
+// post_backward reshards, packs the gradients on compute (FSDP2's order: the full gradients are
+// freed at once), issues the reduce-scatter and finishes the oldest beyond kReducesInFlight; the
+// end of backward finishes the rest. tests/runtime/test_stream_runtime.cpp compares this with the
+// ops the runtime reports for the same units and options. The checker builds happens-before as a
+// DAG over ops (program order per stream, an edge from each event's recorder to its waiters); since
+// an op may only wait on an earlier recorded event, issue order is a topological order and one pass
+// suffices.
 #include "fsdp/runtime/stream_schedule.h"
 
 #include <c10/util/Exception.h>
@@ -94,10 +97,20 @@ class Builder {
     const std::string& p = phase_[u];
     const std::string buf = name("ag_buf", u, p);
     flush(ScheduleStream::kCopyIn);  // the previous gathers' buffers: bounds prefetch memory
-    emit(make_op(ScheduleStream::kCopyIn, ScheduleOpKind::kCopyIn, u, {}, {name("shard", u)}, {buf},
-                 name("copied_in", u, p)));
+    Names waits;
+    if (!step_begun_) {
+      // The step's first copy-in reads shards the optimizer wrote on compute.
+      emit(make_op(ScheduleStream::kCompute, ScheduleOpKind::kBeginStep, -1, {}, {}, {},
+                   "step_begin"));
+      waits.push_back("step_begin");
+      step_begun_ = true;
+    }
+    emit(make_op(ScheduleStream::kCopyIn, ScheduleOpKind::kCopyIn, u, std::move(waits),
+                 {name("shard", u)}, {buf}, name("copied_in", u, p)));
+    // The runtime's shards are one flat buffer already: the all-gather reads them directly,
+    // and the copy-in only allocates its output (or casts, or copies from the host).
     emit(make_op(ScheduleStream::kAllGather, ScheduleOpKind::kAllGather, u,
-                 {name("copied_in", u, p)}, {buf}, {buf}, name("gathered", u, p)));
+                 {name("copied_in", u, p)}, {name("shard", u)}, {buf}, name("gathered", u, p)));
     state_[u] = Gather::kIssued;
   }
 
@@ -136,7 +149,7 @@ class Builder {
     const std::string unsharded =
         name("unsharded", u, s_.options.reshard_after_forward ? "bwd" : "fwd");
     emit(make_op(ScheduleStream::kCompute, ScheduleOpKind::kBackward, u, {}, {unsharded},
-                 {name("grad", u)}, name("backward_done", u)));
+                 {name("grad", u)}));
     emit(make_op(ScheduleStream::kCompute, ScheduleOpKind::kReshard, u, {}, {}, {}, "",
                  {unsharded}));
     state_[u] = Gather::kSharded;
@@ -144,12 +157,14 @@ class Builder {
   }
 
   void reduce_scatter(int u) {
+    // Packed on compute, where the full gradients were written, so they are freed at once; the
+    // packed input, read on the reduce-scatter stream, is freed on compute at finish_reduce.
+    emit(make_op(ScheduleStream::kCompute, ScheduleOpKind::kRsCopyIn, u, {}, {name("grad", u)},
+                 {name("rs_in", u)}, name("rs_copied_in", u), {name("grad", u)}));
     flush(ScheduleStream::kReduceScatter);
-    emit(make_op(ScheduleStream::kReduceScatter, ScheduleOpKind::kRsCopyIn, u,
-                 {name("backward_done", u)}, {name("grad", u)}, {name("rs_in", u)},
-                 name("rs_copied_in", u)));
-    emit(make_op(ScheduleStream::kReduceScatter, ScheduleOpKind::kReduceScatter, u, {},
-                 {name("rs_in", u)}, {name("rs_out", u)}, name("reduced", u), {name("rs_in", u)}));
+    emit(make_op(ScheduleStream::kReduceScatter, ScheduleOpKind::kReduceScatter, u,
+                 {name("rs_copied_in", u)}, {name("rs_in", u)}, {name("rs_out", u)},
+                 name("reduced", u)));
     pending_.push_back(u);
     while (static_cast<int>(pending_.size()) > s_.options.reduces_in_flight) finish_reduce();
   }
@@ -163,11 +178,11 @@ class Builder {
                    {name("rs_out", u)}, {name("rs_out", u)}, name("all_reduced", u)));
       ready = name("all_reduced", u);
     }
-    // grad[u] was allocated on compute and last read on the reduce-scatter stream, which
+    // rs_in[u] was allocated on compute and last read on the reduce-scatter stream, which
     // recorded `reduced` after that read: waiting on it orders the free.
     emit(make_op(ScheduleStream::kCompute, ScheduleOpKind::kFinishReduce, u, {ready},
                  {name("rs_out", u)}, {name("sharded_grad", u)}, name("finished", u),
-                 {name("grad", u)}));
+                 {name("rs_in", u)}));
     deferred_.push_back({name("rs_out", u), ScheduleStream::kReduceScatter, name("finished", u)});
   }
 
@@ -177,6 +192,7 @@ class Builder {
   std::deque<int> pending_;
   std::vector<DeferredFree> deferred_;
   std::set<std::string> recorded_;
+  bool step_begun_ = false;
 };
 
 // ---- Checking ----
@@ -256,11 +272,23 @@ class Checker {
     }
   }
 
-  // (c): some other op's write of the buffer happens before each read.
+  // (c): some other op's write of the buffer happens before each read. A persistent buffer
+  // (shards) was written by the optimizer on compute before the step: its readers must be
+  // ordered after the step's begin_step op.
   void check_reads() {
+    int begin = -1;
+    for (int i = 0; i < n_ && begin < 0; ++i) {
+      if (s_.ops[i].kind == ScheduleOpKind::kBeginStep) begin = i;
+    }
     for (int i = 0; i < n_; ++i) {
       for (const auto& b : s_.ops[i].reads) {
-        if (persistent_.count(b)) continue;
+        if (persistent_.count(b)) {
+          if (begin >= 0 && !before(begin, i)) {
+            out_.push_back(at(i) + " reads '" + b +
+                           "' with no wait ordering it after begin_step (the optimizer's write)");
+          }
+          continue;
+        }
         const auto& w = buffers_[b].writers;
         const bool ok =
             std::any_of(w.begin(), w.end(), [&](int j) { return j != i && before(j, i); });
@@ -394,7 +422,7 @@ const char* to_string(ScheduleStream stream) {
 const char* to_string(ScheduleOpKind kind) {
   static const char* names[] = {"copy_in",    "all_gather",    "copy_out",   "forward",
                                 "reshard",    "backward",      "rs_copy_in", "reduce_scatter",
-                                "all_reduce", "finish_reduce", "release"};
+                                "all_reduce", "finish_reduce", "release",    "begin_step"};
   return names[static_cast<int>(kind)];
 }
 

@@ -78,12 +78,15 @@ TEST(StreamSchedule, CollectiveOrderFollowsTheRuntime) {
   EXPECT_EQ(order, expected);
 }
 
+// The packed gradients freed on compute right after packing, while the reduce-scatter stream
+// may not have read them yet.
 TEST(StreamSchedule, CatchesAFreeBeforeItsLastReader) {
   auto s = build_stream_schedule(options(3, 1, true, false));
   find(s, ScheduleOpKind::kFinishReduce, 1).frees.clear();
-  find(s, ScheduleOpKind::kBackward, 1).frees.push_back("grad[1]");
+  find(s, ScheduleOpKind::kRsCopyIn, 1).frees.push_back("rs_in[1]");
   const auto v = check_schedule(s);
-  EXPECT_TRUE(mentions(v, "unit 1: backward[1] on compute frees 'grad[1]'", "rs_copy_in[1]"))
+  EXPECT_TRUE(mentions(v, "unit 1: rs_copy_in[1] on compute frees 'rs_in[1]'",
+                       "reduce_scatter[1] on reduce-scatter"))
       << joined(v);
 }
 
@@ -97,9 +100,9 @@ TEST(StreamSchedule, CatchesADroppedEventWait) {
 
 TEST(StreamSchedule, CatchesAWaitOnAnEventRecordedLater) {
   auto s = build_stream_schedule(options(3, 1, true, false));
-  find(s, ScheduleOpKind::kCopyIn, 0).waits.push_back("backward_done[2]");
+  find(s, ScheduleOpKind::kCopyIn, 0).waits.push_back("rs_copied_in[2]");
   const auto v = check_schedule(s);
-  EXPECT_TRUE(mentions(v, "unit 0: copy_in[0] on copy-in waits on event 'backward_done[2]'",
+  EXPECT_TRUE(mentions(v, "unit 0: copy_in[0] on copy-in waits on event 'rs_copied_in[2]'",
                        "recorded later"))
       << joined(v);
 }
@@ -113,13 +116,29 @@ TEST(StreamSchedule, CatchesThreeReduceScattersInFlight) {
       << joined(v);
 }
 
+// The reduce-scatter input freed by the stream that last read it, not the one that allocated it:
+// what record_stream would be needed for.
 TEST(StreamSchedule, CatchesAFreeOnTheWrongStream) {
   auto s = build_stream_schedule(options(3, 1, true, false));
-  find(s, ScheduleOpKind::kReduceScatter, 2).frees.push_back("grad[2]");
+  find(s, ScheduleOpKind::kReduceScatter, 2).frees.push_back("rs_in[2]");
   find(s, ScheduleOpKind::kFinishReduce, 2).frees.clear();
   const auto v = check_schedule(s);
-  EXPECT_TRUE(mentions(v, "unit 2: reduce_scatter[2] on reduce-scatter frees 'grad[2]'",
+  EXPECT_TRUE(mentions(v, "unit 2: reduce_scatter[2] on reduce-scatter frees 'rs_in[2]'",
                        "allocated on compute"))
+      << joined(v);
+}
+
+// The step's first copy-in reads shards the optimizer wrote on compute.
+TEST(StreamSchedule, CatchesACopyInNotOrderedAfterTheStepBegin) {
+  auto s = build_stream_schedule(options(3, 1, true, false));
+  EXPECT_EQ(find(s, ScheduleOpKind::kBeginStep, -1).record, "step_begin");
+  ScheduleOp& copy_in = find(s, ScheduleOpKind::kCopyIn, 0);
+  ASSERT_EQ(copy_in.waits, std::vector<std::string>{"step_begin"});
+  copy_in.waits.clear();
+  const auto v = check_schedule(s);
+  EXPECT_TRUE(mentions(v, "unit 0: copy_in[0] on copy-in reads 'shard[0]'", "begin_step"))
+      << joined(v);
+  EXPECT_TRUE(mentions(v, "unit 0: all_gather[0] on all-gather reads 'shard[0]'", "begin_step"))
       << joined(v);
 }
 

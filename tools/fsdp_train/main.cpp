@@ -266,6 +266,13 @@ void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, LaunchFlags& launc
       "Every transformer block recomputes its forward in backward instead of keeping activations");
   app.add_flag("--no-fsdp", o.no_fsdp,
                "Single-process plain LibTorch reference on the same global batch");
+  app.add_option("--device", o.device,
+                 "cpu, or cuda: each rank computes on its process group's GPU (needs a backend "
+                 "that communicates on cuda)")
+      ->capture_default_str();
+  app.add_flag("--offload", o.offload,
+               "Keep sharded parameters, gradients and optimizer state in host memory (FSDP2's "
+               "CPUOffloadPolicy; pinned with --device cuda); the optimizer steps on the host");
   add_data_flags(app, o);
   add_schedule_flags(app, o);
   app.add_option("--metrics", o.metrics_path,

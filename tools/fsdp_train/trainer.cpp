@@ -400,6 +400,12 @@ void validate(const TrainerOptions& o, int world) {
   TORCH_CHECK(o.resume_dir != "auto" || !o.save_dir.empty(),
               "--resume auto resumes from the --save directory; give --save DIR");
   validate_schedule_and_val(o);
+  TORCH_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '",
+              o.device, "'");
+  TORCH_CHECK(o.device != "cuda" || at::hasCUDA(),
+              "--device cuda: no CUDA device is visible to this process");
+  TORCH_CHECK(!o.offload || !o.no_fsdp,
+              "--offload keeps FSDP's sharded state in host memory; --no-fsdp has none");
   if (!o.data_path.empty() || !o.val_data_path.empty()) {
     load_datasets(o, spec->vocab_size());  // fails early on a missing or short file
   }
@@ -426,7 +432,8 @@ struct Run {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   AccumulationMode accumulation = AccumulationMode::kSync;
 
-  bool count_memory = false;  // --metrics counts CPU tensor bytes
+  c10::Device device = at::kCPU;  // where the model computes (--device)
+  bool count_memory = false;      // --metrics counts CPU tensor bytes
   // Activation bytes are counted on this (the compute) thread only: a collective's temporaries
   // on the process group's thread are not autograd's, whenever they happen to be freed.
   std::shared_ptr<MemoryCounter> thread_memory = std::make_shared<MemoryCounter>();
@@ -470,7 +477,20 @@ int64_t skipped_steps(const Run& run) {
   return run.skipped_steps + run.overflow_skips + run.resumed_skips;
 }
 
+// --device: the process group's device under FSDP (with its index), which must be the kind asked
+// for; the current one of that kind for the --no-fsdp reference.
+c10::Device device_of(const Run& run) {
+  const c10::Device asked(run.o.device);
+  if (!run.group) return asked;
+  const c10::Device group_device = run.group->device();
+  TORCH_CHECK(group_device.type() == asked.type(), "--device ", run.o.device, ": the ",
+              run.group->backend_name(), " backend communicates on ", group_device,
+              "; use a backend that communicates on ", run.o.device);
+  return group_device;
+}
+
 void build_mesh(Run& run) {
+  run.device = device_of(run);
   if (!run.group) return;
   const int replicate = run.strategy == ShardingStrategy::kNoShard       ? run.world
                         : run.strategy == ShardingStrategy::kHybridShard ? run.o.replicate
@@ -478,10 +498,37 @@ void build_mesh(Run& run) {
   run.mesh.emplace(DeviceMesh::hybrid(run.group, replicate));
 }
 
+// Every unit's: mixed precision, and --offload (pinned only where there is a device to copy to).
+FullyShardOptions shard_options(const Run& run, const MixedPrecisionPolicy& mp_policy) {
+  FullyShardOptions options;
+  options.mp_policy(mp_policy);
+  if (run.o.offload) {
+    options.offload_policy(CPUOffloadPolicy().pin_memory(!run.device.is_cpu()));
+  }
+  return options;
+}
+
+// Moves the parameters no unit manages yet to device (a unit's are on the mesh's device, or on
+// the host when offloaded, and stay there). Nothing moves on CPU.
+void move_unsharded_parameters(torch::nn::Module& model, c10::Device device) {
+  if (device.is_cpu()) return;
+  std::unordered_set<const c10::TensorImpl*> sharded;
+  for (const FSDPModule& unit : fsdp_modules_under(model)) {
+    for (const ShardedParameter& p : unit.sharded_parameters()) {
+      sharded.insert(p.local.unsafeGetTensorImpl());
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (auto& p : unique_parameters(model)) {
+    if (sharded.count(p.unsafeGetTensorImpl()) == 0) p.set_data(p.data().to(device));
+  }
+  for (auto& b : model.buffers()) b.set_data(b.data().to(device));
+}
+
 // The blocks' FullyShardOptions: ZeRO-2 keeps every block's parameters from its forward to its
 // backward; otherwise --reshard-after-forward decides (N >= 2: hpZ).
 FullyShardOptions unit_shard_options(const Run& run, const MixedPrecisionPolicy& mp_policy) {
-  FullyShardOptions unit_options;
+  FullyShardOptions unit_options = shard_options(run, mp_policy);
   const int reshard = run.o.reshard_after_forward;
   if (run.strategy == ShardingStrategy::kShardGradOp) {
     unit_options.reshard_after_forward(false);
@@ -490,7 +537,6 @@ FullyShardOptions unit_shard_options(const Run& run, const MixedPrecisionPolicy&
   } else {
     unit_options.reshard_after_forward(reshard == 1);
   }
-  unit_options.mp_policy(mp_policy);
   return unit_options;
 }
 
@@ -542,15 +588,17 @@ void build_model(Run& run) {
   model_options.activation_checkpoint(o.activation_checkpoint);
   const std::optional<int64_t> min_params = parse_wrap_policy(o.wrap_policy);
   const FullyShardOptions unit_options = unit_shard_options(run, mp_policy);
-  const FullyShardOptions root_options = FullyShardOptions().mp_policy(mp_policy);
+  const FullyShardOptions root_options = shard_options(run, mp_policy);
   if (run.mesh && !min_params) {
     model_options.on_unit_built(
         [&run, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
+          move_unsharded_parameters(*block, run.device);
           fully_shard(block, *run.mesh, unit_options);
         });
   }
   run.built = run.spec->build(model_options);
   run.model = run.built->root();
+  move_unsharded_parameters(*run.model, run.device);
   if (run.mesh) {
     // --wrap-policy min-params:N chooses units in the whole built model (no deferred init).
     run.root =
@@ -723,7 +771,9 @@ double validation_loss(Run& run, const TokenDataset& val) {
   double sum = 0;
   for (int64_t b = 0; b < o.val_batches; ++b) {
     const auto global = val.global_batch(b, o.global_batch, o.seq_len, kValSeed);
-    const auto [inputs, targets] = micro_batch(global, run.rank, run.world);
+    const auto [host_inputs, host_targets] = micro_batch(global, run.rank, run.world);
+    const at::Tensor inputs = host_inputs.to(run.device);
+    const at::Tensor targets = host_targets.to(run.device);
     sum += mean_over_ranks(run.built->loss(run.built->forward(inputs), targets), run);
   }
   run.tracer->enable(tracing);
@@ -1052,8 +1102,8 @@ StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
   // Before the probe: the gradients zero_grad frees are not part of what forward keeps.
   run.optimizer->zero_grad();
   probe_before_forward(run, probe);
-  const at::Tensor loss =
-      forward_backward(run, inputs, targets, probe, nan_injected_at(step, run.rank));
+  const at::Tensor loss = forward_backward(run, inputs.to(run.device), targets.to(run.device),
+                                           probe, nan_injected_at(step, run.rank));
   if (overflow_injected_at(step, run.rank)) make_a_gradient_inf(run.params);
   const std::optional<double> loss_scale =
       run.scaler ? std::optional<double>(run.scaler->get_scale()) : std::nullopt;

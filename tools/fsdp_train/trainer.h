@@ -55,6 +55,12 @@ struct TrainerOptions {
   // over the whole built model (fsdp/wrap_policy.h). The root is always a unit.
   std::string wrap_policy = "block";
   bool no_fsdp = false;
+  // Where forward and backward run: "cpu" or "cuda" (the process group's GPU, so a backend that
+  // communicates on cuda; the reference under --no-fsdp uses the current GPU).
+  std::string device = "cpu";
+  // FSDP2's CPUOffloadPolicy on every unit: sharded parameters, gradients and optimizer state in
+  // host memory (pinned with --device cuda), the optimizer stepping there.
+  bool offload = false;
   // The training data (sources.h): a text file taken as bytes, llm.c .bin shards, or with
   // tokenizer_path any spec fsdp::data::TokenCorpus takes. Empty: the embedded corpus.
   std::string data_path;

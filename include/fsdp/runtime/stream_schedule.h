@@ -3,6 +3,9 @@
 // Nothing here touches CUDA: it describes which stream each operation runs on, which events it
 // waits on and records, which buffers it reads and writes, and which buffers it frees, so that
 // the invariants can be checked on a machine with no GPU. The schedule has NOT been run on a GPU.
+// The runtime issues the same ops through src/runtime/device_streams.h and reports them to a
+// ScheduleRecorder (below), so a recorded step can be compared with the built one and checked
+// by the same checker.
 //
 // The model is N sequential units (blocks), the steady state of a step (the runtime's implicit
 // forward prefetch follows the previous step's order, so step 1 prefetches nothing in forward),
@@ -20,17 +23,18 @@ enum class ScheduleStream { kCompute, kCopyIn, kAllGather, kReduceScatter, kAllR
 inline constexpr int kScheduleStreams = 5;
 
 enum class ScheduleOpKind {
-  kCopyIn,         // shard -> all-gather buffer (copy-in stream)
-  kAllGather,      // in place in the all-gather buffer (all-gather stream)
+  kCopyIn,         // allocates the all-gather buffer; casts or copies shards in (copy-in stream)
+  kAllGather,      // shards (or their copy) -> all-gather buffer (all-gather stream)
   kCopyOut,        // all-gather buffer -> unsharded parameters (compute stream)
   kForward,        // reads the unsharded parameters (compute)
   kReshard,        // frees the unsharded parameters (compute)
   kBackward,       // reads the unsharded parameters, writes the unsharded gradient (compute)
-  kRsCopyIn,       // unsharded gradient -> reduce-scatter input (reduce-scatter stream)
+  kRsCopyIn,       // unsharded gradient -> reduce-scatter input (compute, as FSDP2: frees it)
   kReduceScatter,  // input -> reduce-scatter output (reduce-scatter stream)
   kAllReduce,      // HSDP: across replicas, in place in the output (all-reduce stream)
   kFinishReduce,   // output -> sharded gradient; the runtime's lazy finish_reduce (compute)
   kRelease,        // frees deferred until their last reader's event could be waited on
+  kBeginStep,      // marks the step's start on compute (after the optimizer wrote the shards)
 };
 
 struct ScheduleOp {
@@ -56,6 +60,17 @@ struct StreamSchedule {
   ScheduleOptions options;
   std::vector<ScheduleOp> ops;          // in the order the CPU issues them, all streams
   std::vector<std::string> persistent;  // buffers alive across steps (shards, sharded grads)
+};
+
+// Receives a running runtime's stream ops in issue order (FSDPModule::set_schedule_recorder):
+// the vocabulary of build_stream_schedule, with op.unit -1 and the unit's path in the buffer and
+// event names ("ag_buf[blocks.1]@fwd") and in `unit` ("" for a release). On a device without
+// streams (CPU) the runtime reports the ops it would issue on one, while its work runs in program
+// order on the calling thread.
+class ScheduleRecorder {
+ public:
+  virtual ~ScheduleRecorder() = default;
+  virtual void record(ScheduleOp op, const std::string& unit) = 0;
 };
 
 // The runtime's limit the checker holds every schedule to.
