@@ -268,7 +268,7 @@ void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, LaunchFlags& launc
                "Single-process plain LibTorch reference on the same global batch");
   app.add_option("--device", o.device,
                  "cpu, or cuda: each rank computes on its process group's GPU (needs a backend "
-                 "that communicates on cuda)")
+                 "that communicates on cuda: --backend auto picks nccl)")
       ->capture_default_str();
   app.add_flag("--offload", o.offload,
                "Keep sharded parameters, gradients and optimizer state in host memory (FSDP2's "
@@ -287,6 +287,15 @@ void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, LaunchFlags& launc
   app.add_flag("--quiet", o.quiet, "No progress lines");
   add_mode_flags(app, o);
   add_output_flags(app, o);
+}
+
+// --backend auto: nccl for a run on CUDA devices (the only backend that moves CUDA tensors),
+// otherwise what the launch suggests (mpi under mpirun, else gloo).
+std::string backend_for(const std::string& asked, const fsdp::LaunchEnv& env,
+                        const std::string& device) {
+  if (asked != "auto") return asked;
+  if (c10::Device(device).is_cuda()) return "nccl";
+  return fsdp::default_backend(env);
 }
 
 }  // namespace
@@ -313,7 +322,7 @@ int main(int argc, char** argv) {
       const fsdp::LaunchEnv env = fsdp::launch_env_from_environment();
       set_intra_op_threads(env.local_world_size);
       fsdp::ProcessGroupOptions pg_options;
-      pg_options.backend = launch.backend == "auto" ? fsdp::default_backend(env) : launch.backend;
+      pg_options.backend = backend_for(launch.backend, env, o.device);
       pg_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(launch.timeout_s * 1000));
       if (!o.trace_dir.empty()) {
         ::mkdir(o.trace_dir.c_str(), 0755);  // an error shows when the trace is written
