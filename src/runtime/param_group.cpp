@@ -112,6 +112,7 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
     p.init_sharded(flat_shards_.narrow(0, offset, p.padded_numel()));
     offset += p.padded_numel();
   }
+  if (options_.whole_tensor() && mesh_.shard_size() > 1) build_owner_buckets();
   if (options_.reshard_after_forward().has_value()) {
     // fully_shard checked that the size divides the shard group.
     const int size = options_.reshard_after_forward()->group_size(mesh_.shard_size());
@@ -359,7 +360,8 @@ void ParamGroup::post_backward() {
   } else if (mesh_.shard_size() == 1 && mesh_.replicate_group() == nullptr) {
     assign_single_rank_grads(grads);
   } else {
-    root_->add_reduce(issue_reduce(std::move(grads)));
+    root_->add_reduce(whole_tensor() ? issue_owner_reduces(std::move(grads))
+                                     : issue_reduce(std::move(grads)));
   }
 }
 
@@ -530,6 +532,12 @@ void ParamGroup::issue_unshard() {
     return;
   }
   auto pending = std::make_unique<PendingGather>();
+  if (whole_tensor()) {
+    issue_broadcasts(*pending);
+    pending_gather_ = std::move(pending);
+    set_sharded_state(ShardedState::kGathering);
+    return;
+  }
   ProcessGroup* group = &mesh_.shard_group();
   if (sharded_state_ == ShardedState::kPostForwardPiece) {
     // hpZ: gather the pieces of this rank's post-forward group, whose [N, W/N * S] output is
@@ -582,9 +590,13 @@ void ParamGroup::wait_unshard() {
     set_sharded_state(ShardedState::kSharded);
     throw;
   }
-  mesh_.tracer().complete("comm", "all-gather", pending->issued, pending->work->finished_at(),
-                          label_, pending->buffer.nbytes(), "comm");
-  copy_out(pending->buffer);
+  mesh_.tracer().complete("comm", whole_tensor() ? "broadcast" : "all-gather", pending->issued,
+                          pending->work->finished_at(), label_, pending->buffer.nbytes(), "comm");
+  if (whole_tensor()) {
+    copy_out_broadcasts(*pending);
+  } else {
+    copy_out(pending->buffer);
+  }
   uncount_gather(*pending, /*gathered=*/true);
   set_sharded_state(ShardedState::kUnsharded);
 }
@@ -629,7 +641,10 @@ void ParamGroup::reshard() {
 void ParamGroup::free_unsharded_params() {
   const bool counted = mesh_.shard_size() > 1;
   for (auto& p : params_) {
-    if (p.is_unsharded() && counted) mesh_.stats().add_unsharded_params(-p.unsharded_bytes());
+    // An owned whole tensor aliases its shard: no bytes of its own were counted.
+    if (p.is_unsharded() && counted && !p.aliases_shard()) {
+      mesh_.stats().add_unsharded_params(-p.unsharded_bytes());
+    }
     p.reshard();
   }
   mesh_.stats().add_unsharded_units(-1);
