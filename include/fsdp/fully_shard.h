@@ -98,7 +98,8 @@ struct ShardMetadata {
   int64_t shard_dim = 0;
   int64_t local_offset = 0;  // first global row held by this rank
   int64_t local_rows = 0;    // real rows held by this rank (may be 0)
-  int64_t padded_rows = 0;   // rows of the local shard, padding included (Shard(0): same on every rank)
+  int64_t padded_rows =
+      0;  // rows of the local shard, padding included (Shard(0): same on every rank)
   int mesh_rank = 0;
   int mesh_size = 1;
   std::string placement() const { return "Shard(0)"; }

@@ -1,10 +1,11 @@
 // Full checkpoints: save_full, load_full (see include/fsdp/checkpoint/checkpoint.h).
 //
 // save_full gathers one parameter at a time with an all-gather of its padded shards, or a
-// broadcast from the one rank that holds it whole (every rank takes part; rank 0 writes), so no rank ever holds more than one full parameter beyond
-// its shards. The header is written first (all shapes are known up front) and the data
-// streams after it. Rank 0 keeps taking part in the all-gathers after a write error, so the
-// other ranks never wait on it; the error is agreed on at the end.
+// broadcast from the one rank that holds it whole (every rank takes part; rank 0 writes), so no
+// rank ever holds more than one full parameter beyond its shards. The header is written first (all
+// shapes are known up front) and the data streams after it. Rank 0 keeps taking part in the
+// all-gathers after a write error, so the other ranks never wait on it; the error is agreed on at
+// the end.
 //
 // load_full maps the file's keys to parameter names through the layout, reports every
 // mismatch at once, then reads each rank's rows: a plain tensor's rows are one contiguous

@@ -71,9 +71,9 @@ std::vector<UnitSizes> whole_tensor_sizes(const ModelMemorySpec& model, int worl
   }
   const WholeTensorPartition partition = partition_whole_tensors(
       items, world, WholeTensorPartitionOptions().evenness_priority(evenness_priority));
-  const int rank = static_cast<int>(
-      std::max_element(partition.rank_bytes.begin(), partition.rank_bytes.end()) -
-      partition.rank_bytes.begin());
+  const int rank =
+      static_cast<int>(std::max_element(partition.rank_bytes.begin(), partition.rank_bytes.end()) -
+                       partition.rank_bytes.begin());
   std::vector<UnitSizes> sizes(shapes.size());
   std::vector<std::vector<int64_t>> bucket_numel(shapes.size(), std::vector<int64_t>(world, 0));
   for (size_t i = 0; i < items.size(); ++i) {
@@ -211,13 +211,14 @@ class StepModel {
     if (size == 1) reshard_after_forward_ = false;
     if (size > 1 && size < shard_) post_forward_size_ = size;
     whole_tensor_ = o.fsdp() && o.strategy() == ShardingStrategy::kWholeTensor && shard_ > 1;
-    TORCH_CHECK(!whole_tensor_ || post_forward_size_ == 0,
-                "estimate_memory: whole_tensor broadcasts whole tensors; reshard_after_forward_size ",
-                size, " (hpZ) does not apply to it");
+    TORCH_CHECK(
+        !whole_tensor_ || post_forward_size_ == 0,
+        "estimate_memory: whole_tensor broadcasts whole tensors; reshard_after_forward_size ", size,
+        " (hpZ) does not apply to it");
 
-    const auto whole = whole_tensor_ ? whole_tensor_sizes(model, shard_, master_,
-                                                          o.evenness_priority())
-                                     : std::vector<UnitSizes>{};
+    const auto whole = whole_tensor_
+                           ? whole_tensor_sizes(model, shard_, master_, o.evenness_priority())
+                           : std::vector<UnitSizes>{};
     root_ = whole_tensor_ ? whole.back() : sizes_of("root", model.root_param_shapes, shard_);
     root_.name = "root";
     for (size_t k = 0; k < model.units.size(); ++k) {

@@ -64,13 +64,16 @@ void check_whole_tensor(const FullyShardOptions& options, const DeviceMesh& mesh
   if (!options.whole_tensor()) return;
   TORCH_CHECK(mesh.ndim() == 1, "fully_shard: module '", module.name(),
               "' has a whole-tensor placement but the mesh is 2-D (", mesh.replicate_size(), " x ",
-              mesh.shard_size(), "); inter-tensor ZeRO-3 owns each tensor on one rank of a 1-D mesh");
+              mesh.shard_size(),
+              "); inter-tensor ZeRO-3 owns each tensor on one rank of a 1-D mesh");
   const auto& reshard = options.reshard_after_forward();
   const int w = mesh.shard_size();
   TORCH_CHECK(!reshard.has_value() || reshard->group_size(w) == 1 || reshard->group_size(w) == w,
-              "fully_shard: module '", module.name(), "' has a whole-tensor placement, whose "
+              "fully_shard: module '", module.name(),
+              "' has a whole-tensor placement, whose "
               "tensors are broadcast whole, so reshard_after_forward must be true or false, not "
-              "the group size ", reshard->group_size(w));
+              "the group size ",
+              reshard->group_size(w));
 }
 
 // The parameter's layout under options: Shard(0), or whole on the owner the placement names.

@@ -180,8 +180,8 @@ PendingReduce ParamGroup::issue_owner_reduces(UnitGrads grads) {
       if (owner == rank) {
         works.push_back(mesh_.shard_group().reduce(reduce.output, owner, ReduceOp::kSum));
       } else {
-        works.push_back(
-            mesh_.shard_group().reduce(reduce.input.narrow(0, offset, numel), owner, ReduceOp::kSum));
+        works.push_back(mesh_.shard_group().reduce(reduce.input.narrow(0, offset, numel), owner,
+                                                   ReduceOp::kSum));
         offset += numel;
       }
     }

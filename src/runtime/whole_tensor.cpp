@@ -22,12 +22,11 @@ void check_items(const std::vector<WholeTensorItem>& items, int world,
   TORCH_CHECK(world >= 1, "partition_whole_tensors: the world size must be at least 1, got ",
               world);
   const double p = options.evenness_priority();
-  TORCH_CHECK(p >= 0 && p <= 1, "partition_whole_tensors: evenness_priority must be in [0, 1], got ",
-              p);
+  TORCH_CHECK(p >= 0 && p <= 1,
+              "partition_whole_tensors: evenness_priority must be in [0, 1], got ", p);
   for (const auto& item : items) {
     TORCH_CHECK(item.bytes >= 0 && item.unit >= 0, "partition_whole_tensors: tensor '", item.name,
-                "' has ", item.bytes, " bytes in unit ", item.unit,
-                "; both must be non-negative");
+                "' has ", item.bytes, " bytes in unit ", item.unit, "; both must be non-negative");
   }
 }
 
@@ -69,9 +68,10 @@ double WholeTensorPartition::imbalance() const {
 std::string WholeTensorPartition::describe() const {
   std::string bytes;
   for (const int64_t b : rank_bytes) bytes += (bytes.empty() ? "" : ", ") + std::to_string(b);
-  return fmt::format("bytes per rank {}; imbalance {:.3f} (largest / mean); {} broadcasts per "
-                     "gather of every unit",
-                     bytes, imbalance(), unit_owner_pairs);
+  return fmt::format(
+      "bytes per rank {}; imbalance {:.3f} (largest / mean); {} broadcasts per "
+      "gather of every unit",
+      bytes, imbalance(), unit_owner_pairs);
 }
 
 WholeTensorPartition partition_whole_tensors(const std::vector<WholeTensorItem>& items, int world,
@@ -160,8 +160,8 @@ WholeTensorSharding whole_tensor_shard(const std::shared_ptr<torch::nn::Module>&
   std::vector<std::string> names;
   for (auto& [name, p] : unique_named_parameters(*model)) {
     auto it = unit_of.find(p.unsafeGetTensorImpl());
-    items.push_back({name, static_cast<int64_t>(p.nbytes()),
-                     it == unit_of.end() ? root_unit : it->second});
+    items.push_back(
+        {name, static_cast<int64_t>(p.nbytes()), it == unit_of.end() ? root_unit : it->second});
     tensors.push_back(p);
     names.push_back(name);
   }

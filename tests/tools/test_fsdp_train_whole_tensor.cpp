@@ -101,8 +101,8 @@ TEST(FsdpTrainWholeTensor, CheckpointsReshardToFullShardAndBack) {
   const std::string dir = test::temp_dir("whole_tensor_resume");
   const std::string flags =
       " --model tiny --global-batch 8 --seq-len 16 --seed 11 --log-every 100 --steps 6";
-  const CommandResult straight = train("--nproc 4 --strategy whole_tensor" + flags +
-                                       " --export " + dir + "/straight.safetensors");
+  const CommandResult straight = train("--nproc 4 --strategy whole_tensor" + flags + " --export " +
+                                       dir + "/straight.safetensors");
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
   const CommandResult full_shard =
       train("--nproc 2" + flags + " --export " + dir + "/full_shard.safetensors");
@@ -155,9 +155,9 @@ TEST(FsdpTrainWholeTensor, FlagsThatDoNotApplyAreRefused) {
     EXPECT_THAT(r.output, HasSubstr(c.message)) << c.args;
   }
   const CommandResult plan =
-      run_command(test::program_path("fsdp-plan") +
-                      " --hardware " FSDP_SOURCE_DIR "/bench/hardware/h100_sxm.json --world-size 4 "
-                      "--model small --strategy whole_tensor",
+      run_command(test::program_path("fsdp-plan") + " --hardware " FSDP_SOURCE_DIR
+                                                    "/bench/hardware/h100_sxm.json --world-size 4 "
+                                                    "--model small --strategy whole_tensor",
                   60);
   EXPECT_NE(plan.exit_code, 0);
   EXPECT_THAT(plan.output, HasSubstr("whole_tensor is not modelled by the step-time planner"));

@@ -24,8 +24,8 @@
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
 #include <fsdp/memory_estimate.h>
-#include <fsdp/util/memory_counter.h>
 #include <fsdp/runtime/whole_tensor.h>
+#include <fsdp/util/memory_counter.h>
 #include <fsdp/wrap_policy.h>
 #include <fsdp_train/corpus.h>
 #include <fsdp_train/data.h>
