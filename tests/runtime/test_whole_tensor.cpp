@@ -176,6 +176,7 @@ TEST(WholeTensorPartition, IsDeterministicAndRefusesBadInput) {
 
 struct WholeCaseOptions {
   double evenness_priority = 1.0;
+  MixedPrecisionPolicy mp_policy;
   int accumulation = 1;
   bool no_sync = false;  // accumulate without reducing until the last micro-batch
   int prefetch = 1;
@@ -186,15 +187,18 @@ TrainCase whole_case(const WholeCaseOptions& opt = {}) {
   GptCaseOptions base;
   base.deferred = false;
   base.accumulation = opt.accumulation;
+  base.mp_policy = opt.mp_policy;
   TrainCase c = gpt_case(base);
   c.shard = [opt](const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
     auto model = std::static_pointer_cast<GPT2LMHeadImpl>(m);
     std::vector<std::shared_ptr<torch::nn::Module>> units;
     for (auto& block : model->transformer->blocks) units.push_back(block.ptr());
-    whole_tensor_shard(m, units, mesh,
-                       WholeTensorShardOptions().partition(
-                           WholeTensorPartitionOptions().evenness_priority(opt.evenness_priority)))
-        .root.set_implicit_prefetch(opt.prefetch);
+    const auto options =
+        WholeTensorShardOptions()
+            .partition(WholeTensorPartitionOptions().evenness_priority(opt.evenness_priority))
+            .unit_options(FullyShardOptions().mp_policy(opt.mp_policy))
+            .root_mp_policy(opt.mp_policy);
+    whole_tensor_shard(m, units, mesh, options).root.set_implicit_prefetch(opt.prefetch);
   };
   if (opt.no_sync) {
     const int last = opt.accumulation - 1;
@@ -268,6 +272,33 @@ TEST(WholeTensorEquivalence, GradientAccumulationWithAndWithoutSync) {
     SCOPED_TRACE(no_sync ? "no sync" : "sync");
     expect_whole_equivalent(train_reference(c), train_sharded(c, 2), 1e-5, 1e-5);
   }
+}
+
+// Shard(0) records of every rank put back together: each parameter's rows, in rank order.
+TrainRecord assembled(const std::vector<TrainRecord>& ranks) {
+  TrainRecord whole = ranks[0];
+  for (auto& [name, t] : whole.params) {
+    std::vector<at::Tensor> rows;
+    for (const auto& r : ranks) {
+      const ShardMetadata& m = r.metadata.at(name);
+      rows.push_back(r.params.at(name).reshape({m.padded_rows, -1}).narrow(0, 0, m.local_rows));
+    }
+    t = at::cat(rows).reshape(ranks[0].metadata.at(name).global_shape);
+  }
+  return whole;
+}
+
+TEST(WholeTensorEquivalence, Bf16ComputeMatchesFullShardsBf16) {
+  // full_shard's bf16 runs are checked against a single process in test_training_modes.cpp; the
+  // same casts and fp32 reductions in whole tensors must give the same numbers, up to the order
+  // of the gradient norm's sum.
+  GptCaseOptions shard_options;
+  shard_options.deferred = false;
+  shard_options.mp_policy.param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
+  WholeCaseOptions whole_options;
+  whole_options.mp_policy = shard_options.mp_policy;
+  const TrainRecord full_shard = assembled(train_sharded(gpt_case(shard_options), 2));
+  expect_whole_equivalent(full_shard, train_sharded(whole_case(whole_options), 2), 1e-5, 1e-5);
 }
 
 // ---- Accounting ----
