@@ -20,6 +20,7 @@
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -290,15 +291,19 @@ TrainRecord assembled(const std::vector<TrainRecord>& ranks) {
 
 TEST(WholeTensorEquivalence, Bf16ComputeMatchesFullShardsBf16) {
   // full_shard's bf16 runs are checked against a single process in test_training_modes.cpp; the
-  // same casts and fp32 reductions in whole tensors must give the same numbers, up to the order
-  // of the gradient norm's sum.
+  // same casts and fp32 reductions (a sum of two) in whole tensors must give the same numbers.
+  // Without clipping: the clip coefficient depends on how the norm's sum is grouped, and a
+  // last-bit difference in a master weight can flip its bf16 copy's rounding, which AdamW then
+  // amplifies in gradients that are mathematically zero (c_attn's key bias).
   GptCaseOptions shard_options;
   shard_options.deferred = false;
   shard_options.mp_policy.param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
   WholeCaseOptions whole_options;
   whole_options.mp_policy = shard_options.mp_policy;
-  const TrainRecord full_shard = assembled(train_sharded(gpt_case(shard_options), 2));
-  expect_whole_equivalent(full_shard, train_sharded(whole_case(whole_options), 2), 1e-5, 1e-5);
+  TrainCase sharded = gpt_case(shard_options), whole = whole_case(whole_options);
+  sharded.max_grad_norm = whole.max_grad_norm = std::numeric_limits<double>::infinity();
+  const TrainRecord full_shard = assembled(train_sharded(sharded, 2));
+  expect_whole_equivalent(full_shard, train_sharded(whole, 2), 1e-6, 1e-7);
 }
 
 // ---- Accounting ----
