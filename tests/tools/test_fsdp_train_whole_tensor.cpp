@@ -5,7 +5,8 @@
 //   exactly;
 // - its checkpoints reshard: saved whole-tensor at W = 4 and resumed full_shard at W = 2, and the
 //   reverse, both end within 1e-5 of an uninterrupted whole-tensor run (whose export is itself
-//   within 1e-5 of an uninterrupted full_shard run);
+//   within 1e-5 of an uninterrupted full_shard run), and an export loaded with --init-from
+//   exports again byte for byte;
 // - flags that do not apply to it are refused, naming them.
 #include <fsdp/checkpoint/safetensors.h>
 
@@ -135,6 +136,18 @@ TEST(FsdpTrainWholeTensor, CheckpointsReshardToFullShardAndBack) {
   EXPECT_LE(to_whole, 1e-5);
   std::cerr << "whole_tensor W=4 -> full_shard W=2: max |difference| " << to_full
             << "; full_shard W=2 -> whole_tensor W=4: " << to_whole << "\n";
+}
+
+TEST(FsdpTrainWholeTensor, InitFromAnExportAndExportAgainGivesTheSameFile) {
+  // load_full reads each tensor on its owner only; save_full broadcasts it from there to rank 0.
+  const std::string dir = test::temp_dir("whole_tensor_export");
+  const std::string flags = " --model tiny --global-batch 6 --seq-len 16 --seed 4 --quiet";
+  CommandResult r = train("--nproc 2 --steps 2" + flags + " --export " + dir + "/a.safetensors");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train("--nproc 3 --strategy whole_tensor --steps 0" + flags + " --init-from " + dir +
+            "/a.safetensors --export " + dir + "/b.safetensors");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(test::read_bytes(dir + "/a.safetensors"), test::read_bytes(dir + "/b.safetensors"));
 }
 
 TEST(FsdpTrainWholeTensor, FlagsThatDoNotApplyAreRefused) {
