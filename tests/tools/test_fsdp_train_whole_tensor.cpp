@@ -2,7 +2,7 @@
 // - 3 ranks match the --no-fsdp reference step by step; each rank's parameters, gradients and
 //   AdamW state are the bytes it owns (together: the model once, no padding); fsdp-estimate
 //   predicts those bytes, the broadcast and reduce payloads and the peak of unsharded bytes
-//   exactly;
+//   exactly, also with bf16 compute and evenness priority 0;
 // - its checkpoints reshard: saved whole-tensor at W = 4 and resumed full_shard at W = 2, and the
 //   reverse, both end within 1e-5 of an uninterrupted whole-tensor run (whose export is itself
 //   within 1e-5 of an uninterrupted full_shard run), and an export loaded with --init-from
@@ -95,6 +95,30 @@ TEST(FsdpTrainWholeTensor, ThreeRanksMatchTheReferenceAndTheEstimate) {
     EXPECT_EQ(largest["param_bytes"], estimate["param_bytes"]);
     EXPECT_EQ(largest["optim_bytes"], estimate["optim_bytes"]);
     EXPECT_EQ(largest["peak_unsharded_bytes"], estimate["peak_unsharded_bytes"]);
+  }
+}
+
+TEST(FsdpTrainWholeTensor, EstimateIsExactWithBf16AndEvennessPriorityZero) {
+  // bf16 copies of the owned tensors are materialized too; evenness priority 0 leaves ranks
+  // uneven (one may own nothing): the estimate is the largest rank's.
+  const std::string flags =
+      " --model tiny --global-batch 8 --seq-len 16 --strategy whole_tensor --evenness-priority 0 "
+      "--param-dtype bf16 --reduce-dtype fp32";
+  const std::string metrics = test::temp_path("whole_bf16.jsonl");
+  const CommandResult t = train("--nproc 4 --steps 2 --quiet --metrics " + metrics + flags);
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  const CommandResult e =
+      run_command(test::program_path("fsdp-estimate") + " --world-size 4" + flags, 60);
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  const auto estimate = nlohmann::json::parse(e.output.substr(e.output.find('{')));
+  const auto ranks = read_json_lines(metrics).back()["ranks"];
+  nlohmann::json largest = ranks[0];
+  for (const auto& r : ranks) {
+    if (r["param_bytes"].get<int64_t>() > largest["param_bytes"].get<int64_t>()) largest = r;
+  }
+  for (const char* key : {"param_bytes", "grad_bytes", "optim_bytes", "peak_unsharded_bytes",
+                          "broadcast_bytes", "reduce_bytes"}) {
+    EXPECT_EQ(largest[key], estimate[key]) << key;
   }
 }
 
