@@ -584,7 +584,7 @@ void ParamGroup::wait_unshard() {
   if (sharded_state_ == ShardedState::kUnsharded) return;
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
   try {
-    wait_for(pending->work, "all-gather of parameters");
+    wait_for(pending->work, gather_name());
   } catch (...) {
     uncount_gather(*pending, /*gathered=*/false);
     set_sharded_state(ShardedState::kSharded);
@@ -619,7 +619,7 @@ void ParamGroup::drop_pending_gather() {
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
   uncount_gather(*pending, /*gathered=*/false);
   set_sharded_state(ShardedState::kSharded);
-  wait_for(pending->work, "all-gather of parameters");
+  wait_for(pending->work, gather_name());
 }
 
 void ParamGroup::uncount_gather(const PendingGather& pending, bool gathered) {

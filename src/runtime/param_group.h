@@ -204,6 +204,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
     int64_t numel = 0;
   };
   bool whole_tensor() const { return !owner_buckets_.empty(); }
+  // What an unshard's collective is called in errors.
+  const char* gather_name() const {
+    return whole_tensor() ? "broadcast of parameters" : "all-gather of parameters";
+  }
   void build_owner_buckets();
   // Issues the broadcasts of every bucket into pending (its buffer receives the buckets this
   // rank does not own, in bucket order).
