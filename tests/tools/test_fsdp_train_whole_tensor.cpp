@@ -7,6 +7,7 @@
 //   reverse, both end within 1e-5 of an uninterrupted whole-tensor run (whose export is itself
 //   within 1e-5 of an uninterrupted full_shard run), and an export loaded with --init-from
 //   exports again byte for byte;
+// - a stalled rank ends the job at the timeout, naming the broadcast and the rank;
 // - flags that do not apply to it are refused, naming them.
 #include <fsdp/checkpoint/safetensors.h>
 
@@ -172,6 +173,17 @@ TEST(FsdpTrainWholeTensor, InitFromAnExportAndExportAgainGivesTheSameFile) {
             "/a.safetensors --export " + dir + "/b.safetensors");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(test::read_bytes(dir + "/a.safetensors"), test::read_bytes(dir + "/b.safetensors"));
+}
+
+TEST(FsdpTrainWholeTensor, AStalledRankEndsTheJobNamingTheBroadcastAndTheRank) {
+  const CommandResult r = run_command(
+      "env FSDP_TRAIN_STALL_AT=1:1 FSDP_FLIGHT_RECORDER_DIR=" + test::temp_dir("whole_stall") +
+          " " + test::fsdp_train_binary() +
+          " --nproc 2 --strategy whole_tensor --model tiny --steps 3 --global-batch 4 "
+          "--seq-len 16 --quiet --timeout-s 3",
+      60);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("broadcast timed out after 3000 ms waiting for rank 1"));
 }
 
 TEST(FsdpTrainWholeTensor, FlagsThatDoNotApplyAreRefused) {
