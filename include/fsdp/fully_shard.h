@@ -31,6 +31,8 @@
 
 namespace fsdp {
 
+class WholeTensorPlacement;  // fsdp/runtime/whole_tensor.h
+
 // FSDP2's MixedPrecisionPolicy. The sharded parameters (what the optimizer updates) and the
 // optimizer state keep their own dtype (fp32 master weights); only the unsharded copies used
 // by forward and backward, and the communication, change dtype.
@@ -99,18 +101,25 @@ struct FullyShardOptions {
   // Keep the sharded state in host memory (see CPUOffloadPolicy). (optional) defaults to none:
   // the state lives on the mesh's device.
   TORCH_ARG(std::optional<CPUOffloadPolicy>, offload_policy) = std::nullopt;
+  // Inter-tensor ZeRO-3 (fsdp/runtime/whole_tensor.h): each parameter lives whole on the rank
+  // the placement names, and is broadcast from it and its gradient reduced to it, instead of
+  // Shard(0). Every parameter of the unit needs an owner in [0, W); the mesh must be 1-D and
+  // reshard_after_forward a bool. (optional) defaults to none: Shard(0).
+  TORCH_ARG(std::shared_ptr<const WholeTensorPlacement>, whole_tensor) = nullptr;
 };
 
 // Where a rank's shard of one parameter sits in the global tensor (DTensor-like metadata).
-// The placement is always Shard(0): rows [local_offset, local_offset + local_rows) of the
+// Under Shard(0) rows [local_offset, local_offset + local_rows) of the
 // global tensor live on this rank, followed by padded_rows - local_rows rows of zero padding.
-// A 0-D parameter is treated as a 1-element vector.
+// A 0-D parameter is treated as a 1-element vector. Under a whole-tensor placement
+// padded_rows = local_rows = the global rows on the owner and 0 on every other rank.
 struct ShardMetadata {
   std::vector<int64_t> global_shape;
   int64_t shard_dim = 0;
   int64_t local_offset = 0;  // first global row held by this rank
   int64_t local_rows = 0;    // real rows held by this rank (may be 0)
-  int64_t padded_rows = 0;   // rows of the local shard, padding included (same on every rank)
+  int64_t padded_rows =
+      0;  // rows of the local shard, padding included (Shard(0): same on every rank)
   int mesh_rank = 0;
   int mesh_size = 1;
   std::string placement() const { return "Shard(0)"; }

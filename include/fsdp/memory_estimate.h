@@ -43,7 +43,10 @@
 
 namespace fsdp {
 
-enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
+// kWholeTensor: inter-tensor ZeRO-3 (fsdp/runtime/whole_tensor.h); the estimate is that of the
+// rank owning the most bytes under partition_whole_tensors, and its "sharded" bytes are the
+// tensors it owns (exact); blocks reshard after forward as under full_shard.
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard, kWholeTensor };
 
 // How gradients of the micro-batches of one step are accumulated (fsdp-train --accum-mode):
 // reduce after every backward (kSync); keep full gradients until the last backward reduces
@@ -51,7 +54,8 @@ enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard }
 // from the first forward to the last backward (kNoReshard).
 enum class AccumulationMode { kSync, kNoSync, kNoReshard };
 
-// "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"; throws listing them otherwise.
+// "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "whole_tensor"; throws listing
+// them otherwise.
 ShardingStrategy parse_sharding_strategy(const std::string& name);
 std::string to_string(ShardingStrategy strategy);
 // "sync", "no-sync", "no-reshard" (fsdp-train's --accum-mode); throws listing them otherwise.
@@ -111,6 +115,9 @@ struct MemoryEstimateOptions {
   // micro-batch. (optional) defaults to 1.
   TORCH_ARG(int, grad_accum) = 1;
   TORCH_ARG(AccumulationMode, accumulation) = AccumulationMode::kSync;
+  // whole_tensor: the partition's evenness priority (WholeTensorPartitionOptions). (optional)
+  // defaults to 1.
+  TORCH_ARG(double, evenness_priority) = 1.0;
   // false: plain single-process training, no FSDP (fsdp-train --no-fsdp). (optional) defaults
   // to true.
   TORCH_ARG(bool, fsdp) = true;
@@ -131,6 +138,10 @@ struct MemoryEstimate {
   int64_t all_gather_bytes = 0;
   int64_t reduce_scatter_bytes = 0;
   int64_t all_reduce_bytes = 0;
+  // whole_tensor: the broadcasts of parameters (every owner's bucket, this rank's own included)
+  // and the reduces of gradients to their owners.
+  int64_t broadcast_bytes = 0;
+  int64_t reduce_bytes = 0;
   // Where the step's peak is ("backward of h.7", "optimizer step", ...).
   std::string peak_phase;
   // The most bytes live in each phase of the replayed step, in order.

@@ -1,10 +1,11 @@
 // Full checkpoints: save_full, load_full (see include/fsdp/checkpoint/checkpoint.h).
 //
-// save_full gathers one parameter at a time with an all-gather of its padded shards (every
-// rank takes part; rank 0 writes), so no rank ever holds more than one full parameter beyond
-// its shards. The header is written first (all shapes are known up front) and the data
-// streams after it. Rank 0 keeps taking part in the all-gathers after a write error, so the
-// other ranks never wait on it; the error is agreed on at the end.
+// save_full gathers one parameter at a time with an all-gather of its padded shards, or a
+// broadcast from the one rank that holds it whole (every rank takes part; rank 0 writes), so no
+// rank ever holds more than one full parameter beyond its shards. The header is written first (all
+// shapes are known up front) and the data streams after it. Rank 0 keeps taking part in the
+// all-gathers after a write error, so the other ranks never wait on it; the error is agreed on at
+// the end.
 //
 // load_full maps the file's keys to parameter names through the layout, reports every
 // mismatch at once, then reads each rank's rows: a plain tensor's rows are one contiguous
@@ -65,6 +66,14 @@ at::Tensor gather_full(const LocalParam& lp, const std::vector<detail::RowRange>
   const int rank = group ? group->rank() : 0;
   if (writers.size() == 1 && writers[0].rank == 0) {
     return rank == 0 ? local.reshape(lp.global_shape) : at::Tensor();
+  }
+  if (writers.size() == 1 && writers[0].rows == lp.dim0) {
+    // Whole on another rank alone (inter-tensor ZeRO-3), which broadcasts it.
+    const int owner = writers[0].rank;
+    at::Tensor full = rank == owner ? local.reshape(lp.global_shape).contiguous()
+                                    : at::empty(lp.global_shape, local.options());
+    group->broadcast(full, owner)->wait();
+    return rank == 0 ? full : at::Tensor();
   }
   const int world = group->size();
   for (int r = 0; r < world; ++r) {

@@ -30,6 +30,7 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fsdp/memory_estimate.h>
+#include <fsdp/runtime/whole_tensor.h>
 
 #include <algorithm>
 #include <deque>
@@ -52,7 +53,48 @@ struct UnitSizes {
   int64_t full_numel = 0;       // sum of full parameters
   int64_t max_shard_numel = 0;  // largest single padded shard (optimizer temporaries)
   int64_t saved = 0, forward_ws = 0, backward_peak = 0;
+  int64_t largest_received_numel = 0;  // whole_tensor: the largest bucket of another owner
 };
+
+// whole_tensor: the sizes on the rank that owns the most bytes (the lowest such rank), from the
+// same partition the runtime makes: units 0 .. n-1 are the model's units, n the root.
+std::vector<UnitSizes> whole_tensor_sizes(const ModelMemorySpec& model, int world,
+                                          int64_t master_bytes, double evenness_priority) {
+  std::vector<const std::vector<std::vector<int64_t>>*> shapes;
+  for (const auto& u : model.units) shapes.push_back(&u.param_shapes);
+  shapes.push_back(&model.root_param_shapes);
+  std::vector<WholeTensorItem> items;
+  for (size_t u = 0; u < shapes.size(); ++u) {
+    for (const auto& shape : *shapes[u]) {
+      items.push_back({"", numel_of(shape) * master_bytes, static_cast<int>(u)});
+    }
+  }
+  const WholeTensorPartition partition = partition_whole_tensors(
+      items, world, WholeTensorPartitionOptions().evenness_priority(evenness_priority));
+  const int rank =
+      static_cast<int>(std::max_element(partition.rank_bytes.begin(), partition.rank_bytes.end()) -
+                       partition.rank_bytes.begin());
+  std::vector<UnitSizes> sizes(shapes.size());
+  std::vector<std::vector<int64_t>> bucket_numel(shapes.size(), std::vector<int64_t>(world, 0));
+  for (size_t i = 0; i < items.size(); ++i) {
+    UnitSizes& u = sizes[items[i].unit];
+    const int64_t numel = items[i].bytes / master_bytes;
+    u.full_numel += numel;
+    bucket_numel[items[i].unit][partition.owners[i]] += numel;
+    if (partition.owners[i] != rank) continue;
+    u.shard_numel += numel;
+    u.max_shard_numel = std::max(u.max_shard_numel, numel);
+  }
+  for (size_t u = 0; u < sizes.size(); ++u) {
+    for (int r = 0; r < world; ++r) {
+      if (r != rank) {
+        sizes[u].largest_received_numel =
+            std::max(sizes[u].largest_received_numel, bucket_numel[u][r]);
+      }
+    }
+  }
+  return sizes;
+}
 
 UnitSizes sizes_of(const std::string& name, const std::vector<std::vector<int64_t>>& shapes,
                    int shard) {
@@ -127,6 +169,7 @@ class StepModel {
     switch (o.strategy()) {
       case ShardingStrategy::kFullShard:
       case ShardingStrategy::kShardGradOp:
+      case ShardingStrategy::kWholeTensor:
         break;
       case ShardingStrategy::kNoShard:
         replicate = o.world_size();
@@ -167,10 +210,21 @@ class StepModel {
                 to_string(o.strategy()));
     if (size == 1) reshard_after_forward_ = false;
     if (size > 1 && size < shard_) post_forward_size_ = size;
+    whole_tensor_ = o.fsdp() && o.strategy() == ShardingStrategy::kWholeTensor && shard_ > 1;
+    TORCH_CHECK(
+        !whole_tensor_ || post_forward_size_ == 0,
+        "estimate_memory: whole_tensor broadcasts whole tensors; reshard_after_forward_size ", size,
+        " (hpZ) does not apply to it");
 
-    root_ = sizes_of("root", model.root_param_shapes, shard_);
-    for (const auto& u : model.units) {
-      UnitSizes s = sizes_of(u.name, u.param_shapes, shard_);
+    const auto whole = whole_tensor_
+                           ? whole_tensor_sizes(model, shard_, master_, o.evenness_priority())
+                           : std::vector<UnitSizes>{};
+    root_ = whole_tensor_ ? whole.back() : sizes_of("root", model.root_param_shapes, shard_);
+    root_.name = "root";
+    for (size_t k = 0; k < model.units.size(); ++k) {
+      const auto& u = model.units[k];
+      UnitSizes s = whole_tensor_ ? whole[k] : sizes_of(u.name, u.param_shapes, shard_);
+      s.name = u.name;
       s.saved = u.saved_bytes;
       s.forward_ws = u.forward_workspace_bytes;
       s.backward_peak = u.backward_peak_bytes;
@@ -217,6 +271,8 @@ class StepModel {
     e.all_gather_bytes = all_gather_bytes_;
     e.reduce_scatter_bytes = reduce_scatter_bytes_;
     e.all_reduce_bytes = all_reduce_bytes_;
+    e.broadcast_bytes = broadcast_bytes_;
+    e.reduce_bytes = reduce_bytes_;
     e.timeline = r_.timeline();
     return e;
   }
@@ -232,10 +288,14 @@ class StepModel {
   };
 
   bool gathers() const { return o_.fsdp() && (shard_ > 1 || cast_); }
+  // whole_tensor: this rank's own tensors alias their shards unless cast.
   int64_t unsharded_bytes(const UnitSizes& u) const {
+    if (whole_tensor_ && !cast_) return (u.full_numel - u.shard_numel) * compute_;
     return gathers() ? u.full_numel * compute_ : 0;
   }
+  // whole_tensor: the buffer receives the other owners' buckets.
   int64_t gather_buffer_bytes(const UnitSizes& u) const {
+    if (whole_tensor_) return (u.full_numel - u.shard_numel) * compute_;
     return u.shard_numel * shard_ * compute_;
   }
   int64_t cast_copy_bytes(const UnitSizes& u) const { return cast_ ? u.shard_numel * compute_ : 0; }
@@ -256,7 +316,11 @@ class StepModel {
     const int64_t input = s.piece ? 0 : cast_copy_bytes(u);
     r_.alloc(input + gather_buffer_bytes(u), "all-gather of " + label(i));
     r_.count_comm(gather_buffer_bytes(u));
-    all_gather_bytes_ += gather_buffer_bytes(u);
+    if (whole_tensor_) {
+      broadcast_bytes_ += u.full_numel * compute_;  // every bucket, the own one included
+    } else {
+      all_gather_bytes_ += gather_buffer_bytes(u);
+    }
     // c10d's gloo all-gather gathers into a flat tensor of the output's size and copies out.
     // A gather from an hpZ piece runs on the post-forward group's own thread.
     issued_since_compute_.push_back(
@@ -417,6 +481,10 @@ class StepModel {
   // Packs unit i's full gradients (`full` bytes, freed) into the reduction's input and issues
   // the reduction, keeping at most two in flight.
   void issue_reduction(int i, const UnitSizes& u, int64_t full, const std::string& phase) {
+    if (whole_tensor_) {
+      issue_owner_reductions(i, u, full, phase);
+      return;
+    }
     const int64_t input = u.shard_numel * shard_ * reduce_;
     r_.alloc(input, phase);
     r_.count_comm(input);
@@ -433,6 +501,21 @@ class StepModel {
     if (replicate_ > 1) all_reduce_bytes_ += shard_ == 1 ? input : output;
     // The ring reduce-scatter's two chunk buffers (an all-reduce's live inside gloo).
     if (shard_ > 1) issued_since_compute_.push_back({2 * u.shard_numel * reduce_, kShardGroup});
+    while (pending_.size() > 2) finish_oldest();
+  }
+
+  // whole_tensor: the other owners' buckets are packed into the input, this rank's own into the
+  // output, and each is reduced to its owner; gloo's reduce copies a non-root's tensor first.
+  void issue_owner_reductions(int i, const UnitSizes& u, int64_t full, const std::string& phase) {
+    const int64_t input = (u.full_numel - u.shard_numel) * reduce_;
+    const int64_t output = u.shard_numel * reduce_;
+    r_.alloc(input + output, phase);
+    r_.count_comm(input);
+    r_.free(full);
+    pending_.push_back({input, output, u.shard_numel, i});
+    obs_.issue_reduction(i, full, input + output, ReductionKind::kReduceScatter, shard_);
+    reduce_bytes_ += u.full_numel * reduce_;
+    issued_since_compute_.push_back({u.largest_received_numel * reduce_, kShardGroup});
     while (pending_.size() > 2) finish_oldest();
   }
 
@@ -488,7 +571,9 @@ class StepModel {
   bool cast_ = false;
   bool reshard_after_forward_ = true;
   int post_forward_size_ = 0;  // hpZ group size, when 1 < N < shard_
+  bool whole_tensor_ = false;  // inter-tensor ZeRO-3 over shard_ > 1 ranks
   int64_t all_gather_bytes_ = 0, reduce_scatter_bytes_ = 0, all_reduce_bytes_ = 0;
+  int64_t broadcast_bytes_ = 0, reduce_bytes_ = 0;
   UnitSizes root_;
   std::vector<UnitSizes> units_;
   int64_t root_before_ = 0, root_after_ = 0, root_forward_ws_ = 0, root_backward_peak_ = 0;
@@ -505,8 +590,9 @@ ShardingStrategy parse_sharding_strategy(const std::string& name) {
   if (name == "shard_grad_op") return ShardingStrategy::kShardGradOp;
   if (name == "no_shard") return ShardingStrategy::kNoShard;
   if (name == "hybrid_shard") return ShardingStrategy::kHybridShard;
+  if (name == "whole_tensor") return ShardingStrategy::kWholeTensor;
   TORCH_CHECK(false, "unknown sharding strategy '", name,
-              "'; valid: full_shard, shard_grad_op, no_shard, hybrid_shard");
+              "'; valid: full_shard, shard_grad_op, no_shard, hybrid_shard, whole_tensor");
 }
 
 std::string to_string(ShardingStrategy strategy) {
@@ -519,6 +605,8 @@ std::string to_string(ShardingStrategy strategy) {
       return "no_shard";
     case ShardingStrategy::kHybridShard:
       return "hybrid_shard";
+    case ShardingStrategy::kWholeTensor:
+      return "whole_tensor";
   }
   TORCH_INTERNAL_ASSERT(false, "unhandled sharding strategy");
 }
@@ -540,10 +628,11 @@ std::string MemoryEstimate::to_json() const {
       "{{\"param_bytes\": {}, \"grad_bytes\": {}, \"optim_bytes\": {}, \"peak_unsharded_bytes\": "
       "{}, "
       "\"activation_bytes\": {}, \"comm_buffer_bytes\": {}, \"total_bytes\": {}, \"peak_phase\": "
-      "\"{}\", \"all_gather_bytes\": {}, \"reduce_scatter_bytes\": {}, \"all_reduce_bytes\": {}}}",
+      "\"{}\", \"all_gather_bytes\": {}, \"reduce_scatter_bytes\": {}, \"all_reduce_bytes\": {}, "
+      "\"broadcast_bytes\": {}, \"reduce_bytes\": {}}}",
       param_bytes, grad_bytes, optim_bytes, peak_unsharded_bytes, activation_bytes,
       comm_buffer_bytes, total_bytes, peak_phase, all_gather_bytes, reduce_scatter_bytes,
-      all_reduce_bytes);
+      all_reduce_bytes, broadcast_bytes, reduce_bytes);
 }
 
 namespace detail {

@@ -370,6 +370,11 @@ StepTimePlan plan_step_time(const ModelMemorySpec& memory, const ModelComputeSpe
               compute.units.size(), " units, the memory spec ", memory.units.size());
   TORCH_CHECK(compute.tokens >= 1, "plan_step_time: a micro-batch of ", compute.tokens, " tokens");
   const MemoryEstimateOptions& mo = options.memory();
+  // Its broadcasts and reduces are rooted collectives the timelines do not price (yet).
+  TORCH_CHECK(!mo.fsdp() || mo.strategy() != ShardingStrategy::kWholeTensor || mo.world_size() == 1,
+              "plan_step_time: --strategy whole_tensor is not modelled by the step-time planner "
+              "(its per-owner broadcasts and reduces have no timeline); fsdp-estimate gives its "
+              "memory and bytes");
   const at::ScalarType dtype =
       mo.fsdp() ? mo.param_dtype().value_or(mo.master_dtype()) : mo.master_dtype();
   const Device device(hardware, dtype, mo.world_size());

@@ -16,10 +16,14 @@ namespace fsdp::detail {
 
 FSDPParam::FSDPParam(std::string name, at::Tensor param, int rank, int world,
                      at::ScalarType compute_dtype)
+    : FSDPParam(std::move(name), param, shard_layout(param.sizes(), rank, world), compute_dtype) {}
+
+FSDPParam::FSDPParam(std::string name, at::Tensor param, DimShardLayout layout,
+                     at::ScalarType compute_dtype)
     : name_(std::move(name)),
       param_(std::move(param)),
       global_shape_(param_.sizes().begin(), param_.sizes().end()),
-      layout_(shard_layout(param_.sizes(), rank, world)) {
+      layout_(layout) {
   unsharded_ = at::empty(global_shape_, param_.options().dtype(compute_dtype).requires_grad(false));
   resize_storage(unsharded_, 0);
 }
@@ -89,6 +93,19 @@ void FSDPParam::unshard_from(const at::Tensor& gathered_2d, int64_t column) {
   {
     at::NoGradGuard no_grad;
     copy_chunks_to_rows(chunks, unsharded_.view({layout_.dim0, layout_.row_numel}), layout_);
+  }
+  param_.set_data(unsharded_);
+  unsharded_now_ = true;
+}
+
+void FSDPParam::unshard_from_flat(const at::Tensor& flat) {
+  TORCH_INTERNAL_ASSERT(!unsharded_now_, "parameter ", name_, " is already unsharded");
+  TORCH_INTERNAL_ASSERT(flat.numel() == layout_.dim0 * layout_.row_numel);
+  resize_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
+  {
+    at::NoGradGuard no_grad;
+    unsharded_.view({layout_.dim0, layout_.row_numel})
+        .copy_(flat.view({layout_.dim0, layout_.row_numel}));
   }
   param_.set_data(unsharded_);
   unsharded_now_ = true;

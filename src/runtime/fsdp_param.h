@@ -24,6 +24,10 @@ class FSDPParam {
   // param must hold the full (global) value; it is not modified here. compute_dtype is the
   // dtype of the unsharded parameter (the mixed-precision param_dtype, or param's own).
   FSDPParam(std::string name, at::Tensor param, int rank, int world, at::ScalarType compute_dtype);
+  // The same with the layout given: under a whole-tensor placement (whole_tensor_layout) the
+  // owner's "shard" is the whole tensor and every other rank's is empty.
+  FSDPParam(std::string name, at::Tensor param, DimShardLayout layout,
+            at::ScalarType compute_dtype);
 
   const std::string& name() const { return name_; }
   at::Tensor& param() { return param_; }
@@ -52,9 +56,14 @@ class FSDPParam {
   // With one rank the shard is the whole tensor: points the parameter at it, in the global
   // shape, with no copy and no allocation.
   void unshard_single_rank();
+  // Re-fills the unsharded storage from flat (numel() elements of the global tensor, row-major,
+  // in the compute dtype: a whole-tensor broadcast's buffer) and points the parameter at it.
+  void unshard_from_flat(const at::Tensor& flat);
   // Points the parameter back at its shard and frees the unsharded storage.
   void reshard();
   bool is_unsharded() const { return unsharded_now_; }
+  // Unsharded by unshard_single_rank: the parameter is its own shard, no bytes of its own.
+  bool aliases_shard() const { return aliases_shard_; }
 
   // Copies chunks [first_chunk, first_chunk + count) of a full tensor of this parameter's
   // shape (chunk r: the padded rows of rank r) into slot_2d, a [count, padded_numel()] column

@@ -8,6 +8,8 @@
 
 #include "runtime/param_group.h"
 
+#include <fsdp/runtime/whole_tensor.h>
+
 #include <c10/util/Exception.h>
 
 #include <unordered_set>
@@ -81,6 +83,48 @@ void cast_unit_buffers(torch::nn::Module& module, const MixedPrecisionPolicy& mp
   }
 }
 
+// A whole-tensor placement needs a 1-D mesh (no replicas to all-reduce across) and a bool
+// reshard_after_forward (hpZ's pieces are rows of every rank's shard).
+void check_whole_tensor(const FullyShardOptions& options, const DeviceMesh& mesh,
+                        const torch::nn::Module& module) {
+  if (!options.whole_tensor()) return;
+  TORCH_CHECK(mesh.ndim() == 1, "fully_shard: module '", module.name(),
+              "' has a whole-tensor placement but the mesh is 2-D (", mesh.replicate_size(), " x ",
+              mesh.shard_size(),
+              "); inter-tensor ZeRO-3 owns each tensor on one rank of a 1-D mesh");
+  const auto& reshard = options.reshard_after_forward();
+  const int w = mesh.shard_size();
+  TORCH_CHECK(!reshard.has_value() || reshard->group_size(w) == 1 || reshard->group_size(w) == w,
+              "fully_shard: module '", module.name(),
+              "' has a whole-tensor placement, whose "
+              "tensors are broadcast whole, so reshard_after_forward must be true or false, not "
+              "the group size ",
+              reshard->group_size(w));
+  // The owners' broadcasts read the shards where they live; offloaded shards on the host would
+  // need the copy-in that only Shard(0)'s gather has.
+  TORCH_CHECK(!options.offload_policy().has_value() || mesh.device().is_cpu(),
+              "fully_shard: module '", module.name(),
+              "' has a whole-tensor placement and a CPUOffloadPolicy on a ", mesh.device(),
+              " mesh; inter-tensor ZeRO-3 does not offload (drop one of the two)");
+}
+
+// The parameter's layout under options: Shard(0), or whole on the owner the placement names.
+FSDPParam make_param(const std::string& name, const at::Tensor& tensor, const DeviceMesh& mesh,
+                     const FullyShardOptions& options, const torch::nn::Module& module) {
+  const at::ScalarType compute = options.mp_policy().param_dtype().value_or(tensor.scalar_type());
+  if (!options.whole_tensor()) {
+    return FSDPParam(name, tensor, mesh.shard_rank(), mesh.shard_size(), compute);
+  }
+  const int owner = options.whole_tensor()->owner_of(tensor);
+  TORCH_CHECK(owner >= 0 && owner < mesh.shard_size(), "fully_shard: parameter '", name,
+              "' of module '", module.name(), "' ",
+              owner < 0 ? std::string("has no owner in the whole-tensor placement")
+                        : "is placed on rank " + std::to_string(owner) + ", outside the mesh's " +
+                              std::to_string(mesh.shard_size()) + " ranks");
+  return FSDPParam(name, tensor, whole_tensor_layout(tensor.sizes(), owner == mesh.shard_rank()),
+                   compute);
+}
+
 }  // namespace
 
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const DeviceMesh& mesh,
@@ -98,6 +142,7 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const D
                " mesh: the state is in host memory already and nothing is copied to a "
                "device; pass CPUOffloadPolicy().pin_memory(false) to silence this");
   }
+  check_whole_tensor(options, mesh, *module);
   if (const auto& reshard = options.reshard_after_forward()) {
     // Only an int can fail: true and false give W and 1.
     const int w = mesh.shard_size();
@@ -131,8 +176,7 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const D
                   params.front().name(), "' is ", params.front().param().scalar_type(), " and '",
                   name, "' is ", tensor.scalar_type());
     }
-    params.emplace_back(name, tensor, mesh.shard_rank(), mesh.shard_size(),
-                        options.mp_policy().param_dtype().value_or(tensor.scalar_type()));
+    params.push_back(make_param(name, tensor, mesh, options, *module));
   }
 
   cast_unit_buffers(*module, options.mp_policy());

@@ -125,6 +125,7 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
     p.init_sharded(flat_shards_.narrow(0, offset, p.padded_numel()));
     offset += p.padded_numel();
   }
+  if (options_.whole_tensor() && mesh_.shard_size() > 1) build_owner_buckets();
   if (options_.reshard_after_forward().has_value()) {
     // fully_shard checked that the size divides the shard group.
     const int size = options_.reshard_after_forward()->group_size(mesh_.shard_size());
@@ -388,7 +389,8 @@ void ParamGroup::post_backward() {
   } else if (mesh_.shard_size() == 1 && mesh_.replicate_group() == nullptr) {
     assign_single_rank_grads(grads);
   } else {
-    root_->add_reduce(issue_reduce(std::move(grads)));
+    root_->add_reduce(whole_tensor() ? issue_owner_reduces(std::move(grads))
+                                     : issue_reduce(std::move(grads)));
   }
 }
 
@@ -629,6 +631,12 @@ void ParamGroup::issue_unshard() {
   auto pending = std::make_unique<PendingGather>();
   // A gather for backward follows the unit's forward; the schedule names the two apart.
   pending->phase = training_state_ == TrainingState::kAwaitingBackward ? "bwd" : "fwd";
+  if (whole_tensor()) {
+    issue_broadcasts(*pending);
+    pending_gather_ = std::move(pending);
+    set_sharded_state(ShardedState::kGathering);
+    return;
+  }
   ProcessGroup* group = &mesh_.shard_group();
   if (sharded_state_ == ShardedState::kPostForwardPiece) {
     // hpZ: gather the pieces of this rank's post-forward group, whose [N, W/N * S] output is
@@ -720,15 +728,24 @@ void ParamGroup::wait_unshard() {
   if (sharded_state_ == ShardedState::kUnsharded) return;
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
   try {
-    // With streams, copy-out's wait on the gather's event orders compute instead.
-    if (tree().streams().in_program_order()) wait_for(pending->work, "all-gather of parameters");
+    // With streams, copy-out's wait on the gather's event orders compute instead (whole-tensor
+    // broadcasts are waited on by the host: their copy-out is not on the stream schedule).
+    if (whole_tensor() || tree().streams().in_program_order()) {
+      wait_for(pending->work, gather_name());
+    }
   } catch (...) {
     uncount_gather(*pending, /*gathered=*/false);
     set_sharded_state(ShardedState::kSharded);
     throw;
   }
-  mesh_.tracer().complete("comm", "all-gather", pending->issued, pending->work->finished_at(),
-                          label_, pending->buffer.nbytes(), "comm");
+  mesh_.tracer().complete("comm", whole_tensor() ? "broadcast" : "all-gather", pending->issued,
+                          pending->work->finished_at(), label_, pending->buffer.nbytes(), "comm");
+  if (whole_tensor()) {
+    copy_out_broadcasts(*pending);
+    uncount_gather(*pending, /*gathered=*/true);
+    set_sharded_state(ShardedState::kUnsharded);
+    return;
+  }
   const StreamEvent copied_out = copy_out(*pending);
   uncount_gather(*pending, /*gathered=*/true);
   release_gather(*pending, copied_out);
@@ -777,7 +794,11 @@ void ParamGroup::drop_pending_gather() {
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
   uncount_gather(*pending, /*gathered=*/false);
   set_sharded_state(ShardedState::kSharded);
-  if (tree().streams().in_program_order()) wait_for(pending->work, "all-gather of parameters");
+  if (whole_tensor()) {
+    wait_for(pending->work, gather_name());
+    return;
+  }
+  if (tree().streams().in_program_order()) wait_for(pending->work, gather_name());
   release_gather(*pending, pending->gathered);
 }
 
@@ -805,7 +826,10 @@ void ParamGroup::reshard() {
 void ParamGroup::free_unsharded_params() {
   const bool counted = mesh_.shard_size() > 1;
   for (auto& p : params_) {
-    if (p.is_unsharded() && counted) mesh_.stats().add_unsharded_params(-p.unsharded_bytes());
+    // An owned whole tensor aliases its shard: no bytes of its own were counted.
+    if (p.is_unsharded() && counted && !p.aliases_shard()) {
+      mesh_.stats().add_unsharded_params(-p.unsharded_bytes());
+    }
     p.reshard();
   }
   mesh_.stats().add_unsharded_units(-1);

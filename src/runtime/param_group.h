@@ -36,6 +36,11 @@
 //
 // Every collective is issued by every rank in the same order, because every rank runs the same
 // forward and the same autograd graph, and prefetch decisions depend only on that order.
+//
+// Under a whole-tensor placement (inter-tensor ZeRO-3, FullyShardOptions::whole_tensor, W > 1)
+// the states and hooks are the same; the unshard is one broadcast per owner of the unit's
+// tensors instead of the all-gather, and the reduction one reduce per owner instead of the
+// reduce-scatter (param_group_whole_tensor.cpp).
 #pragma once
 
 #include "runtime/fsdp_param.h"
@@ -217,6 +222,29 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   StreamEvent all_reduce_across_replicas(const at::Tensor& reduced, const StreamEvent& after);
   static void assign_sharded_grads(const at::Tensor& reduced, const PendingReduce& reduce);
 
+  // Whole-tensor placement (param_group_whole_tensor.cpp). The unit's tensors grouped by
+  // owner rank, owners ascending (every rank lists the same buckets in the same order).
+  struct OwnerBucket {
+    int owner = 0;
+    std::vector<size_t> params;  // indices into params_, in registration order
+    int64_t numel = 0;
+  };
+  bool whole_tensor() const { return !owner_buckets_.empty(); }
+  // What an unshard's collective is called in errors.
+  const char* gather_name() const {
+    return whole_tensor() ? "broadcast of parameters" : "all-gather of parameters";
+  }
+  void build_owner_buckets();
+  // Issues the broadcasts of every bucket into pending (its buffer receives the buckets this
+  // rank does not own, in bucket order).
+  void issue_broadcasts(PendingGather& pending);
+  // Points each parameter at its full value: the owned ones at their shards (or a cast copy),
+  // the others at the broadcast buffer's copy.
+  void copy_out_broadcasts(const PendingGather& pending);
+  // Packs the full gradients by bucket and reduces each bucket to its owner; the output is this
+  // rank's own bucket, which becomes its owned parameters' gradients.
+  PendingReduce issue_owner_reduces(UnitGrads grads);
+
   // Blocks on work, counting the wait as exposed communication; rethrows with context.
   void wait_for(const WorkHandle& work, const char* what);
   void check_not_in_backward(const char* setting) const;
@@ -244,6 +272,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   std::shared_ptr<ProcessGroup> post_forward_group_;
   at::Tensor post_forward_piece_;
   StreamEvent piece_ready_;  // recorded on compute once the piece is written
+  std::vector<OwnerBucket> owner_buckets_;  // empty unless whole-tensor with W > 1
   TrainingState training_state_ = TrainingState::kIdle;
   ShardedState sharded_state_ = ShardedState::kSharded;
   std::unique_ptr<PendingGather> pending_gather_;  // set exactly in kGathering

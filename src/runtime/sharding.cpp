@@ -34,4 +34,10 @@ DimShardLayout shard_layout(c10::IntArrayRef global_shape, int rank, int world) 
   return layout;
 }
 
+DimShardLayout whole_tensor_layout(c10::IntArrayRef global_shape, bool owned) {
+  DimShardLayout layout = shard_layout(global_shape, /*rank=*/0, /*world=*/1);
+  if (!owned) layout.chunk_rows = layout.local_rows = 0;
+  return layout;
+}
+
 }  // namespace fsdp

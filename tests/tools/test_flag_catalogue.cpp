@@ -95,6 +95,9 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--timeout-s", "--timeout-s 1e300"},
     {"fsdp-train", "--quiet", "--quiet=maybe"},
     {"fsdp-train", "--strategy", "--strategy zero4"},
+    {"fsdp-train", "--evenness-priority", "--strategy whole_tensor --evenness-priority 1.5"},
+    {"fsdp-train", "--evenness-priority", "--strategy whole_tensor --evenness-priority nan"},
+    {"fsdp-train", "--evenness-priority", "--evenness-priority 0.5"},  // needs whole_tensor
     {"fsdp-train", "--replicate", "--replicate 0"},
     {"fsdp-train", "--replicate", "--replicate 2"},  // needs hybrid_shard
     {"fsdp-train", "--replicate", "--nproc 4 --global-batch 8 --strategy hybrid_shard --replicate 3"},
@@ -174,6 +177,8 @@ const BadFlag kCatalogue[] = {
     {"fsdp-estimate", "--world-size", "--world-size 0"},
     {"fsdp-estimate", "--world-size", "--world-size -2"},
     {"fsdp-estimate", "--strategy", "--strategy zero4"},
+    {"fsdp-estimate", "--evenness-priority", "--strategy whole_tensor --evenness-priority -1"},
+    {"fsdp-estimate", "--evenness-priority", "--evenness-priority 0.5"},  // needs whole_tensor
     {"fsdp-estimate", "--replicate", "--replicate 0"},
     {"fsdp-estimate", "--replicate", "--world-size 4 --strategy hybrid_shard --replicate 3"},
     {"fsdp-estimate", "--param-dtype", "--param-dtype int8"},

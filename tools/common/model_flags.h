@@ -32,6 +32,7 @@ struct ModelFlags {
   int world = 2, replicate = 1, prefetch = 1, grad_accum = 1;
   std::string accum_mode = "sync";
   std::string strategy = "full_shard", param_dtype, reduce_dtype, master_dtype = "fp32";
+  double evenness_priority = 1.0;
   int64_t global_batch = 16, seq_len = 64;
   bool activation_checkpoint = false, no_fsdp = false;
   int reshard_after_forward = 1;
@@ -59,8 +60,14 @@ inline void add_mode_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--world-size,--nproc", f.world, "Ranks")
       ->check(integer_at_least(1))
       ->capture_default_str();
-  app.add_option("--strategy", f.strategy, "full_shard, shard_grad_op, no_shard or hybrid_shard")
-      ->check(CLI::IsMember({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}))
+  app.add_option("--strategy", f.strategy,
+                 "full_shard, shard_grad_op, no_shard, hybrid_shard or whole_tensor")
+      ->check(CLI::IsMember(
+          {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "whole_tensor"}))
+      ->capture_default_str();
+  app.add_option("--evenness-priority", f.evenness_priority,
+                 "whole_tensor: the partition's evenness priority, as fsdp-train's")
+      ->check(finite_in(0, 1))
       ->capture_default_str();
   app.add_option("--replicate", f.replicate, "Replicas for hybrid_shard (divides the world size)")
       ->check(integer_at_least(1))
@@ -124,12 +131,15 @@ inline fsdp::MemoryEstimateOptions estimate_options(const ModelFlags& f) {
       .prefetch(f.prefetch)
       .grad_accum(f.grad_accum)
       .accumulation(fsdp::parse_accumulation_mode(f.accum_mode))
+      .evenness_priority(f.evenness_priority)
       .reshard_after_forward_size(f.reshard_after_forward == 0   ? 1
                                   : f.reshard_after_forward == 1 ? 0
                                                                  : f.reshard_after_forward)
       .fsdp(!f.no_fsdp);
   TORCH_CHECK(options.strategy() == fsdp::ShardingStrategy::kHybridShard || f.replicate == 1,
               "--replicate ", f.replicate, " needs --strategy hybrid_shard");
+  TORCH_CHECK(f.evenness_priority == 1 || f.strategy == "whole_tensor", "--evenness-priority ",
+              f.evenness_priority, " applies to --strategy whole_tensor only, not ", f.strategy);
   TORCH_CHECK(f.world % f.replicate == 0, "--replicate ", f.replicate,
               " does not divide --world-size ", f.world);
   const int shard_group = f.strategy == "hybrid_shard" ? f.world / f.replicate

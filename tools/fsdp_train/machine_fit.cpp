@@ -8,6 +8,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -27,6 +28,7 @@ MemoryEstimateOptions estimate_options(const TrainerOptions& o, int world) {
       .reshard_after_forward_size(o.reshard_after_forward == 0   ? 1
                                   : o.reshard_after_forward == 1 ? 0
                                                                  : o.reshard_after_forward)
+      .evenness_priority(o.evenness_priority)
       .fsdp(!o.no_fsdp);
   if (auto dtype = dtype_flag("--param-dtype", o.param_dtype); dtype && *dtype != at::kFloat) {
     options.param_dtype(*dtype);
@@ -50,8 +52,12 @@ int64_t local_ranks_bytes(const TrainerOptions& o, int world, int local_ranks) {
   const int64_t micro_batch = o.global_batch / world / o.grad_accum;
   const ModelMemorySpec spec =
       model_spec_of(o)->memory_spec(micro_batch, o.seq_len, compute, o.activation_checkpoint);
-  return int64_t{local_ranks} *
-         (kProcessFootprintBytes + estimate_memory(spec, options).total_bytes);
+  int64_t rank_bytes = estimate_memory(spec, options).total_bytes;
+  if (options.strategy() == ShardingStrategy::kWholeTensor) {
+    // Built whole before it is partitioned: every rank holds the full fp32 model first.
+    rank_bytes = std::max(rank_bytes, model_spec_of(o)->num_parameters() * int64_t{4});
+  }
+  return int64_t{local_ranks} * (kProcessFootprintBytes + rank_bytes);
 }
 
 int64_t available_memory_bytes() {

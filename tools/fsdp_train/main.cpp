@@ -127,9 +127,14 @@ void add_grad_scaler_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
 // Sharding strategy, mixed precision, accumulation and prefetch.
 void add_mode_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
   const auto positive = fsdp::tools::integer_at_least(1);
-  app.add_option(
-         "--strategy", o.strategy,
-         "full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP) or hybrid_shard (HSDP)")
+  app.add_option("--strategy", o.strategy,
+                 "full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP), hybrid_shard "
+                 "(HSDP) or whole_tensor (inter-tensor ZeRO-3: each tensor whole on one rank)")
+      ->capture_default_str();
+  app.add_option("--evenness-priority", o.evenness_priority,
+                 "whole_tensor: 1 places tensors for even bytes per rank; lower keeps a block's "
+                 "tensors on fewer ranks (fewer broadcasts) at the cost of balance")
+      ->check(fsdp::tools::finite_in(0, 1))
       ->capture_default_str();
   app.add_option("--replicate", o.replicate,
                  "hybrid_shard: replicas (the shard groups have W / R ranks)")

@@ -25,6 +25,7 @@
 #include <fsdp/fully_shard.h>
 #include <fsdp/grad_scaler.h>
 #include <fsdp/memory_estimate.h>
+#include <fsdp/runtime/whole_tensor.h>
 #include <fsdp/util/memory_counter.h>
 #include <fsdp/wrap_policy.h>
 #include <fsdp_train/corpus.h>
@@ -101,6 +102,8 @@ nlohmann::json to_json(const StepRecord& r) {
                      {"all_gather_bytes", s.all_gather_bytes},
                      {"reduce_scatter_bytes", s.reduce_scatter_bytes},
                      {"all_reduce_bytes", s.all_reduce_bytes},
+                     {"broadcast_bytes", s.broadcast_bytes},
+                     {"reduce_bytes", s.reduce_bytes},
                      {"peak_rss_bytes", s.peak_rss_bytes},
                      {"sent_bytes", s.sent_bytes},
                      {"peak_alloc_bytes", s.peak_alloc_bytes},
@@ -128,7 +131,8 @@ constexpr int64_t RankStepStats::*kGatheredFields[] = {
     &RankStepStats::all_gather_bytes, &RankStepStats::reduce_scatter_bytes,
     &RankStepStats::all_reduce_bytes, &RankStepStats::peak_rss_bytes,
     &RankStepStats::sent_bytes,       &RankStepStats::peak_alloc_bytes,
-    &RankStepStats::activation_bytes};
+    &RankStepStats::activation_bytes, &RankStepStats::broadcast_bytes,
+    &RankStepStats::reduce_bytes};
 constexpr int64_t kGatheredCount = std::size(kGatheredFields);
 
 // Every rank's stats, gathered to every rank (one small all-gather of int64s per step).
@@ -319,9 +323,18 @@ void validate_sharding(const TrainerOptions& o, int world) {
   TORCH_CHECK(o.accum_mode == "sync" || o.accum_mode == "no-sync" || o.accum_mode == "no-reshard",
               "--accum-mode must be sync, no-sync or no-reshard, got '", o.accum_mode, "'");
   TORCH_CHECK(o.strategy == "full_shard" || o.strategy == "shard_grad_op" ||
-                  o.strategy == "no_shard" || o.strategy == "hybrid_shard",
-              "--strategy must be full_shard, shard_grad_op, no_shard or hybrid_shard, got '",
+                  o.strategy == "no_shard" || o.strategy == "hybrid_shard" ||
+                  o.strategy == "whole_tensor",
+              "--strategy must be full_shard, shard_grad_op, no_shard, hybrid_shard or "
+              "whole_tensor, got '",
               o.strategy, "'");
+  TORCH_CHECK(o.evenness_priority >= 0 && o.evenness_priority <= 1,
+              "--evenness-priority must be in [0, 1], got ", o.evenness_priority);
+  TORCH_CHECK(o.evenness_priority == 1 || o.strategy == "whole_tensor", "--evenness-priority ",
+              o.evenness_priority, " applies to --strategy whole_tensor only, not ", o.strategy);
+  TORCH_CHECK(o.strategy != "whole_tensor" || o.wrap_policy == "block",
+              "--strategy whole_tensor makes each of the model's blocks a unit; --wrap-policy '",
+              o.wrap_policy, "' is not supported with it");
   TORCH_CHECK(o.reshard_after_forward >= 0,
               "--reshard-after-forward must be 0, 1 or a group size "
               ">= 2, got ",
@@ -460,6 +473,7 @@ struct Run {
   int64_t overflow_skips = 0;               // steps skipped because gradients overflowed (fp16)
   int64_t resumed_skips = 0;                // steps the run a resume continues skipped
   int64_t units = 0;                        // FSDP units, the root included (0 without FSDP)
+  std::string placement;                    // --strategy whole_tensor: the partition, described
 };
 
 // What a step measures around its forward and backward, for RankStepStats.
@@ -578,6 +592,22 @@ void trace_memory(Tracer& tracer, RankStats& stats) {
   });
 }
 
+// --strategy whole_tensor: the model is built whole (the partition needs every tensor's size
+// first), then each block and the root are sharded with one owner rank per tensor.
+FSDPModule shard_whole_tensors(Run& run, const FullyShardOptions& unit_options,
+                               const MixedPrecisionPolicy& mp_policy) {
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
+  for (const auto& unit : run.built->units()) units.push_back(unit.second);
+  const auto options =
+      WholeTensorShardOptions()
+          .partition(WholeTensorPartitionOptions().evenness_priority(run.o.evenness_priority))
+          .unit_options(unit_options)
+          .root_mp_policy(mp_policy);
+  WholeTensorSharding sharding = whole_tensor_shard(run.model, units, *run.mesh, options);
+  run.placement = sharding.partition.describe();
+  return sharding.root;
+}
+
 void build_model(Run& run) {
   const TrainerOptions& o = run.o;
   MixedPrecisionPolicy mp_policy;
@@ -589,7 +619,8 @@ void build_model(Run& run) {
   const std::optional<int64_t> min_params = parse_wrap_policy(o.wrap_policy);
   const FullyShardOptions unit_options = unit_shard_options(run, mp_policy);
   const FullyShardOptions root_options = shard_options(run, mp_policy);
-  if (run.mesh && !min_params) {
+  const bool whole_tensor = run.strategy == ShardingStrategy::kWholeTensor;
+  if (run.mesh && !min_params && !whole_tensor) {
     model_options.on_unit_built(
         [&run, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
           move_unsharded_parameters(*block, run.device);
@@ -602,7 +633,8 @@ void build_model(Run& run) {
   if (run.mesh) {
     // --wrap-policy min-params:N chooses units in the whole built model (no deferred init).
     run.root =
-        min_params
+        whole_tensor ? shard_whole_tensors(run, unit_options, mp_policy)
+        : min_params
             ? fully_shard_tree(
                   run.model, *run.mesh, size_based_wrap_policy(*min_params),
                   FullyShardTreeOptions().unit_options(unit_options).root_options(root_options))
@@ -669,6 +701,10 @@ void print_banner(const Run& run, const TokenDataset& data, double unigram_entro
   if (run.root) {
     fmt::print("fsdp-train: {} FSDP units (--wrap-policy {}), parameter elements each: {}\n",
                run.units, o.wrap_policy, describe_units(run));
+  }
+  if (!run.placement.empty()) {
+    fmt::print("fsdp-train: whole_tensor placement (--evenness-priority {}): {}\n",
+               o.evenness_priority, run.placement);
   }
   std::fflush(stdout);
 }
@@ -932,6 +968,8 @@ StepRecord record_step(Run& run, int64_t step, double loss, double norm, const S
     mine.all_gather_bytes = counters.all_gather.payload_bytes;
     mine.reduce_scatter_bytes = counters.reduce_scatter.payload_bytes;
     mine.all_reduce_bytes = counters.all_reduce.payload_bytes;
+    mine.broadcast_bytes = counters.broadcast.payload_bytes;
+    mine.reduce_bytes = counters.reduce.payload_bytes;
   }
   const double step_s = std::chrono::duration<double>(Clock::now() - probe.start).count();
   run.elapsed += step_s;

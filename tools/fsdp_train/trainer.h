@@ -37,8 +37,12 @@ struct TrainerOptions {
   // Blocks' reshard_after_forward: 1 true, 0 false, N >= 2 the int N (hpZ group size).
   int reshard_after_forward = 1;
   bool activation_checkpoint = false;  // every block checkpoints its forward (GPT2Options)
-  // full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP), hybrid_shard (HSDP).
+  // full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP), hybrid_shard (HSDP),
+  // whole_tensor (inter-tensor ZeRO-3: each tensor whole on one rank, fsdp/runtime/whole_tensor.h).
   std::string strategy = "full_shard";
+  // whole_tensor: the partition's evenness priority in [0, 1] (1: balance bytes only; lower:
+  // keep a unit's tensors on fewer ranks, fewer broadcasts per unit).
+  double evenness_priority = 1.0;
   int replicate = 1;                 // hybrid_shard: size of the replicate dimension (divides W)
   std::string param_dtype = "fp32";  // fp32, bf16 or fp16: dtype of forward/backward compute
   std::string reduce_dtype;          // empty: param_dtype
@@ -121,6 +125,9 @@ struct RankStepStats {
   // All-reduce payload: gradients across replicas (no_shard, hybrid_shard), the gradient norm
   // and, when the mesh's group is the world, the step's loss.
   int64_t all_reduce_bytes = 0;
+  // whole_tensor: the broadcasts of parameters and the reduces of gradients to their owners.
+  int64_t broadcast_bytes = 0;
+  int64_t reduce_bytes = 0;
   // What the process has measured of itself (Linux; 0 elsewhere): its peak resident memory so
   // far (VmHWM), and the bytes it wrote during the step, to sockets and files alike
   // (/proc/self/io wchar: the bytes every collective sent, plus the small metrics writes).

@@ -30,4 +30,8 @@ struct DimShardLayout {
 // Layout of rank's shard of a tensor of global_shape over world ranks.
 DimShardLayout shard_layout(c10::IntArrayRef global_shape, int rank, int world);
 
+// Layout under a whole-tensor placement (fsdp/runtime/whole_tensor.h): the owner holds every
+// row (chunk_rows = local_rows = dim0), any other rank none (chunk_rows = local_rows = 0).
+DimShardLayout whole_tensor_layout(c10::IntArrayRef global_shape, bool owned);
+
 }  // namespace fsdp
