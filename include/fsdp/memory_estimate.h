@@ -91,6 +91,11 @@ struct ModelMemorySpec {
   // Most bytes alive at once during the root's part of backward before the units' (the
   // gradients of the loss and of the output) beyond what was alive when backward began.
   int64_t root_backward_peak_bytes = 0;
+  // Most bytes alive at once during the root's part of backward after the units' (the
+  // embeddings' backward, last) beyond what was alive when it began. The estimator counts all
+  // of the root's parameter gradients from the head's backward on, so this is what comes and
+  // goes: e.g. a tied embedding's dense gradient and its sum with the head's gradient.
+  int64_t root_stem_backward_peak_bytes = 0;
   std::vector<UnitMemorySpec> units;
 };
 

@@ -45,6 +45,13 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   spec.root_saved_after_bytes = ln_stats + btd + btv;   // ln_f, its output, log_softmax
   spec.root_forward_workspace_bytes = btv;              // the logits, freed after the loss
   spec.root_backward_peak_bytes = 2 * btv;  // gradients of log_softmax's output and input
+  // wte is tied to the head, so its gradient comes in two parts: the head's [V, d], held by
+  // autograd from the start of backward, and the embedding's, which embedding_dense_backward
+  // makes as a dense [V, d] at the very end. Autograd sums a leaf's incoming gradients out of
+  // place (its input buffer never writes into a gradient it was handed), so for a moment three
+  // [V, d] tensors are alive; the sum then replaces the head's part as wte's gradient. (wpe's
+  // dense gradient is its only one, already counted with the root's gradients.)
+  spec.root_stem_backward_peak_bytes = 2 * v * d * e;
 
   const int64_t full_saved = 16 * btd + 2 * ln_stats + logsumexp;
   // The first step of a block's backward is its peak: the MLP's c_proj gives the gradient of

@@ -52,6 +52,9 @@ ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int
   spec.root_saved_after_bytes = norm_saved + btv;  // final norm, log_softmax of the logits
   spec.root_forward_workspace_bytes = btv;         // the logits, freed after the loss
   spec.root_backward_peak_bytes = 2 * btv;         // gradients of log_softmax's output and input
+  // Tied: the embedding's dense [V, d] gradient and its out-of-place sum with the head's (see
+  // gpt2_memory.cpp). Untied: the embedding's dense gradient is its only one, already counted.
+  spec.root_stem_backward_peak_bytes = c.tie_word_embeddings ? 2 * v * d * e : 0;
 
   const int64_t attention_saved =
       btd /*rotated q*/ + kv_saved + btd /*output*/ + logsumexp + 2 * seq_len * hd * e /*cos, sin*/;

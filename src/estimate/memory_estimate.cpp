@@ -16,8 +16,10 @@
 //             activations are gone and the full gradients made), post-backward: count
 //             gradients + parameters (RankStats' peak point), reshard, then keep the full
 //             gradients for a later pass (no sync) or copy them into the reduce-scatter input
-//             and free them, at most two reductions in flight; at the end the root's
-//             post-backward and (syncing) all reductions complete.
+//             and free them, at most two reductions in flight; at the end the root's stem
+//             (a tied embedding's second gradient summed with the head's, out of place), the
+//             root's post-backward (its reduction's temporaries while the compute thread
+//             waits) and (syncing) all reductions complete.
 //   optimizer: gradients, parameters and state, plus AdamW's two temporaries of the largest
 //             shard (sqrt(exp_avg_sq) and the denominator).
 // Collectives run on the process group's progress thread with temporaries of their own (see
@@ -191,10 +193,11 @@ class StepModel {
     master_ = element_size(o.master_dtype());
     compute_ =
         element_size(o.fsdp() ? o.param_dtype().value_or(o.master_dtype()) : o.master_dtype());
-    reduce_ =
-        o.fsdp()
-            ? element_size(o.reduce_dtype().value_or(o.param_dtype().value_or(o.master_dtype())))
-            : master_;
+    const at::ScalarType reduce_dtype =
+        o.fsdp() ? o.reduce_dtype().value_or(o.param_dtype().value_or(o.master_dtype()))
+                 : o.master_dtype();
+    reduce_ = element_size(reduce_dtype);
+    widened_reduce_ = reduce_dtype == at::kBFloat16 || reduce_dtype == at::kHalf;
     cast_ = o.fsdp() && o.param_dtype().has_value() && *o.param_dtype() != o.master_dtype();
     // Blocks reshard after forward except under shard_grad_op (no_shard reshards too, as
     // fsdp-train sets it up: with one rank per shard group only a cast copy is freed).
@@ -234,6 +237,7 @@ class StepModel {
     root_after_ = model.root_saved_after_bytes;
     root_forward_ws_ = model.root_forward_workspace_bytes;
     root_backward_peak_ = model.root_backward_peak_bytes;
+    root_stem_backward_peak_ = model.root_stem_backward_peak_bytes;
   }
 
   MemoryEstimate run() {
@@ -412,9 +416,15 @@ class StepModel {
       r_.alloc(units_[i].full_numel * compute_, phase);
       post_backward(i, sync, reshard_after_backward, phase);
     }
+    // The root's stem (embeddings) last: its transient (a tied embedding's second gradient
+    // and the sum of both) while the first unit's reduction, just issued, runs beside it.
     obs_.compute(kRootUnit, ComputePhase::kRootStemBackward);
+    r_.transient(root_stem_backward_peak_ + concurrent_temporaries(), "backward of root (stem)");
     r_.free(root_before_);
     post_backward(kRootUnit, sync, reshard_after_backward, "end of backward");
+    // No compute follows the root's post-backward: its reduction's temporaries are alive while
+    // the compute thread waits for the reductions still in flight.
+    r_.transient(concurrent_temporaries(), "end of backward");
     if (sync) {
       while (!pending_.empty()) finish_oldest();
     }
@@ -499,8 +509,7 @@ class StepModel {
     // per shard group (DDP), the all-reduce of the packed gradients in place.
     if (shard_ > 1) reduce_scatter_bytes_ += input;
     if (replicate_ > 1) all_reduce_bytes_ += shard_ == 1 ? input : output;
-    // The ring reduce-scatter's two chunk buffers (an all-reduce's live inside gloo).
-    if (shard_ > 1) issued_since_compute_.push_back({2 * u.shard_numel * reduce_, kShardGroup});
+    if (shard_ > 1) issued_since_compute_.push_back({ring_temporaries(u), kShardGroup});
     while (pending_.size() > 2) finish_oldest();
   }
 
@@ -517,6 +526,15 @@ class StepModel {
     reduce_bytes_ += u.full_numel * reduce_;
     issued_since_compute_.push_back({u.largest_received_numel * reduce_, kShardGroup});
     while (pending_.size() > 2) finish_oldest();
+  }
+
+  // The ring reduce-scatter's (src/comm/gloo) temporaries: its running partial sum and receive
+  // buffer, one output shard each; in bfloat16 and half each hop also adds in float32, so two
+  // float32 copies of a shard (the received chunk and this rank's own) are alive beside them.
+  // (An all-reduce's temporaries live inside gloo.)
+  int64_t ring_temporaries(const UnitSizes& u) const {
+    const int64_t widened = widened_reduce_ ? 2 * u.shard_numel * element_size(at::kFloat) : 0;
+    return 2 * u.shard_numel * reduce_ + widened;
   }
 
   void finish_oldest() {
@@ -569,6 +587,7 @@ class StepModel {
   int shard_ = 1, replicate_ = 1;
   int64_t master_ = 4, compute_ = 4, reduce_ = 4;
   bool cast_ = false;
+  bool widened_reduce_ = false;  // reductions in bfloat16 or half add in float32
   bool reshard_after_forward_ = true;
   int post_forward_size_ = 0;  // hpZ group size, when 1 < N < shard_
   bool whole_tensor_ = false;  // inter-tensor ZeRO-3 over shard_ > 1 ranks
@@ -576,7 +595,8 @@ class StepModel {
   int64_t broadcast_bytes_ = 0, reduce_bytes_ = 0;
   UnitSizes root_;
   std::vector<UnitSizes> units_;
-  int64_t root_before_ = 0, root_after_ = 0, root_forward_ws_ = 0, root_backward_peak_ = 0;
+  int64_t root_before_ = 0, root_after_ = 0, root_forward_ws_ = 0, root_backward_peak_ = 0,
+          root_stem_backward_peak_ = 0;
   State root_state_;
   std::vector<State> states_;
   std::deque<Pending> pending_;

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "support/data_util.h"
 #include "support/gpt_case.h"
 #include "support/harness.h"
 #include "support/test_support.h"
@@ -270,6 +271,93 @@ TEST(TrainerActivationCheckpoint, MatchesThePlainReferenceAndKeepsLess) {
   const int64_t kept_without = without.back()["ranks"][0]["activation_bytes"];
   EXPECT_LT(2 * kept, kept_without);
 }
+
+// --- a large root unit: GPT-2's 50,257-token vocabulary on the tiny model ---
+//
+// The tied wte (the root's) is then most of the model, and the step peaks at the end of
+// backward: in the root's stem backward, where the embedding's dense gradient of wte is summed
+// out of place with the head's, or (reducing in bfloat16) in the root's own reduce-scatter.
+// fsdp-train takes a tokenizer's vocabulary as the model's, so the run gets a byte-level
+// tokenizer padded to 50,257 ids.
+
+constexpr int64_t kGpt2Vocab = 50257;
+
+// tiny_tokenizer() with filler tokens (never produced: no merges make them) up to GPT-2's size,
+// <|endoftext|> last as in GPT-2.
+nlohmann::json gpt2_sized_tokenizer() {
+  nlohmann::json tok = tiny_tokenizer();
+  const int64_t eos = kGpt2Vocab - 1;
+  for (int64_t id = tok["model"]["vocab"].size(); id < eos; ++id) {
+    tok["model"]["vocab"]["filler" + std::to_string(id)] = id;
+  }
+  tok["added_tokens"][0]["id"] = eos;
+  return tok;
+}
+
+struct LargeRootCase {
+  std::string name;
+  int world;
+  std::string flags;  // fsdp-train's, matching options
+  MemoryEstimateOptions options;
+};
+
+void PrintTo(const LargeRootCase& c, std::ostream* os) {
+  *os << c.name << " (W=" << c.world << " " << c.flags << ")";
+}
+
+class LargeRootMemory : public ::testing::TestWithParam<LargeRootCase> {};
+
+TEST_P(LargeRootMemory, PeakIsWithin2PercentOfTheMeasured) {
+  const LargeRootCase& c = GetParam();
+  constexpr int64_t kSeqLen = 16;  // few tokens: the logits stay far below wte's size
+  // tokenizer_config.json (naming the EOS that separates documents) must sit beside it.
+  const std::string dir = temp_path("large_root_" + c.name);
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  write_file(dir + "/tokenizer.json", gpt2_sized_tokenizer().dump());
+  write_file(dir + "/tokenizer_config.json", R"({"eos_token": "<|endoftext|>"})");
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "the cat " + std::to_string(i) + " sat on the mat.\n";
+  write_file(dir + "/train.txt", text);
+  int exit_code = -1;
+  const std::string output =
+      run_trainer("--nproc " + std::to_string(c.world) + " --model tiny --tokenizer " + dir +
+                      "/tokenizer.json --data " + dir + "/train.txt --steps 2 --global-batch " +
+                      std::to_string(c.world) + " --seq-len " + std::to_string(kSeqLen) +
+                      " --quiet " + c.flags + " --metrics " + dir + "/m.jsonl",
+                  exit_code);
+  ASSERT_EQ(exit_code, 0) << output;
+  const auto steps = test::read_json_lines(dir + "/m.jsonl");
+  ASSERT_EQ(steps.size(), 2u);
+  const nlohmann::json& ranks = steps.back()["ranks"];
+  ASSERT_EQ(ranks.size(), static_cast<size_t>(c.world));
+
+  GPT2Config config = GPT2Config::tiny();
+  config.vocab_size = kGpt2Vocab;
+  MemoryEstimateOptions options = c.options;
+  options.world_size(c.world);
+  const MemoryEstimate e = estimate_memory(
+      models::gpt2_memory_spec(config, 1, kSeqLen, options.param_dtype().value_or(at::kFloat)),
+      options);
+  // The case is the one meant: the peak is where only the root is at work.
+  EXPECT_THAT(e.peak_phase, ::testing::AnyOf("backward of root (stem)", "end of backward"));
+  for (const auto& r : ranks) {
+    const auto peak = r["peak_alloc_bytes"].get<int64_t>();
+    EXPECT_NEAR(peak, e.total_bytes, 0.02 * peak)
+        << "rank " << r["rank"] << ", estimate peaks at " << e.peak_phase;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Gpt2Vocabulary, LargeRootMemory,
+    ::testing::Values(
+        LargeRootCase{"full_shard", 2, "", MemoryEstimateOptions()},
+        LargeRootCase{"full_shard_w4", 4, "", MemoryEstimateOptions()},
+        LargeRootCase{"shard_grad_op", 2, "--strategy shard_grad_op",
+                      MemoryEstimateOptions().strategy(ShardingStrategy::kShardGradOp)},
+        // bfloat16 reductions: the ring adds in float32 (the root's at the end of backward).
+        LargeRootCase{"bf16", 2, "--param-dtype bf16",
+                      MemoryEstimateOptions().param_dtype(at::kBFloat16)}),
+    [](const auto& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
     Strategies, TrainerMemory,
