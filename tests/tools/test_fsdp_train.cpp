@@ -209,7 +209,7 @@ TEST(FsdpTrain, BadTrainingModeFlagsAreNamed) {
        "--replicate 3 does not divide the world size 4"},
       {"--nproc 2 --param-dtype int8", "--param-dtype must be fp32, bf16 or fp16, got 'int8'"},
       {"--nproc 2 --strategy zero4",
-       "--strategy must be full_shard, shard_grad_op, no_shard or hybrid_shard"},
+       "--strategy must be full_shard, shard_grad_op, no_shard, hybrid_shard or whole_tensor"},
       {"--nproc 2 --accum-mode later",
        "--accum-mode must be sync, no-sync or no-reshard, got 'later'"},
       {"--nproc 4 --reshard-after-forward 3",
