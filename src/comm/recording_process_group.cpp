@@ -226,6 +226,16 @@ class RecordedWork final : public Work {
     return true;
   }
 
+  // Stream-ordered: whether the op succeeds is known only later, so the record stays in flight
+  // until a wait() or is_completed() settles it.
+  void wait_on_stream() override {
+    try {
+      inner_->wait_on_stream();
+    } catch (const std::exception& e) {
+      recorder_->fail(seq_, error_message(e));
+    }
+  }
+
  private:
   WorkHandle inner_;
   std::shared_ptr<Recorder> recorder_;

@@ -709,9 +709,9 @@ void ParamGroup::issue_gather(PendingGather& pending, ProcessGroup& group) {
 }
 
 void ParamGroup::order_stream_after(const WorkHandle& work) {
-  // In program order the host waits where the result is needed (wait_for). With streams this
-  // is c10d's Work::wait: the current (guarded) stream waits for the collective, not the host.
-  if (!tree().streams().in_program_order()) work->wait();
+  // In program order the host waits where the result is needed (wait_for). With streams the
+  // current (guarded) stream waits for the collective, not the host (Work::wait_on_stream).
+  if (!tree().streams().in_program_order()) work->wait_on_stream();
 }
 
 void ParamGroup::unshard_without_gather() {

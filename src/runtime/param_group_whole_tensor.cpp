@@ -36,6 +36,9 @@ class WorkList : public Work {
     for (const auto& w : works_) w->wait();
     copy_times_from(*works_.back());
   }
+  void wait_on_stream() override {
+    for (const auto& w : works_) w->wait_on_stream();
+  }
   bool is_completed() override {
     for (const auto& w : works_) {
       if (!w->is_completed()) return false;

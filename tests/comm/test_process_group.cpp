@@ -352,8 +352,10 @@ TEST(ProcessGroupTest, RunRanksInThreadsRethrowsTheLowestFailingRank) {
 
 // Rank 1 joins the group but never calls the collective. Rank 0 must fail after about the
 // timeout, naming itself, the op, the peer and the timeout; later ops must fail fast.
+// on_stream: wait through Work::wait_on_stream, which a host backend (gloo) must treat as wait().
 void expect_timeout_names_rank_op_and_peer(const std::string& op_name,
-                                           const std::function<WorkHandle(ProcessGroup&)>& issue) {
+                                           const std::function<WorkHandle(ProcessGroup&)>& issue,
+                                           bool on_stream = false) {
   const auto timeout = std::chrono::milliseconds(1500);
   std::promise<void> rank0_done;
   auto rank0_done_future = rank0_done.get_future().share();
@@ -371,7 +373,7 @@ void expect_timeout_names_rank_op_and_peer(const std::string& op_name,
         }
         const auto start = std::chrono::steady_clock::now();
         auto work = issue(*pg);
-        message = test::error_message([&] { work->wait(); });
+        message = test::error_message([&] { on_stream ? work->wait_on_stream() : work->wait(); });
         elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
             std::chrono::steady_clock::now() - start);
         rank0_done.set_value();
@@ -400,6 +402,15 @@ TEST(ProcessGroupTest, AllGatherTimesOutNamingRankOpAndPeer) {
   expect_timeout_names_rank_op_and_peer("all_gather_into_tensor", [](ProcessGroup& pg) {
     return pg.all_gather_into_tensor(at::empty({8}), at::ones({4}));
   });
+}
+
+// The runtime orders a device stream with wait_on_stream; on a host backend that is a wait, with
+// the same deadline and message.
+TEST(ProcessGroupTest, WaitOnStreamOfAHostBackendTimesOutLikeWait) {
+  expect_timeout_names_rank_op_and_peer(
+      "all_gather_into_tensor",
+      [](ProcessGroup& pg) { return pg.all_gather_into_tensor(at::empty({8}), at::ones({4})); },
+      /*on_stream=*/true);
 }
 
 TEST(ProcessGroupTest, PeerThatDiesFailsTheCollectiveWithoutWaitingForTheTimeout) {

@@ -52,6 +52,13 @@ class Work {
   virtual ~Work() = default;
   virtual void wait() = 0;
   virtual bool is_completed() = 0;
+  // Orders the calling thread's current stream after the op, without blocking the host where
+  // the backend can (nccl: c10d's stream wait); later work on that stream sees the result. The
+  // runtime calls this on a device, where the host must stay free to issue the next unit.
+  // Backends whose ops run on the host (gloo, mpi) have no stream to order: they wait. A hung op
+  // under a stream-ordered wait is ended by the backend's own watchdog, not by wait()'s
+  // deadline (see the nccl backend).
+  virtual void wait_on_stream() { wait(); }
 
   // When the backend began and finished running the op (for timelines). Valid once
   // is_completed(); before that they read as the epoch.

@@ -124,6 +124,25 @@ class NcclWork final : public Work {
     if (error_) std::rethrow_exception(error_);
   }
 
+  // c10d's wait: the caller's current stream waits for the op's end event; the host goes on
+  // (unless TORCH_NCCL_BLOCKING_WAIT is set). Our deadline is not enforced here, since the host
+  // does not wait: a hung op is ended by c10d's watchdog at the timeout plus kWatchdogSlack,
+  // with c10d's message. A later wait() on this Work still applies the deadline.
+  void wait_on_stream() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) {
+      if (error_) std::rethrow_exception(error_);
+      return;
+    }
+    state_->check_healthy(op_);
+    try {
+      work_->wait();
+    } catch (const std::exception& e) {
+      finish(error_at(state_->fail(state_->prefix + op_ + " failed: " + error_message(e))));
+      std::rethrow_exception(error_);
+    }
+  }
+
   bool is_completed() override {
     std::lock_guard<std::mutex> lock(mutex_);
     if (done_) return true;
