@@ -43,6 +43,11 @@ CommandResult run_command(const std::string& command, int limit_s = 240);
 std::string program_path(const std::string& name);
 inline std::string fsdp_train_binary() { return program_path("fsdp-train"); }
 
+// fsdp-train with args (the command line after the program name), as run_command runs it.
+inline CommandResult run_fsdp_train(const std::string& args, int limit_s = 240) {
+  return run_command(fsdp_train_binary() + " " + args, limit_s);
+}
+
 // The python whose torch this build's LibTorch comes from, with the reference packages the
 // tests compare against (transformers, tokenizers): $FSDP_PYTHON, else the interpreter CMake
 // found (tests/CMakeLists.txt; scripts/run.sh passes the project's .venv). Throws unless the

@@ -230,6 +230,8 @@ const BadFlag kCatalogue[] = {
     {"fsdp-plan", "--output", "--calibrate --output /"},
     {"fsdp-plan", "--output", "--calibrate"},  // --calibrate needs somewhere to write
     {"fsdp-plan", "--sweep", "--sweep=maybe"},
+    {"fsdp-plan", "--evenness-priority", "--evenness-priority 2"},
+    {"fsdp-plan", "--evenness-priority", FSDP_PLAN_HARDWARE_FLAG " --evenness-priority 0.5"},  // whole_tensor only
     {"fsdp-plan", "--memory-budget", FSDP_PLAN_HARDWARE_FLAG " --sweep --memory-budget 12Q"},
     {"fsdp-plan", "--memory-budget", FSDP_PLAN_HARDWARE_FLAG " --memory-budget 80G"},  // without --sweep
     // --- fsdp-tokenize (a tokenizer file is read only after every flag passed) ---

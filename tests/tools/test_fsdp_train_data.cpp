@@ -20,14 +20,10 @@ namespace fsdp::train {
 namespace {
 
 using test::CommandResult;
-using test::fsdp_train_binary;
 using test::read_json_lines;
 using test::run_command;
+using test::run_fsdp_train;
 using ::testing::HasSubstr;
-
-CommandResult run(const std::string& args) {
-  return run_command(fsdp_train_binary() + " " + args, 240);
-}
 
 std::string temp_path(const std::string& name) {
   return test::temp_path("fsdp_train_data_" + name);
@@ -114,10 +110,11 @@ TEST(FsdpTrainData, TokenizedJsonLinesMatchTheReference) {
       "--tokenizer " +
       dir + "/tokenizer.json --text-field body --data " + dir + "/train.jsonl --val-data " + dir +
       "/val.jsonl";
-  const CommandResult a = run("--nproc 2 " + common + " --metrics " + dir + "/w2.jsonl");
+  const CommandResult a = run_fsdp_train("--nproc 2 " + common + " --metrics " + dir + "/w2.jsonl");
   ASSERT_EQ(a.exit_code, 0) << a.output;
   EXPECT_THAT(a.output, HasSubstr("val loss"));
-  const CommandResult b = run("--no-fsdp --quiet " + common + " --metrics " + dir + "/w1.jsonl");
+  const CommandResult b =
+      run_fsdp_train("--no-fsdp --quiet " + common + " --metrics " + dir + "/w1.jsonl");
   ASSERT_EQ(b.exit_code, 0) << b.output;
   const auto got = read_json_lines(dir + "/w2.jsonl");
   const auto want = read_json_lines(dir + "/w1.jsonl");
@@ -134,7 +131,8 @@ TEST(FsdpTrainData, TokenizedJsonLinesMatchTheReference) {
 
   // A different --text-field is different data: a resume would not continue the run. And a
   // field the documents lack is named.
-  const CommandResult missing = run("--no-fsdp --quiet " + common + " --text-field text");
+  const CommandResult missing =
+      run_fsdp_train("--no-fsdp --quiet " + common + " --text-field text");
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_THAT(missing.output, HasSubstr("text"));
 }
@@ -149,15 +147,16 @@ TEST(FsdpTrainData, ShardsTrainWithoutATokenizerAndOutOfVocabularyIdsAreNamed) {
   data::write_shard(dir + "/part_001.bin", b, data::ShardFormat::kUint16);
   const std::string common = "--model tiny --steps 2 --global-batch 4 --seq-len 16 --quiet";
   const std::string metrics = dir + "/m.jsonl";
-  const CommandResult ok =
-      run("--nproc 2 " + common + " --data '" + dir + "/part_*.bin' --metrics " + metrics);
+  const CommandResult ok = run_fsdp_train("--nproc 2 " + common + " --data '" + dir +
+                                          "/part_*.bin' --metrics " + metrics);
   ASSERT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_EQ(read_json_lines(metrics).size(), 2u);
 
   std::vector<uint32_t> bad(100, 3);
   bad[42] = 300;  // tiny's vocabulary is 256
   data::write_shard(dir + "/bad.bin", bad, data::ShardFormat::kUint16);
-  const CommandResult refused = run("--no-fsdp " + common + " --data " + dir + "/bad.bin");
+  const CommandResult refused =
+      run_fsdp_train("--no-fsdp " + common + " --data " + dir + "/bad.bin");
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_THAT(refused.output, HasSubstr("bad.bin"));
   EXPECT_THAT(refused.output, HasSubstr("300"));

@@ -14,14 +14,9 @@ namespace fsdp::train {
 namespace {
 
 using test::CommandResult;
-using test::fsdp_train_binary;
 using test::read_json_lines;
-using test::run_command;
+using test::run_fsdp_train;
 using ::testing::HasSubstr;
-
-CommandResult run(const std::string& args) {
-  return run_command(fsdp_train_binary() + " " + args, 240);
-}
 
 TEST(FsdpTrainDevice, OffloadTrainsExactlyAsWithout) {
   const std::string common =
@@ -29,10 +24,11 @@ TEST(FsdpTrainDevice, OffloadTrainsExactlyAsWithout) {
   for (const std::string strategy : {"full_shard", "shard_grad_op"}) {
     const std::string plain = test::temp_path("offload_plain.jsonl");
     const std::string offloaded = test::temp_path("offload_on.jsonl");
-    const CommandResult a = run(common + " --strategy " + strategy + " --metrics " + plain);
+    const CommandResult a =
+        run_fsdp_train(common + " --strategy " + strategy + " --metrics " + plain);
     ASSERT_EQ(a.exit_code, 0) << a.output;
     const CommandResult b =
-        run(common + " --strategy " + strategy + " --offload --metrics " + offloaded);
+        run_fsdp_train(common + " --strategy " + strategy + " --offload --metrics " + offloaded);
     ASSERT_EQ(b.exit_code, 0) << b.output;
     EXPECT_THAT(b.output, ::testing::Not(HasSubstr("pin_memory")))
         << "the trainer asks for no pinning on CPU";
@@ -54,7 +50,7 @@ TEST(FsdpTrainDevice, OffloadTrainsExactlyAsWithout) {
 }
 
 TEST(FsdpTrainDevice, CudaWithoutACudaBackendIsRefusedNamingTheFlag) {
-  const CommandResult r = run("--device cuda --model tiny --steps 1 --quiet");
+  const CommandResult r = run_fsdp_train("--device cuda --model tiny --steps 1 --quiet");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("--device cuda"));
 }

@@ -16,14 +16,9 @@ namespace fsdp::train {
 namespace {
 
 using test::CommandResult;
-using test::fsdp_train_binary;
 using test::read_json_lines;
-using test::run_command;
+using test::run_fsdp_train;
 using ::testing::HasSubstr;
-
-CommandResult run(const std::string& args) {
-  return run_command(fsdp_train_binary() + " " + args, 240);
-}
 
 std::string temp_path(const std::string& name) {
   return test::temp_path("fsdp_train_schedule_" + name);
@@ -35,9 +30,9 @@ TEST(FsdpTrainVal, ShardedValLossMatchesTheSingleProcessReference) {
   const std::string args = std::string(kCommon) + " --steps 4 --val-every 2 --val-batches 3";
   const std::string sharded = temp_path("val_w2.jsonl");
   const std::string reference = temp_path("val_w1.jsonl");
-  const CommandResult a = run("--nproc 2 " + args + " --metrics " + sharded);
+  const CommandResult a = run_fsdp_train("--nproc 2 " + args + " --metrics " + sharded);
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  const CommandResult b = run("--no-fsdp " + args + " --metrics " + reference);
+  const CommandResult b = run_fsdp_train("--no-fsdp " + args + " --metrics " + reference);
   ASSERT_EQ(b.exit_code, 0) << b.output;
   const auto got = read_json_lines(sharded);
   const auto want = read_json_lines(reference);
@@ -60,9 +55,9 @@ TEST(FsdpTrainVal, EvaluatingLeavesTrainingBitIdentical) {
   const std::string args = std::string(kCommon) + " --nproc 2 --steps 4";
   const std::string with = temp_path("with_val.jsonl");
   const std::string without = temp_path("without_val.jsonl");
-  const CommandResult a = run(args + " --val-every 1 --metrics " + with);
+  const CommandResult a = run_fsdp_train(args + " --val-every 1 --metrics " + with);
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  const CommandResult b = run(args + " --metrics " + without);
+  const CommandResult b = run_fsdp_train(args + " --metrics " + without);
   ASSERT_EQ(b.exit_code, 0) << b.output;
   const auto x = read_json_lines(with);
   const auto y = read_json_lines(without);
@@ -99,10 +94,10 @@ TEST(FsdpTrainSchedule, EveryStepsRateIsTheClosedForm) {
   const double peak = 2e-3, min_lr = 1e-4, decay_frac = 0.4;
   for (const std::string kind : {"constant", "cosine", "wsd"}) {
     const std::string metrics = temp_path("lr_" + kind + ".jsonl");
-    const CommandResult r =
-        run("--no-fsdp --model tiny --global-batch 2 --seq-len 8 --quiet --steps 10 --lr 2e-3 "
-            "--warmup-steps 3 --min-lr 1e-4 --decay-frac 0.4 --lr-schedule " +
-            kind + " --metrics " + metrics);
+    const CommandResult r = run_fsdp_train(
+        "--no-fsdp --model tiny --global-batch 2 --seq-len 8 --quiet --steps 10 --lr 2e-3 "
+        "--warmup-steps 3 --min-lr 1e-4 --decay-frac 0.4 --lr-schedule " +
+        kind + " --metrics " + metrics);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto lines = read_json_lines(metrics);
     ASSERT_EQ(lines.size(), size_t(steps));
@@ -121,10 +116,12 @@ TEST(FsdpTrainSchedule, ResumedCosineRunIsBitIdentical) {
       std::string(kCommon) +
       " --nproc 2 --steps 4 --lr-schedule cosine --warmup-steps 1 --min-lr 1e-4";
   const std::string straight = temp_path("cosine_straight.jsonl");
-  const CommandResult a = run(args + " --save " + root + " --save-every 2 --metrics " + straight);
+  const CommandResult a =
+      run_fsdp_train(args + " --save " + root + " --save-every 2 --metrics " + straight);
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const std::string resumed = temp_path("cosine_resumed.jsonl");
-  const CommandResult b = run(args + " --resume " + root + "/step_00000002 --metrics " + resumed);
+  const CommandResult b =
+      run_fsdp_train(args + " --resume " + root + "/step_00000002 --metrics " + resumed);
   ASSERT_EQ(b.exit_code, 0) << b.output;
   const auto x = read_json_lines(straight);
   const auto y = read_json_lines(resumed);
@@ -139,8 +136,8 @@ TEST(FsdpTrainSchedule, ResumedCosineRunIsBitIdentical) {
   EXPECT_EQ(y[1]["val_loss"].get<double>(), x[3]["val_loss"].get<double>());
 
   // A different schedule, or different data, would not continue that run: refused.
-  const CommandResult wsd =
-      run(std::string(kCommon) + " --nproc 2 --steps 4 --lr-schedule wsd --resume " + root);
+  const CommandResult wsd = run_fsdp_train(
+      std::string(kCommon) + " --nproc 2 --steps 4 --lr-schedule wsd --resume " + root);
   EXPECT_NE(wsd.exit_code, 0);
   EXPECT_THAT(wsd.output, HasSubstr("learning-rate schedule"));
   const std::string text = temp_path("other.txt");
@@ -150,7 +147,7 @@ TEST(FsdpTrainSchedule, ResumedCosineRunIsBitIdentical) {
     for (int i = 0; i < 50; ++i) std::fputs("some other training text. ", f);
     std::fclose(f);
   }
-  const CommandResult other = run(args + " --data " + text + " --resume " + root);
+  const CommandResult other = run_fsdp_train(args + " --data " + text + " --resume " + root);
   EXPECT_NE(other.exit_code, 0);
   EXPECT_THAT(other.output, HasSubstr("--data"));
 }
@@ -163,11 +160,11 @@ TEST(FsdpTrainSchedule, DecayGroupsMatchTheSingleProcess) {
   const std::string sharded = temp_path("decay_w2.jsonl");
   const std::string reference = temp_path("decay_w1.jsonl");
   const std::string all = temp_path("decay_all.jsonl");
-  const CommandResult a = run("--nproc 2 " + args + " --metrics " + sharded);
+  const CommandResult a = run_fsdp_train("--nproc 2 " + args + " --metrics " + sharded);
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  const CommandResult b = run("--no-fsdp " + args + " --metrics " + reference);
+  const CommandResult b = run_fsdp_train("--no-fsdp " + args + " --metrics " + reference);
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  const CommandResult c = run("--no-fsdp " + args + " --decay-all --metrics " + all);
+  const CommandResult c = run_fsdp_train("--no-fsdp " + args + " --decay-all --metrics " + all);
   ASSERT_EQ(c.exit_code, 0) << c.output;
   const auto x = read_json_lines(sharded);
   const auto y = read_json_lines(reference);

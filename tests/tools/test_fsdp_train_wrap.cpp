@@ -13,14 +13,9 @@ namespace fsdp::train {
 namespace {
 
 using test::CommandResult;
-using test::fsdp_train_binary;
 using test::read_json_lines;
-using test::run_command;
+using test::run_fsdp_train;
 using ::testing::HasSubstr;
-
-CommandResult run(const std::string& args) {
-  return run_command(fsdp_train_binary() + " " + args, 240);
-}
 
 std::string temp_path(const std::string& name) {
   return test::temp_path("fsdp_train_wrap_" + name);
@@ -36,10 +31,11 @@ const char* kCommon = "--model tiny --steps 4 --global-batch 4 --seq-len 16 --se
 
 TEST(FsdpTrainWrap, BlockIsTheDefaultBitForBit) {
   const std::string plain = temp_path("default.jsonl"), block = temp_path("block.jsonl");
-  const CommandResult a = run(std::string("--nproc 2 ") + kCommon + " --metrics " + plain);
+  const CommandResult a =
+      run_fsdp_train(std::string("--nproc 2 ") + kCommon + " --metrics " + plain);
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  const CommandResult b =
-      run(std::string("--nproc 2 ") + kCommon + " --wrap-policy block --metrics " + block);
+  const CommandResult b = run_fsdp_train(std::string("--nproc 2 ") + kCommon +
+                                         " --wrap-policy block --metrics " + block);
   ASSERT_EQ(b.exit_code, 0) << b.output;
   // One line at start, from rank 0 only: the units in pre-order, the root first.
   EXPECT_EQ(count(b.output, "FSDP units"), 1) << b.output;
@@ -62,8 +58,8 @@ TEST(FsdpTrainWrap, MinParamsMatchesTheReference) {
   // Tiny GPT-2 at 4,200: each block's attn (4,224) and mlp.c_fc (4,224) are units, and the
   // blocks keep 12,704 - 2 x 4,224 = 4,256 >= 4,200, so they are units too; the transformer
   // holds the tied wte and stays in the root.
-  const CommandResult a = run(std::string("--nproc 2 ") + kCommon +
-                              " --wrap-policy min-params:4200 --metrics " + sharded);
+  const CommandResult a = run_fsdp_train(std::string("--nproc 2 ") + kCommon +
+                                         " --wrap-policy min-params:4200 --metrics " + sharded);
   ASSERT_EQ(a.exit_code, 0) << a.output;
   EXPECT_THAT(a.output,
               HasSubstr("7 FSDP units (--wrap-policy min-params:4200), parameter elements each: "
@@ -71,7 +67,7 @@ TEST(FsdpTrainWrap, MinParamsMatchesTheReference) {
                         "transformer.h.0.mlp.c_fc (4224), transformer.h.1 (4256), "
                         "transformer.h.1.attn (4224), transformer.h.1.mlp.c_fc (4224)"));
   const CommandResult b =
-      run(std::string("--no-fsdp ") + kCommon + " --quiet --metrics " + reference);
+      run_fsdp_train(std::string("--no-fsdp ") + kCommon + " --quiet --metrics " + reference);
   ASSERT_EQ(b.exit_code, 0) << b.output;
   const auto got = read_json_lines(sharded), want = read_json_lines(reference);
   ASSERT_EQ(got.size(), 4u);
@@ -88,7 +84,7 @@ TEST(FsdpTrainWrap, MinParamsMatchesTheReference) {
 
 TEST(FsdpTrainWrap, QuietListsNothing) {
   const CommandResult a =
-      run(std::string("--nproc 2 ") + kCommon + " --quiet --wrap-policy min-params:1");
+      run_fsdp_train(std::string("--nproc 2 ") + kCommon + " --quiet --wrap-policy min-params:1");
   ASSERT_EQ(a.exit_code, 0) << a.output;
   EXPECT_EQ(count(a.output, "FSDP units"), 0) << a.output;
 }
