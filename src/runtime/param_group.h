@@ -271,7 +271,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // shard (rank in that group) * W / N, in the compute dtype.
   std::shared_ptr<ProcessGroup> post_forward_group_;
   at::Tensor post_forward_piece_;
-  StreamEvent piece_ready_;  // recorded on compute once the piece is written
+  StreamEvent piece_ready_;                 // recorded on compute once the piece is written
   std::vector<OwnerBucket> owner_buckets_;  // empty unless whole-tensor with W > 1
   TrainingState training_state_ = TrainingState::kIdle;
   ShardedState sharded_state_ = ShardedState::kSharded;
