@@ -3,15 +3,18 @@
 // a clashing copy of parts of std::filesystem (see src/checkpoint/file_util.h).
 #pragma once
 
+#include <fsdp/checkpoint/safetensors.h>
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
 #include <models/gpt2/gpt2.h>
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -35,6 +38,20 @@ inline models::GPT2LMHead make_gpt2(const models::GPT2Config& config, uint64_t s
   models::GPT2LMHead model(options);
   if (mesh != nullptr) fully_shard(model, *mesh);
   return model;
+}
+
+// The largest absolute difference between same-named tensors of two safetensors files (every
+// tensor of a, looked up in b), in float64.
+inline double max_abs_difference(const std::string& a, const std::string& b) {
+  const checkpoint::SafetensorsReader left(a);
+  const checkpoint::SafetensorsReader right(b);
+  double worst = 0;
+  for (const auto& entry : left.header().entries) {
+    const at::Tensor x = left.read(entry.name).to(at::kDouble);
+    const at::Tensor y = right.read(entry.name).to(at::kDouble);
+    worst = std::max(worst, (x - y).abs().max().item<double>());
+  }
+  return worst;
 }
 
 inline bool exists(const std::string& path) {

@@ -3,12 +3,10 @@
 // exported weights are byte-identical to an uninterrupted run's under the same launcher. A job
 // that comes back at another world size reshards the checkpoint and ends within 1e-5 of the
 // uninterrupted run.
-#include <fsdp/checkpoint/safetensors.h>
 
 #include "support/checkpoint_util.h"
 #include "support/test_support.h"
 
-#include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -18,6 +16,7 @@ namespace fsdp {
 namespace {
 
 using test::CommandResult;
+using test::max_abs_difference;
 using test::read_bytes;
 using test::run_command;
 using ::testing::HasSubstr;
@@ -38,18 +37,6 @@ std::string torchrun_train(const std::string& dir, const std::string& env) {
          " --standalone --nproc-per-node 2 --max-restarts 3 --no-python " +
          test::fsdp_train_binary() + kTrainFlags + " --save " + dir + "/ckpt --export " + dir +
          "/model.safetensors";
-}
-
-double max_abs_difference(const std::string& a, const std::string& b) {
-  const checkpoint::SafetensorsReader left(a);
-  const checkpoint::SafetensorsReader right(b);
-  double worst = 0;
-  for (const auto& entry : left.header().entries) {
-    const at::Tensor x = left.read(entry.name).to(at::kDouble);
-    const at::Tensor y = right.read(entry.name).to(at::kDouble);
-    worst = std::max(worst, (x - y).abs().max().item<double>());
-  }
-  return worst;
 }
 
 TEST(ElasticRestartTest, TorchrunRestartsAfterTwoKillsAndTheWeightsAreByteIdentical) {

@@ -9,7 +9,6 @@
 //   exports again byte for byte;
 // - a stalled rank ends the job at the timeout, naming the broadcast and the rank;
 // - flags that do not apply to it are refused, naming them.
-#include <fsdp/checkpoint/safetensors.h>
 
 #include "support/checkpoint_util.h"
 #include "support/test_support.h"
@@ -19,41 +18,30 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <string>
 
 namespace fsdp {
 namespace {
 
 using test::CommandResult;
+using test::max_abs_difference;
 using test::read_json_lines;
 using test::run_command;
+using test::run_fsdp_train;
 using ::testing::HasSubstr;
 
-CommandResult train(const std::string& args, int limit_s = 300) {
-  return run_command(test::fsdp_train_binary() + " " + args, limit_s);
-}
-
-double max_abs_difference(const std::string& a, const std::string& b) {
-  const checkpoint::SafetensorsReader left(a);
-  const checkpoint::SafetensorsReader right(b);
-  double worst = 0;
-  for (const auto& entry : left.header().entries) {
-    const at::Tensor x = left.read(entry.name).to(at::kDouble);
-    const at::Tensor y = right.read(entry.name).to(at::kDouble);
-    worst = std::max(worst, (x - y).abs().max().item<double>());
-  }
-  return worst;
-}
+// What one fsdp-train run here may take before it counts as hung.
+constexpr int kTrainLimitS = 300;
 
 TEST(FsdpTrainWholeTensor, ThreeRanksMatchTheReferenceAndTheEstimate) {
   const std::string common =
       " --model tiny --steps 4 --global-batch 6 --seq-len 16 --quiet --seed 3 --metrics ";
   const std::string whole = test::temp_path("whole.jsonl");
   const std::string reference = test::temp_path("whole_reference.jsonl");
-  const CommandResult a = train("--nproc 3 --strategy whole_tensor" + common + whole);
+  const CommandResult a =
+      run_fsdp_train("--nproc 3 --strategy whole_tensor" + common + whole, kTrainLimitS);
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  const CommandResult b = train("--no-fsdp" + common + reference);
+  const CommandResult b = run_fsdp_train("--no-fsdp" + common + reference, kTrainLimitS);
   ASSERT_EQ(b.exit_code, 0) << b.output;
   const CommandResult e = run_command(
       test::program_path("fsdp-estimate") +
@@ -106,7 +94,8 @@ TEST(FsdpTrainWholeTensor, EstimateIsExactWithBf16AndEvennessPriorityZero) {
       " --model tiny --global-batch 8 --seq-len 16 --strategy whole_tensor --evenness-priority 0 "
       "--param-dtype bf16 --reduce-dtype fp32";
   const std::string metrics = test::temp_path("whole_bf16.jsonl");
-  const CommandResult t = train("--nproc 4 --steps 2 --quiet --metrics " + metrics + flags);
+  const CommandResult t =
+      run_fsdp_train("--nproc 4 --steps 2 --quiet --metrics " + metrics + flags, kTrainLimitS);
   ASSERT_EQ(t.exit_code, 0) << t.output;
   const CommandResult e =
       run_command(test::program_path("fsdp-estimate") + " --world-size 4" + flags, 60);
@@ -129,11 +118,12 @@ TEST(FsdpTrainWholeTensor, CheckpointsReshardToFullShardAndBack) {
   const std::string dir = test::temp_dir("whole_tensor_resume");
   const std::string flags =
       " --model tiny --global-batch 8 --seq-len 16 --seed 11 --lr 1e-3 --log-every 100 --steps 6";
-  const CommandResult straight = train("--nproc 4 --strategy whole_tensor" + flags + " --export " +
-                                       dir + "/straight.safetensors");
+  const CommandResult straight = run_fsdp_train(
+      "--nproc 4 --strategy whole_tensor" + flags + " --export " + dir + "/straight.safetensors",
+      kTrainLimitS);
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
-  const CommandResult full_shard =
-      train("--nproc 2" + flags + " --export " + dir + "/full_shard.safetensors");
+  const CommandResult full_shard = run_fsdp_train(
+      "--nproc 2" + flags + " --export " + dir + "/full_shard.safetensors", kTrainLimitS);
   ASSERT_EQ(full_shard.exit_code, 0) << full_shard.output;
   EXPECT_LE(max_abs_difference(dir + "/straight.safetensors", dir + "/full_shard.safetensors"),
             1e-5);
@@ -141,20 +131,23 @@ TEST(FsdpTrainWholeTensor, CheckpointsReshardToFullShardAndBack) {
   // Whole-tensor at W = 4 for 3 steps, then full_shard at W = 2.
   const std::string first =
       " --model tiny --global-batch 8 --seq-len 16 --seed 11 --lr 1e-3 --steps 3";
-  CommandResult r = train("--nproc 4 --strategy whole_tensor" + first + " --save " + dir + "/a");
+  CommandResult r = run_fsdp_train(
+      "--nproc 4 --strategy whole_tensor" + first + " --save " + dir + "/a", kTrainLimitS);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = train("--nproc 2 --strategy full_shard" + flags + " --resume " + dir + "/a --export " + dir +
-            "/a.safetensors");
+  r = run_fsdp_train("--nproc 2 --strategy full_shard" + flags + " --resume " + dir +
+                         "/a --export " + dir + "/a.safetensors",
+                     kTrainLimitS);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("at step 3 (saved by 4 ranks)"));
   const double to_full = max_abs_difference(dir + "/straight.safetensors", dir + "/a.safetensors");
   EXPECT_LE(to_full, 1e-5);
 
   // full_shard at W = 2 for 3 steps, then whole-tensor at W = 4.
-  r = train("--nproc 2" + first + " --save " + dir + "/b");
+  r = run_fsdp_train("--nproc 2" + first + " --save " + dir + "/b", kTrainLimitS);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = train("--nproc 4 --strategy whole_tensor" + flags + " --resume " + dir + "/b --export " +
-            dir + "/b.safetensors");
+  r = run_fsdp_train("--nproc 4 --strategy whole_tensor" + flags + " --resume " + dir +
+                         "/b --export " + dir + "/b.safetensors",
+                     kTrainLimitS);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("at step 3 (saved by 2 ranks)"));
   const double to_whole = max_abs_difference(dir + "/straight.safetensors", dir + "/b.safetensors");
@@ -167,10 +160,12 @@ TEST(FsdpTrainWholeTensor, InitFromAnExportAndExportAgainGivesTheSameFile) {
   // load_full reads each tensor on its owner only; save_full broadcasts it from there to rank 0.
   const std::string dir = test::temp_dir("whole_tensor_export");
   const std::string flags = " --model tiny --global-batch 6 --seq-len 16 --seed 4 --quiet";
-  CommandResult r = train("--nproc 2 --steps 2" + flags + " --export " + dir + "/a.safetensors");
+  CommandResult r = run_fsdp_train(
+      "--nproc 2 --steps 2" + flags + " --export " + dir + "/a.safetensors", kTrainLimitS);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = train("--nproc 3 --strategy whole_tensor --steps 0" + flags + " --init-from " + dir +
-            "/a.safetensors --export " + dir + "/b.safetensors");
+  r = run_fsdp_train("--nproc 3 --strategy whole_tensor --steps 0" + flags + " --init-from " + dir +
+                         "/a.safetensors --export " + dir + "/b.safetensors",
+                     kTrainLimitS);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(test::read_bytes(dir + "/a.safetensors"), test::read_bytes(dir + "/b.safetensors"));
 }
@@ -202,7 +197,7 @@ TEST(FsdpTrainWholeTensor, FlagsThatDoNotApplyAreRefused) {
       {"--strategy whole-tensor", "whole_tensor, got 'whole-tensor'"},
   };
   for (const auto& c : cases) {
-    const CommandResult r = train(base + c.args, 60);
+    const CommandResult r = run_fsdp_train(base + c.args, 60);
     EXPECT_NE(r.exit_code, 0) << c.args;
     EXPECT_THAT(r.output, HasSubstr(c.message)) << c.args;
   }
