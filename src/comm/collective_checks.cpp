@@ -36,6 +36,16 @@ void check_root(const ProcessGroup& group, const char* op, int root) {
               " is not a rank of a group of ", group.size());
 }
 
+// `whole` holds one `part` per rank: an all-gather's output, a reduce-scatter's input.
+void check_world_times(const ProcessGroup& group, const char* op, const char* whole_name,
+                       const at::Tensor& whole, const char* part_name, const at::Tensor& part) {
+  const int64_t w = group.size();
+  TORCH_CHECK(whole.numel() == w * part.numel(), group_prefix(group), op, ": ", whole_name, " has ",
+              whole.numel(), " elements (sizes ", whole.sizes(), ") but ", w, " ranks x ",
+              part_name, " of ", part.numel(), " elements (sizes ", part.sizes(), ") need ",
+              w * part.numel());
+}
+
 }  // namespace
 
 std::string group_prefix(const ProcessGroup& group) {
@@ -55,11 +65,7 @@ void check_all_gather_args(const ProcessGroup& group, const at::Tensor& output,
   check_tensor(group, kOp, "output", output);
   check_tensor(group, kOp, "input", input);
   check_same_dtype(group, kOp, output, input);
-  const int64_t w = group.size();
-  TORCH_CHECK(output.numel() == w * input.numel(), group_prefix(group), kOp, ": output has ",
-              output.numel(), " elements (sizes ", output.sizes(), ") but ", w,
-              " ranks x input of ", input.numel(), " elements (sizes ", input.sizes(), ") need ",
-              w * input.numel());
+  check_world_times(group, kOp, "output", output, "input", input);
 }
 
 void check_reduce_scatter_args(const ProcessGroup& group, const at::Tensor& output,
@@ -69,10 +75,7 @@ void check_reduce_scatter_args(const ProcessGroup& group, const at::Tensor& outp
   check_tensor(group, kOp, "input", input);
   check_same_dtype(group, kOp, output, input);
   check_reducible(group, kOp, input.scalar_type());
-  const int64_t w = group.size();
-  TORCH_CHECK(input.numel() == w * output.numel(), group_prefix(group), kOp, ": input has ",
-              input.numel(), " elements (sizes ", input.sizes(), ") but ", w, " ranks x output of ",
-              output.numel(), " elements (sizes ", output.sizes(), ") need ", w * output.numel());
+  check_world_times(group, kOp, "input", input, "output", output);
 }
 
 void check_all_reduce_args(const ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
