@@ -16,6 +16,7 @@
 // unit's backward and reduce-scatter (average) its gradients after it.
 #pragma once
 
+#include <fsdp/comm/comm_hooks.h>
 #include <fsdp/device_mesh.h>
 #include <fsdp/runtime/forward.h>
 
@@ -193,6 +194,19 @@ class FSDPModule {
   // On the root: false lets the next backward return with reduce-scatters in flight (they
   // complete in a later backward); true (the default) completes them before it returns.
   void set_is_last_backward(bool last);
+
+  // Custom collectives (FSDP2's names and scope: this unit only, not the units under it; call
+  // it on each unit, e.g. over fsdp_modules_under). The all-gather hook replaces every gather of
+  // this unit's parameters: over the shard group, and under hpZ (reshard_after_forward = N) the
+  // backward gather within the post-forward group of N ranks, whose input is this rank's piece.
+  // The reduce-scatter hook replaces the gradient reduce-scatter over the shard group; under
+  // HSDP the all-reduce across replicas that follows stays the runtime's, and with a shard
+  // group of one rank there is no reduce-scatter to replace. Hooks only see units that gather:
+  // with one rank and no cast nothing is called. nullptr restores the default. Both throw for a
+  // whole_tensor unit (it broadcasts and reduces instead) and while a backward pass is running.
+  // Ready-made: Int8AllGather (comm_hooks.h), ZeRO++'s quantized weight gather.
+  void set_custom_all_gather(std::shared_ptr<AllGather> hook);
+  void set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook);
 
   // On the root: reports every stream op the tree issues from now on to recorder (not owned; it
   // must outlive the recording), or stops with nullptr. For tests and debugging: the ops a step

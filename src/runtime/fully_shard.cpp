@@ -280,6 +280,12 @@ void FSDPModule::set_reshard_after_forward(bool reshard, bool recurse) {
   for_units(*group_, recurse, [&](ParamGroup& g) { g.set_reshard_after_forward(reshard); });
 }
 void FSDPModule::set_is_last_backward(bool last) { group_->set_is_last_backward(last); }
+void FSDPModule::set_custom_all_gather(std::shared_ptr<AllGather> hook) {
+  group_->set_custom_all_gather(std::move(hook));
+}
+void FSDPModule::set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook) {
+  group_->set_custom_reduce_scatter(std::move(hook));
+}
 void FSDPModule::set_schedule_recorder(ScheduleRecorder* recorder) {
   group_->set_schedule_recorder(recorder);
 }

@@ -23,6 +23,8 @@
 // post_backward.
 #include "runtime/param_group.h"
 
+#include "runtime/custom_collectives.h"
+
 #include <fsdp/util/error.h>
 
 #include <ATen/ATen.h>
@@ -477,7 +479,8 @@ at::Tensor ParamGroup::pack_reduce_input(UnitGrads& grads, StreamEvent& packed) 
                        label_);
   op.reads("grad").writes("rs_in").frees("grad");
   const int world = mesh_.shard_size();
-  at::Tensor input = at::empty({world * grads.reduce_numel}, device_options(reduce_dtype_));
+  at::Tensor input = allocate_reduce_buffer(reduce_scatter_hook_.get(), world * grads.reduce_numel,
+                                            device_options(reduce_dtype_), label_);
   TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
   const at::Tensor input_2d = input.view({world, grads.reduce_numel});
   int64_t column = 0;
@@ -525,9 +528,10 @@ PendingReduce ParamGroup::issue_reduce(UnitGrads grads) {
       DeviceStreams::Op op(streams, ScheduleStream::kReduceScatter, ScheduleOpKind::kReduceScatter,
                            label_);
       op.wait(reduce.packed).reads("rs_in").writes("rs_out");
-      reduce.output = at::empty({grads.reduce_numel}, device_options(reduce_dtype_));
-      reduce.work =
-          mesh_.shard_group().reduce_scatter_tensor(reduce.output, reduce.input, ReduceOp::kSum);
+      reduce.output = allocate_reduce_buffer(reduce_scatter_hook_.get(), grads.reduce_numel,
+                                             device_options(reduce_dtype_), label_);
+      reduce.work = start_reduce_scatter(reduce_scatter_hook_.get(), mesh_.shard_group(),
+                                         reduce.output, reduce.input, ReduceOp::kSum, label_);
       order_stream_after(reduce.work);
       reduce.reduced = op.record("reduced");
     }
@@ -682,8 +686,9 @@ void ParamGroup::copy_in(PendingGather& pending) {
       op.writes("ag_in", pending.phase);
     }
   }
-  pending.buffer =
-      at::empty({mesh_.shard_size() * flat_shards_.numel()}, device_options(compute_dtype_));
+  pending.buffer = allocate_gather_buffer(all_gather_hook_.get(),
+                                          mesh_.shard_size() * flat_shards_.numel(),
+                                          device_options(compute_dtype_), label_);
   op.writes("ag_buf", pending.phase);
   pending.copied_in = op.record("copied_in", pending.phase);
 }
@@ -702,8 +707,9 @@ void ParamGroup::issue_gather(PendingGather& pending, ProcessGroup& group) {
   }
   op.writes("ag_buf", pending.phase);
   const CollectiveLabel collective_label(label_);
-  pending.work = group.all_gather_into_tensor(
-      pending.buffer, pending.input.defined() ? pending.input : flat_shards_);
+  pending.work =
+      start_all_gather(all_gather_hook_.get(), group, pending.buffer,
+                       pending.input.defined() ? pending.input : flat_shards_, label_);
   order_stream_after(pending.work);
   pending.gathered = op.record("gathered", pending.phase);
 }

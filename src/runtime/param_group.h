@@ -47,6 +47,7 @@
 #include "runtime/hooks.h"
 #include "runtime/root_state.h"
 
+#include <fsdp/comm/comm_hooks.h>
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
 
@@ -104,6 +105,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void set_requires_gradient_sync(bool sync);
   void set_reshard_after_backward(bool reshard);
   void set_reshard_after_forward(bool reshard);
+  // Custom collectives for this unit only (custom_collectives.cpp); null restores the process
+  // group's own. Throw under a whole-tensor placement, or if a backward pass is running.
+  void set_custom_all_gather(std::shared_ptr<AllGather> hook);
+  void set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook);
   // On the root: whether the next backward is the last before the optimizer step.
   void set_is_last_backward(bool last);
   // Every unit at or under this unit's module, in pre-order.
@@ -273,6 +278,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   at::Tensor post_forward_piece_;
   StreamEvent piece_ready_;                 // recorded on compute once the piece is written
   std::vector<OwnerBucket> owner_buckets_;  // empty unless whole-tensor with W > 1
+  std::shared_ptr<AllGather> all_gather_hook_;          // null: the shard group's own
+  std::shared_ptr<ReduceScatter> reduce_scatter_hook_;  // null: the shard group's own
   TrainingState training_state_ = TrainingState::kIdle;
   ShardedState sharded_state_ = ShardedState::kSharded;
   std::unique_ptr<PendingGather> pending_gather_;  // set exactly in kGathering

@@ -95,6 +95,10 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--timeout-s", "--timeout-s 1e300"},
     {"fsdp-train", "--quiet", "--quiet=maybe"},
     {"fsdp-train", "--strategy", "--strategy zero4"},
+    {"fsdp-train", "--all-gather", "--all-gather int4"},
+    {"fsdp-train", "--all-gather", "--all-gather int8:0"},
+    {"fsdp-train", "--all-gather", "--all-gather int8:-3"},
+    {"fsdp-train", "--all-gather", "--nproc 1 --all-gather int8"},  // one rank gathers nothing
     {"fsdp-train", "--evenness-priority", "--strategy whole_tensor --evenness-priority 1.5"},
     {"fsdp-train", "--evenness-priority", "--strategy whole_tensor --evenness-priority nan"},
     {"fsdp-train", "--evenness-priority", "--evenness-priority 0.5"},  // needs whole_tensor

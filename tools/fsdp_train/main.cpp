@@ -266,6 +266,11 @@ void add_flags(CLI::App& app, fsdp::train::TrainerOptions& o, LaunchFlags& launc
                  "ranks (ZeRO++ hpZ; N divides the shard group)")
       ->check(non_negative)
       ->capture_default_str();
+  app.add_option("--all-gather", o.all_gather,
+                 "Every unit's weight all-gather: fp (in the compute dtype) or int8[:BLOCK] "
+                 "(ZeRO++ qwZ: blockwise int8, one fp32 scale per BLOCK elements, default 256; the "
+                 "fp32 shards the optimizer steps stay exact)")
+      ->capture_default_str();
   app.add_flag(
       "--activation-checkpoint", o.activation_checkpoint,
       "Every transformer block recomputes its forward in backward instead of keeping activations");

@@ -21,6 +21,7 @@
 
 #include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/clip_grad.h>
+#include <fsdp/comm/comm_hooks.h>
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
 #include <fsdp/grad_scaler.h>
@@ -297,6 +298,20 @@ std::optional<int64_t> parse_wrap_policy(const std::string& value) {
   return n;
 }
 
+std::optional<int64_t> parse_all_gather(const std::string& value) {
+  if (value == "fp") return std::nullopt;
+  if (value == "int8") return Int8AllGather::kDefaultBlockSize;
+  const std::string prefix = "int8:";
+  const std::string digits =
+      value.compare(0, prefix.size(), prefix) == 0 ? value.substr(prefix.size()) : "";
+  const bool is_number = !digits.empty() && digits.size() <= 9 &&
+                         digits.find_first_not_of("0123456789") == std::string::npos;
+  const int64_t block = is_number ? std::stoll(digits) : 0;
+  TORCH_CHECK(block >= 1, "--all-gather must be fp, int8 or int8:BLOCK with BLOCK >= 1 elements ",
+              "per scale (at most 9 digits), got '", value, "'");
+  return block;
+}
+
 std::optional<at::ScalarType> dtype_flag(const std::string& flag, const std::string& value) {
   if (value.empty()) return std::nullopt;
   if (value == "fp32") return at::kFloat;
@@ -316,6 +331,21 @@ void validate_schedule_and_val(const TrainerOptions& o) {
               o.decay_frac);
   TORCH_CHECK(o.val_every >= 0, "--val-every must be non-negative, got ", o.val_every);
   TORCH_CHECK(o.val_batches >= 1, "--val-batches must be at least 1, got ", o.val_batches);
+}
+
+// --all-gather int8 quantizes the all-gathers of parameters: there must be some.
+void validate_all_gather(const TrainerOptions& o, int shard_group) {
+  if (!parse_all_gather(o.all_gather).has_value()) return;
+  TORCH_CHECK(!o.no_fsdp, "--all-gather ", o.all_gather,
+              " quantizes FSDP's all-gather of parameters; --no-fsdp has none");
+  TORCH_CHECK(o.strategy != "whole_tensor", "--all-gather ", o.all_gather,
+              " quantizes the all-gather of Shard(0) placement; --strategy whole_tensor broadcasts "
+              "whole tensors instead");
+  const int gathering = o.strategy == "no_shard" ? 1 : shard_group;
+  TORCH_CHECK(gathering > 1, "--all-gather ", o.all_gather,
+              " quantizes the all-gather of parameters, but --strategy ", o.strategy, " on ",
+              o.strategy == "hybrid_shard" ? shard_group * o.replicate : shard_group,
+              " rank(s) leaves a shard group of 1 rank, which gathers nothing");
 }
 
 // --strategy, --accum-mode and the settings that depend on them.
@@ -351,6 +381,7 @@ void validate_sharding(const TrainerOptions& o, int world) {
   TORCH_CHECK(o.reshard_after_forward <= 1 || shard_group % o.reshard_after_forward == 0,
               "--reshard-after-forward ", o.reshard_after_forward,
               " (a group size) does not divide the shard group of ", shard_group, " ranks");
+  validate_all_gather(o, shard_group);
 }
 
 // fp16's gradient scaler flags: in range, and given only where there is a scaler.
@@ -640,6 +671,10 @@ void build_model(Run& run) {
                   FullyShardTreeOptions().unit_options(unit_options).root_options(root_options))
             : fully_shard(run.model, *run.mesh, root_options);
     run.root->set_implicit_prefetch(o.prefetch);
+    if (const auto block = parse_all_gather(o.all_gather)) {
+      const auto int8 = std::make_shared<Int8AllGather>(*block);
+      for (FSDPModule& unit : fsdp_modules_under(*run.model)) unit.set_custom_all_gather(int8);
+    }
     run.units = static_cast<int64_t>(fsdp_modules_under(*run.model).size());
     run.tracer = &run.mesh->tracer();
   }

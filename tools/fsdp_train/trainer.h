@@ -43,6 +43,9 @@ struct TrainerOptions {
   // whole_tensor: the partition's evenness priority in [0, 1] (1: balance bytes only; lower:
   // keep a unit's tensors on fewer ranks, fewer broadcasts per unit).
   double evenness_priority = 1.0;
+  // Every unit's weight all-gather: "fp" (in the compute dtype) or "int8[:BLOCK]" (ZeRO++ qwZ:
+  // blockwise int8 with one fp32 scale per BLOCK elements, default 256; fsdp::Int8AllGather).
+  std::string all_gather = "fp";
   int replicate = 1;                 // hybrid_shard: size of the replicate dimension (divides W)
   std::string param_dtype = "fp32";  // fp32, bf16 or fp16: dtype of forward/backward compute
   std::string reduce_dtype;          // empty: param_dtype
@@ -187,6 +190,9 @@ std::shared_ptr<const models::ModelSpec> model_spec_of(const TrainerOptions& opt
 // --wrap-policy's value: nullopt for "block", N for "min-params:N" (N >= 1). Throws naming the
 // flag and the value otherwise.
 std::optional<int64_t> parse_wrap_policy(const std::string& value);
+// --all-gather's value: nullopt for "fp", the block size for "int8" (256) or "int8:BLOCK"
+// (BLOCK >= 1). Throws naming the flag and the value otherwise.
+std::optional<int64_t> parse_all_gather(const std::string& value);
 
 std::optional<at::ScalarType> dtype_flag(const std::string& flag, const std::string& value);
 

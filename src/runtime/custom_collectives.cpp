@@ -1,0 +1,89 @@
+// Dispatch to a unit's custom collectives; see custom_collectives.h. With no hook each function
+// is one null check in front of the call the runtime made before hooks existed.
+#include "runtime/custom_collectives.h"
+
+#include "runtime/param_group.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace fsdp::detail {
+namespace {
+
+at::Tensor checked_buffer(at::Tensor buffer, int64_t numel, const at::TensorOptions& options,
+                          const char* hook, const std::string& unit) {
+  TORCH_CHECK(buffer.defined() && buffer.dim() == 1 && buffer.numel() == numel &&
+                  buffer.is_contiguous() && buffer.scalar_type() == options.dtype() &&
+                  buffer.device() == options.device(),
+              "fsdp: unit '", unit, "': the custom ", hook, "'s allocate(", numel, ", ",
+              options.dtype(), ", ", options.device(), ") must return a contiguous 1-D tensor of ",
+              numel, " elements with that dtype and device, got ",
+              buffer.defined() ? buffer.toString() + " of shape " + c10::str(buffer.sizes()) +
+                                     " on " + buffer.device().str()
+                               : std::string("an undefined tensor"));
+  return buffer;
+}
+
+WorkHandle checked_work(WorkHandle work, const char* hook, const std::string& unit) {
+  TORCH_CHECK(work != nullptr, "fsdp: unit '", unit, "': the custom ", hook,
+              " returned no Work; it must return a handle the runtime can wait on");
+  return work;
+}
+
+}  // namespace
+
+at::Tensor allocate_gather_buffer(AllGather* hook, int64_t numel, const at::TensorOptions& options,
+                                  const std::string& unit) {
+  if (hook == nullptr) return at::empty({numel}, options);
+  return checked_buffer(hook->allocate(numel, options.dtype().toScalarType(), options.device()),
+                        numel, options, "all-gather", unit);
+}
+
+at::Tensor allocate_reduce_buffer(ReduceScatter* hook, int64_t numel,
+                                  const at::TensorOptions& options, const std::string& unit) {
+  if (hook == nullptr) return at::empty({numel}, options);
+  return checked_buffer(hook->allocate(numel, options.dtype().toScalarType(), options.device()),
+                        numel, options, "reduce-scatter", unit);
+}
+
+WorkHandle start_all_gather(AllGather* hook, ProcessGroup& group, const at::Tensor& output,
+                            const at::Tensor& input, const std::string& unit) {
+  if (hook == nullptr) return group.all_gather_into_tensor(output, input);
+  return checked_work((*hook)(output, input, group), "all-gather", unit);
+}
+
+WorkHandle start_reduce_scatter(ReduceScatter* hook, ProcessGroup& group, const at::Tensor& output,
+                                const at::Tensor& input, ReduceOp op, const std::string& unit) {
+  if (hook == nullptr) return group.reduce_scatter_tensor(output, input, op);
+  return checked_work((*hook)(output, input, group, op), "reduce-scatter", unit);
+}
+
+// ---- ParamGroup's setters, beside the dispatch they configure ----
+
+namespace {
+
+void check_hooks_fit(const FullyShardOptions& options, const std::string& unit,
+                     const char* setting) {
+  // A whole-tensor unit moves each tensor with broadcasts to and reduces from its owner: there
+  // is no all-gather or reduce-scatter for a hook to replace.
+  TORCH_CHECK(!options.whole_tensor(), "fsdp: unit '", unit, "': ", setting,
+              " needs the all-gather / reduce-scatter of Shard(0) placement, but this unit was "
+              "sharded with whole_tensor (it broadcasts and reduces whole tensors instead)");
+}
+
+}  // namespace
+
+void ParamGroup::set_custom_all_gather(std::shared_ptr<AllGather> hook) {
+  check_not_in_backward("set_custom_all_gather");
+  if (hook != nullptr) check_hooks_fit(options_, label_, "set_custom_all_gather");
+  all_gather_hook_ = std::move(hook);
+}
+
+void ParamGroup::set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook) {
+  check_not_in_backward("set_custom_reduce_scatter");
+  if (hook != nullptr) check_hooks_fit(options_, label_, "set_custom_reduce_scatter");
+  reduce_scatter_hook_ = std::move(hook);
+}
+
+}  // namespace fsdp::detail
+
