@@ -448,6 +448,65 @@ class CommCounter:
         self.all_gather = self.reduce_scatter = 0
 
 
+def quantize_int8_blockwise(x, block):
+    """Blockwise symmetric int8 of a flat tensor (fsdp::quantize_int8_blockwise's rule, written
+    here from torch ops): scale = absmax(block) / 127, q = round(x / scale) clamped to +-127."""
+    x = x.float()
+    blocks = -(-x.numel() // block)
+    padded = F.pad(x, (0, blocks * block - x.numel())).view(blocks, block)
+    scales = padded.abs().amax(dim=1) / 127.0
+    divisors = torch.where(scales == 0, torch.ones_like(scales), scales).unsqueeze(1)
+    q = (padded / divisors).round().clamp(-127, 127).to(torch.int8)
+    return q.view(-1)[:x.numel()].contiguous(), scales
+
+
+def dequantize_int8_blockwise(q, scales, block, out):
+    blocks = scales.numel()
+    padded = F.pad(q.float(), (0, blocks * block - q.numel())).view(blocks, block)
+    out.copy_((padded * scales.unsqueeze(1)).view(-1)[:q.numel()])
+
+
+def int8_all_gather_class():
+    """ZeRO++ qwZ as an FSDP2 custom AllGather (FSDPModule.set_custom_all_gather): each rank
+    quantizes its all-gather input, the int8 values and fp32 scales are all-gathered, and every
+    rank's part is dequantized into FSDP2's output buffer. Synchronous (returns no Work)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
+
+    class Int8AllGather(AllGather):
+        def __init__(self, block):
+            self.block = block
+
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            world, n = group.size(), input_tensor.numel()
+            # FSDP2's input is a view into the output: quantize before anything overwrites it.
+            q, scales = quantize_int8_blockwise(input_tensor, self.block)
+            all_q = torch.empty(world * n, dtype=torch.int8, device=q.device)
+            all_scales = torch.empty(world * scales.numel(), dtype=torch.float32, device=q.device)
+            dist.all_gather_into_tensor(all_q, q, group=group)
+            dist.all_gather_into_tensor(all_scales, scales, group=group)
+            for r in range(world):
+                dequantize_int8_blockwise(all_q[r * n:(r + 1) * n],
+                                          all_scales[r * scales.numel():(r + 1) * scales.numel()],
+                                          self.block, output_tensor[r * n:(r + 1) * n])
+            return None
+
+    return Int8AllGather
+
+
+def parse_all_gather(value):
+    """--all-gather: None for fp, the block size for int8 (256) or int8:BLOCK."""
+    if value == "fp":
+        return None
+    if value == "int8":
+        return 256
+    if value.startswith("int8:") and value[5:].isdigit() and int(value[5:]) >= 1:
+        return int(value[5:])
+    raise argparse.ArgumentTypeError(f"--all-gather must be fp, int8 or int8:BLOCK, got {value!r}")
+
+
 def local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
@@ -535,6 +594,10 @@ def train(rank, world, args):
             fully_shard(block, mesh=mesh, reshard_after_forward=bool(args.reshard_after_forward),
                         mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
+        if args.all_gather is not None:
+            int8_all_gather = int8_all_gather_class()(args.all_gather)
+            for unit in [*units, model]:
+                unit.set_custom_all_gather(int8_all_gather)
         train_model = model
     elif args.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -722,10 +785,15 @@ def main():
                         "(see LibTorchAdamW)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu (gloo) or cuda (NCCL; rank r on GPU r mod the GPU count)")
+    p.add_argument("--all-gather", type=parse_all_gather, default=None,
+                   help="fp (default) or int8[:BLOCK]: every unit's all-gather through an FSDP2 "
+                        "custom AllGather that quantizes blockwise, as fsdp-train --all-gather")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
     if args.mode == "single" and args.nproc != 1:
         p.error("--mode single runs one process; use --nproc 1")
+    if args.mode != "fsdp2" and args.all_gather is not None:
+        p.error("--all-gather int8 is an FSDP2 custom all-gather; use --mode fsdp2")
     if args.mode != "fsdp2" and (args.param_dtype or args.reduce_dtype):
         p.error("--param-dtype/--reduce-dtype are FSDP2's MixedPrecisionPolicy; use --mode fsdp2")
     with tempfile.TemporaryDirectory(prefix="fsdp2_reference_") as tmp:

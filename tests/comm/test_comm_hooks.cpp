@@ -103,6 +103,8 @@ const Int8Case kCases[] = {{"aligned", 2, 512, 256},  {"ragged", 2, 300, 256},
                            {"tiny_part", 4, 37, 256}, {"odd_block", 3, 1000, 77},
                            {"block_of_1", 2, 33, 1},  {"many_ranks", 4, 513, 128}};
 
+void PrintTo(const Int8Case& c, std::ostream* os) { *os << c.name; }
+
 class Int8AllGatherCases : public ::testing::TestWithParam<Int8Case> {};
 
 // Inputs meant to break a quantizer: random, all zeros, one huge outlier per block (the rest
@@ -174,7 +176,8 @@ TEST(Int8AllGather, MovesTheAnalyticByteCount) {
           group->all_gather_into_tensor(output, input)->wait();
           const CommCounters fp32 = group->counters();
           group->reset_counters();
-          Int8AllGather(block)(output, input, *group)->wait();
+          Int8AllGather int8_gather(block);
+          int8_gather(output, input, *group)->wait();
           const CommCounters int8 = group->counters();
           const int64_t blocks = (per_rank + block - 1) / block;
           EXPECT_EQ(fp32.all_gather.payload_bytes, world * 4 * per_rank);
@@ -216,7 +219,8 @@ TEST(Int8AllGather, BadArgumentsAreRefusedNamingTheValues) {
       2,
       [](std::shared_ptr<ProcessGroup> group) {
         EXPECT_THAT(error_message([&] {
-                      Int8AllGather()(at::empty({5}), at::ones({3}), *group);
+                      Int8AllGather gather;
+                      gather(at::empty({5}), at::ones({3}), *group);
                     }),
                     HasSubstr("output of 6 elements, got 1-D Float of 5"));
       },

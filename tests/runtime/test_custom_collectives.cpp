@@ -120,6 +120,8 @@ const HookCase kHookCases[] = {{"zero3_w2", 2, 1, true, false},
                                {"hpz_w4_groups_of_2", 4, 1, 2, false},
                                {"hsdp_2x2", 4, 2, true, false}};
 
+void PrintTo(const HookCase& h, std::ostream* os) { *os << h.name; }
+
 class PlainHooks : public ::testing::TestWithParam<HookCase> {};
 
 TrainCase hook_case(const HookCase& h) {
@@ -365,8 +367,10 @@ TEST(CustomCollectiveErrors, BadHookResultsAreRefused) {
         FSDPModule unit = fully_shard(lin, mesh);
         unit.set_custom_all_gather(std::make_shared<WrongSizeAllGather>());
         EXPECT_THAT(error_message([&] { unit.unshard(); }),
-                    HasSubstr("the custom all-gather's allocate(8, Float, cpu) must return a "
-                              "contiguous 1-D tensor of 8 elements"));
+                    // The unit's shards: weight [3, 4] -> 2 rows of 4, bias [3] -> 2; x 2 ranks.
+                    HasSubstr("the custom all-gather's allocate(20, Float, cpu) must return a "
+                              "contiguous 1-D tensor of 20 elements with that dtype and device, "
+                              "got Float of shape [21] on cpu"));
         unit.set_custom_all_gather(std::make_shared<NoWorkAllGather>());
         EXPECT_THAT(error_message([&] { unit.unshard(); }),
                     HasSubstr("the custom all-gather returned no Work"));

@@ -263,6 +263,8 @@ constexpr double kBf16 = 1e-2;
 // fp16 gradients reduced in fp16: FSDP2 divides each rank's by W before the sum (to keep it in
 // fp16's range), fsdp-train the sum, so they round apart in fp16; measured 9.6e-4 at W = 2.
 constexpr double kFp16 = 5e-3;
+// int8 all-gathers (qwZ): see Int8AllGatherW2.
+constexpr double kInt8 = 1e-3;
 
 TEST(Fsdp2Parity, NoFsdpMatchesPyTorchSingleProcess) {
   run_case({"single", 0, "", "--mode single", kFp32});
@@ -345,6 +347,17 @@ TEST(Fsdp2Parity, GradAccumNoSyncW2) {
 TEST(Fsdp2Parity, GradAccumNoSyncW4) {
   run_case({"accum_w4", 4, "--grad-accum 2 --accum-mode no-sync",
             "--mode fsdp2 --accum-mode no-sync", kFp32});
+}
+
+// ZeRO++ qwZ: every unit's weight all-gather quantized to blockwise int8 (blocks of 256, one
+// fp32 scale each), fsdp-train's Int8AllGather against the same quantizer written as an FSDP2
+// custom AllGather (set_custom_all_gather) in the reference. Both quantize the same per-rank
+// all-gather input (each parameter's padded shard, in registration order) with the same rule,
+// so they gather the same values, and the runs differ only as the fp32 W = 2 case does, except
+// where the two runs' masters, already apart by float rounding, round to different int8 levels
+// (one level is 1/127 of the block's largest magnitude).
+TEST(Fsdp2Parity, Int8AllGatherW2) {
+  run_case({"int8_w2", 2, "--all-gather int8", "--mode fsdp2 --all-gather int8", kInt8});
 }
 
 // NO_SHARD: replicated parameters, gradients all-reduced, against PyTorch DDP.

@@ -34,18 +34,20 @@ int64_t all_gather_bytes(const nlohmann::json& step) {
 }
 
 // The error bound makes the int8 run a small perturbation of the fp32 one: each gathered weight
-// is off by at most 1/254 of its block's largest magnitude (about 0.1% of a typical weight's
-// spread on average), so the first step's loss, from the same masters, differs by well under
-// 1% and the steps after stay within 2% while the two runs' weights drift apart only through
-// those perturbed gradients. A quantizer that mixed up ranks, blocks or scales moves the loss by
-// whole nats.
+// is off by at most 1/254 of its block's largest magnitude (uniform rounding noise, so about
+// 1/880 of it on average), so the first step's loss, from the same masters, moves by a small
+// multiple of that: within 0.1% (measured 3e-5). After it the runs' masters drift apart through
+// the perturbed gradients (AdamW normalizes every step's update, so a small gradient change
+// still moves each weight by up to lr): the steps stay within 2% (measured at most 1.05% over
+// these 30 steps on the 2-core VM) and the mean within 0.5% (measured 0.08%). A quantizer that
+// mixed up ranks, blocks or scales moves the loss by whole nats.
 TEST(FsdpTrainQwz, Int8TracksFp32Loss) {
   const std::vector<nlohmann::json> fp = train("fp"), int8 = train("int8");
   ASSERT_EQ(fp.size(), size_t(kSteps));
   ASSERT_EQ(int8.size(), size_t(kSteps));
   const double first_fp = fp[0]["loss"].get<double>(), first_int8 = int8[0]["loss"].get<double>();
   EXPECT_NE(first_fp, first_int8) << "the int8 run gathered the exact weights";
-  EXPECT_NEAR(first_int8, first_fp, 0.01 * first_fp);
+  EXPECT_NEAR(first_int8, first_fp, 1e-3 * first_fp);
   double mean_fp = 0, mean_int8 = 0;
   for (int s = 0; s < kSteps; ++s) {
     const double a = fp[s]["loss"].get<double>(), b = int8[s]["loss"].get<double>();
@@ -53,7 +55,7 @@ TEST(FsdpTrainQwz, Int8TracksFp32Loss) {
     mean_fp += a / kSteps;
     mean_int8 += b / kSteps;
   }
-  EXPECT_NEAR(mean_int8, mean_fp, 0.01 * mean_fp);
+  EXPECT_NEAR(mean_int8, mean_fp, 5e-3 * mean_fp);
   // Training still learns: the last loss well below the first.
   EXPECT_LT(int8.back()["loss"].get<double>(), 0.9 * first_int8);
 }
