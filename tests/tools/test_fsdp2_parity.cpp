@@ -264,7 +264,7 @@ constexpr double kBf16 = 1e-2;
 // fp16's range), fsdp-train the sum, so they round apart in fp16; measured 9.6e-4 at W = 2.
 constexpr double kFp16 = 5e-3;
 // int8 all-gathers (qwZ): see Int8AllGatherW2.
-constexpr double kInt8 = 1e-3;
+constexpr double kInt8 = 10 * kFp32;
 
 TEST(Fsdp2Parity, NoFsdpMatchesPyTorchSingleProcess) {
   run_case({"single", 0, "", "--mode single", kFp32});
@@ -353,9 +353,12 @@ TEST(Fsdp2Parity, GradAccumNoSyncW4) {
 // fp32 scale each), fsdp-train's Int8AllGather against the same quantizer written as an FSDP2
 // custom AllGather (set_custom_all_gather) in the reference. Both quantize the same per-rank
 // all-gather input (each parameter's padded shard, in registration order) with the same rule,
-// so they gather the same values, and the runs differ only as the fp32 W = 2 case does, except
-// where the two runs' masters, already apart by float rounding, round to different int8 levels
-// (one level is 1/127 of the block's largest magnitude).
+// so they gather the same values, and the runs differ only as the fp32 W = 2 case does
+// (measured: loss 5e-8, parameters 6e-7 apart). The tolerance leaves 10x the fp32 one for a
+// master that the two runs' float rounding puts on either side of an int8 rounding boundary
+// (one level is 1/127 of its block's largest magnitude). A quantizer that differs fails it by
+// far: the reference with blocks of 128 instead of 256 ends 2e-4 apart in loss, 5e-3 in
+// gradient norm and over 1e-1 in parameters.
 TEST(Fsdp2Parity, Int8AllGatherW2) {
   run_case({"int8_w2", 2, "--all-gather int8", "--mode fsdp2 --all-gather int8", kInt8});
 }
