@@ -115,16 +115,19 @@ class DequantizingWork : public Work {
 Int8Blocks quantize_int8_blockwise(const at::Tensor& input, int64_t block_size) {
   check_block_size(block_size);
   TORCH_CHECK(input.dim() == 1 && at::isFloatingType(input.scalar_type()),
-              "fsdp: int8 quantization takes a 1-D floating point tensor, got ", input.dim(),
-              "-D ", input.scalar_type());
+              "fsdp: int8 quantization takes a 1-D floating point tensor, got ", input.dim(), "-D ",
+              input.scalar_type());
   at::NoGradGuard no_grad;
   const at::Tensor blocks = as_blocks(input.to(at::kFloat), block_size);
   const at::Tensor scales = blocks.abs().amax(/*dim=*/1) / 127.0;
   // A zero block divides by 1 instead of 0: its values are all zero either way.
   const at::Tensor divisors = scales.masked_fill(scales == 0, 1.0).unsqueeze(1);
-  const at::Tensor values =
-      (blocks / divisors).round_().clamp_(-127, 127).to(at::kChar).view({-1}).narrow(0, 0,
-                                                                                      input.numel());
+  const at::Tensor values = (blocks / divisors)
+                                .round_()
+                                .clamp_(-127, 127)
+                                .to(at::kChar)
+                                .view({-1})
+                                .narrow(0, 0, input.numel());
   return {values.contiguous(), scales};
 }
 

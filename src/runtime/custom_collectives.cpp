@@ -13,15 +13,15 @@ namespace {
 at::Tensor checked_buffer(at::Tensor buffer, int64_t numel, const at::TensorOptions& options,
                           const char* hook, const std::string& unit) {
   const at::ScalarType dtype = options.dtype().toScalarType();
-  TORCH_CHECK(buffer.defined() && buffer.dim() == 1 && buffer.numel() == numel &&
-                  buffer.is_contiguous() && buffer.scalar_type() == dtype &&
-                  buffer.device() == options.device(),
-              "fsdp: unit '", unit, "': the custom ", hook, "'s allocate(", numel, ", ", dtype,
-              ", ", options.device(), ") must return a contiguous 1-D tensor of ", numel,
-              " elements with that dtype and device, got ",
-              buffer.defined() ? c10::str(buffer.scalar_type(), " of shape ", buffer.sizes(),
-                                          " on ", buffer.device())
-                               : std::string("an undefined tensor"));
+  TORCH_CHECK(
+      buffer.defined() && buffer.dim() == 1 && buffer.numel() == numel && buffer.is_contiguous() &&
+          buffer.scalar_type() == dtype && buffer.device() == options.device(),
+      "fsdp: unit '", unit, "': the custom ", hook, "'s allocate(", numel, ", ", dtype, ", ",
+      options.device(), ") must return a contiguous 1-D tensor of ", numel,
+      " elements with that dtype and device, got ",
+      buffer.defined()
+          ? c10::str(buffer.scalar_type(), " of shape ", buffer.sizes(), " on ", buffer.device())
+          : std::string("an undefined tensor"));
   return buffer;
 }
 
@@ -87,4 +87,3 @@ void ParamGroup::set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook) 
 }
 
 }  // namespace fsdp::detail
-

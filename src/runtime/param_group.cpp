@@ -686,9 +686,9 @@ void ParamGroup::copy_in(PendingGather& pending) {
       op.writes("ag_in", pending.phase);
     }
   }
-  pending.buffer = allocate_gather_buffer(all_gather_hook_.get(),
-                                          mesh_.shard_size() * flat_shards_.numel(),
-                                          device_options(compute_dtype_), label_);
+  pending.buffer =
+      allocate_gather_buffer(all_gather_hook_.get(), mesh_.shard_size() * flat_shards_.numel(),
+                             device_options(compute_dtype_), label_);
   op.writes("ag_buf", pending.phase);
   pending.copied_in = op.record("copied_in", pending.phase);
 }
@@ -707,9 +707,8 @@ void ParamGroup::issue_gather(PendingGather& pending, ProcessGroup& group) {
   }
   op.writes("ag_buf", pending.phase);
   const CollectiveLabel collective_label(label_);
-  pending.work =
-      start_all_gather(all_gather_hook_.get(), group, pending.buffer,
-                       pending.input.defined() ? pending.input : flat_shards_, label_);
+  pending.work = start_all_gather(all_gather_hook_.get(), group, pending.buffer,
+                                  pending.input.defined() ? pending.input : flat_shards_, label_);
   order_stream_after(pending.work);
   pending.gathered = op.record("gathered", pending.phase);
 }

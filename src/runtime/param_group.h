@@ -278,8 +278,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   at::Tensor post_forward_piece_;
   StreamEvent piece_ready_;                 // recorded on compute once the piece is written
   std::vector<OwnerBucket> owner_buckets_;  // empty unless whole-tensor with W > 1
-  std::shared_ptr<AllGather> all_gather_hook_;          // null: the shard group's own
-  std::shared_ptr<ReduceScatter> reduce_scatter_hook_;  // null: the shard group's own
+
+  // Custom collectives (set_custom_all_gather / _reduce_scatter); null: the process group's own.
+  std::shared_ptr<AllGather> all_gather_hook_;
+  std::shared_ptr<ReduceScatter> reduce_scatter_hook_;
   TrainingState training_state_ = TrainingState::kIdle;
   ShardedState sharded_state_ = ShardedState::kSharded;
   std::unique_ptr<PendingGather> pending_gather_;  // set exactly in kGathering

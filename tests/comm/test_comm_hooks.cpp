@@ -32,7 +32,8 @@ at::Tensor reference_round_trip(const at::Tensor& full, int world, int64_t block
     for (int64_t start = 0; start < per_rank; start += block) {
       const int64_t end = std::min(per_rank, start + block);
       float absmax = 0;
-      for (int64_t i = start; i < end; ++i) absmax = std::max(absmax, std::abs(x[r * per_rank + i]));
+      for (int64_t i = start; i < end; ++i)
+        absmax = std::max(absmax, std::abs(x[r * per_rank + i]));
       const float scale = absmax / 127.0f;
       for (int64_t i = start; i < end; ++i) {
         const float v = x[r * per_rank + i];
@@ -78,7 +79,8 @@ void expect_within_bound(const at::Tensor& full, const at::Tensor& got, int worl
     for (int64_t start = 0; start < per_rank; start += block) {
       const int64_t end = std::min(per_rank, start + block);
       float absmax = 0;
-      for (int64_t i = start; i < end; ++i) absmax = std::max(absmax, std::abs(x[r * per_rank + i]));
+      for (int64_t i = start; i < end; ++i)
+        absmax = std::max(absmax, std::abs(x[r * per_rank + i]));
       const double bound = absmax / 254.0 + 4 * std::numeric_limits<float>::epsilon() * absmax;
       for (int64_t i = start; i < end; ++i) {
         const int64_t k = r * per_rank + i;
@@ -129,9 +131,8 @@ TEST_P(Int8AllGatherCases, WithinTheBoundAndEqualToThePlainRoundTrip) {
     const at::Tensor got = int8_gather(full, c.world, c.block);
     expect_within_bound(full, got, c.world, c.block, what);
     const at::Tensor expected = reference_round_trip(full, c.world, c.block);
-    EXPECT_TRUE(got.equal(expected))
-        << what << ": differs from the plain round trip by up to "
-        << (got - expected).abs().max().item<float>();
+    EXPECT_TRUE(got.equal(expected)) << what << ": differs from the plain round trip by up to "
+                                     << (got - expected).abs().max().item<float>();
     if (what == "zeros") EXPECT_EQ(got.abs().max().item<float>(), 0.0f);
   }
 }
@@ -207,8 +208,11 @@ TEST(Int8AllGather, GlooGathersInt8Tensors) {
 }
 
 TEST(Int8AllGather, BadArgumentsAreRefusedNamingTheValues) {
-  EXPECT_THAT(error_message([] { Int8AllGather(0); }), HasSubstr("block size of at least 1, got 0"));
-  EXPECT_THAT(error_message([] { quantize_int8_blockwise(at::zeros({2, 2}), 4); }),
+  EXPECT_THAT(error_message([] { Int8AllGather(0); }),
+              HasSubstr("block size of at least 1, got 0"));
+  EXPECT_THAT(error_message([] {
+                quantize_int8_blockwise(at::zeros({2, 2}), 4);
+              }),
               HasSubstr("1-D floating point tensor, got 2-D"));
   EXPECT_THAT(error_message([] {
                 const Int8Blocks q = quantize_int8_blockwise(at::ones({10}), 4);

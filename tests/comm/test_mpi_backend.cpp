@@ -144,7 +144,9 @@ TEST(MpiBackend, AllGatherAndBroadcastMoveEveryDtypeExactly) {
     const Groups g = first_ranks(w);
     if (!g.mpi) continue;
     const int r = g.mpi->rank();
-    for (const auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong}) {
+    // int8: the values of Int8AllGather (qwZ).
+    for (const auto dtype :
+         {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong, at::kChar}) {
       const std::string what = "W=" + std::to_string(w) + " " + c10::toString(dtype);
       const int64_t n = 517;
       std::vector<at::Tensor> all;

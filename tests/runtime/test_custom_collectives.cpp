@@ -139,12 +139,13 @@ TEST_P(PlainHooks, ReproduceTheDefaultPathBitForBit) {
   const TrainCase c = hook_case(h);
   const std::vector<TrainRecord> plain = train_sharded(c, h.world);
   HookLog gathers, reduces;
-  const std::vector<TrainRecord> hooked =
-      train_sharded(with_hooks(c, [&](FSDPModule& unit) {
-                      unit.set_custom_all_gather(std::make_shared<PlainAllGather>(gathers));
-                      unit.set_custom_reduce_scatter(std::make_shared<PlainReduceScatter>(reduces));
-                    }),
-                    h.world);
+  const std::vector<TrainRecord> hooked = train_sharded(
+      with_hooks(c,
+                 [&](FSDPModule& unit) {
+                   unit.set_custom_all_gather(std::make_shared<PlainAllGather>(gathers));
+                   unit.set_custom_reduce_scatter(std::make_shared<PlainReduceScatter>(reduces));
+                 }),
+      h.world);
   for (int r = 0; r < h.world; ++r) expect_bit_identical(plain[r], hooked[r]);
   // Every gather and reduce-scatter went through the hooks, in the groups the header names.
   const int shard = h.world / h.replicate;
@@ -194,10 +195,10 @@ TEST(Int8Training, AllGatherBytesMatchTheAnalyticCount) {
   TrainCase c = gpt_case();
   c.steps = 1;
   std::vector<int64_t> fp32_bytes(world), int8_bytes(world);
-  train_sharded(c, world, [&](int rank, const std::shared_ptr<torch::nn::Module>&,
-                              const DeviceMesh& mesh) {
-    fp32_bytes[rank] = mesh.shard_group().counters().all_gather.payload_bytes;
-  });
+  train_sharded(c, world,
+                [&](int rank, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh& mesh) {
+                  fp32_bytes[rank] = mesh.shard_group().counters().all_gather.payload_bytes;
+                });
   HookLog log;
   train_sharded(
       with_hooks(c,
@@ -239,7 +240,8 @@ TEST(Int8Training, GathersTheRoundTripAndKeepsTheMastersExact) {
         std::vector<at::Tensor> shards_before;
         for (FSDPModule& unit : fsdp_modules_under(*model)) {
           unit.set_custom_all_gather(std::make_shared<Int8AllGather>(64));
-          for (const auto& sp : unit.sharded_parameters()) shards_before.push_back(sp.local.clone());
+          for (const auto& sp : unit.sharded_parameters())
+            shards_before.push_back(sp.local.clone());
         }
         for (FSDPModule& unit : fsdp_modules_under(*model)) {
           unit.unshard();
@@ -284,12 +286,11 @@ TEST(Int8Training, GathersTheRoundTripAndKeepsTheMastersExact) {
 TEST(Int8Training, TracksTheSingleProcessLoss) {
   TrainCase c = gpt_case();
   const TrainRecord reference = train_reference(c);
-  const std::vector<TrainRecord> ranks =
-      train_sharded(with_hooks(c,
-                               [](FSDPModule& unit) {
-                                 unit.set_custom_all_gather(std::make_shared<Int8AllGather>());
-                               }),
-                    2);
+  const std::vector<TrainRecord> ranks = train_sharded(
+      with_hooks(
+          c,
+          [](FSDPModule& unit) { unit.set_custom_all_gather(std::make_shared<Int8AllGather>()); }),
+      2);
   ASSERT_EQ(ranks[0].losses.size(), reference.losses.size());
   bool any_different = false;
   for (size_t s = 0; s < reference.losses.size(); ++s) {
@@ -303,11 +304,9 @@ TEST(Int8Training, TracksTheSingleProcessLoss) {
       const ShardMetadata& m = r.metadata.at(name);
       if (m.global_shape.empty()) continue;
       if (m.local_rows < m.padded_rows) {
-        EXPECT_EQ(shard.narrow(0, m.local_rows, m.padded_rows - m.local_rows)
-                      .abs()
-                      .max()
-                      .item<float>(),
-                  0.0f)
+        EXPECT_EQ(
+            shard.narrow(0, m.local_rows, m.padded_rows - m.local_rows).abs().max().item<float>(),
+            0.0f)
             << name;
       }
     }
@@ -326,11 +325,10 @@ TEST(CustomCollectiveErrors, WholeTensorUnitsRefuseHooks) {
         placement->set_owner(lin->weight, 0);
         placement->set_owner(lin->bias, 1);
         FSDPModule unit = fully_shard(lin, mesh, FullyShardOptions().whole_tensor(placement));
-        EXPECT_THAT(error_message([&] {
-                      unit.set_custom_all_gather(std::make_shared<Int8AllGather>());
-                    }),
-                    HasSubstr("set_custom_all_gather needs the all-gather / reduce-scatter of "
-                              "Shard(0) placement, but this unit was sharded with whole_tensor"));
+        EXPECT_THAT(
+            error_message([&] { unit.set_custom_all_gather(std::make_shared<Int8AllGather>()); }),
+            HasSubstr("set_custom_all_gather needs the all-gather / reduce-scatter of "
+                      "Shard(0) placement, but this unit was sharded with whole_tensor"));
         HookLog log;
         EXPECT_THAT(error_message([&] {
                       unit.set_custom_reduce_scatter(std::make_shared<PlainReduceScatter>(log));

@@ -83,7 +83,8 @@ TEST(FsdpTrainQwz, CombinationsWithoutAnAllGatherAreRefused) {
   const Refused cases[] = {
       {"--no-fsdp", "--no-fsdp has none"},
       {"--nproc 2 --strategy whole_tensor", "--strategy whole_tensor broadcasts whole tensors"},
-      {"--nproc 2 --strategy no_shard", "--strategy no_shard on 2 rank(s) leaves a shard group of 1"},
+      {"--nproc 2 --strategy no_shard",
+       "--strategy no_shard on 2 rank(s) leaves a shard group of 1"},
       {"--nproc 1", "--strategy full_shard on 1 rank(s) leaves a shard group of 1"},
       {"--nproc 4 --strategy hybrid_shard --replicate 4",
        "--strategy hybrid_shard on 4 rank(s) leaves a shard group of 1"},
