@@ -313,6 +313,38 @@ TEST(Int8Training, TracksTheSingleProcessLoss) {
   }
 }
 
+// Under hpZ the backward gather re-quantizes the piece each rank kept, whose values are already
+// on int8 levels: where the piece's blocks line up with the shards' that changes nothing, else a
+// second rounding adds at most another absmax / 254, to backward's weights only. HSDP gathers
+// within shard groups of 2, so its blocks fall elsewhere: another rounding of the same weights.
+// Each moves the loss by about what int8 itself moves it at the first step (3e-5, FsdpTrainQwz):
+// measured at most 3e-4 relative over these 5 steps; 1e-3 leaves room while a gather of a wrong
+// piece or group would move it by far more.
+TEST(Int8Training, HpzAndHsdpTrackInt8FullShard) {
+  const auto int8 = [](FSDPModule& unit) {
+    unit.set_custom_all_gather(std::make_shared<Int8AllGather>());
+  };
+  GptCaseOptions opt;
+  TrainCase full = gpt_case(opt);
+  full.steps = 5;
+  const std::vector<TrainRecord> zero3 = train_sharded(with_hooks(full, int8), 4);
+  opt.reshard_after_forward = 2;
+  TrainCase hpz = gpt_case(opt);
+  hpz.steps = 5;
+  const std::vector<TrainRecord> hpz_run = train_sharded(with_hooks(hpz, int8), 4);
+  TrainCase hsdp = gpt_case();
+  hsdp.steps = 5;
+  hsdp.replicate = 2;
+  const std::vector<TrainRecord> hsdp_run = train_sharded(with_hooks(hsdp, int8), 4);
+  // The first forward gathers over the same shard group with the same blocks.
+  EXPECT_EQ(hpz_run[0].losses[0], zero3[0].losses[0]);
+  for (size_t s = 0; s < zero3[0].losses.size(); ++s) {
+    const double want = zero3[0].losses[s];
+    EXPECT_NEAR(hpz_run[0].losses[s], want, 1e-3 * want) << "hpZ, step " << s;
+    EXPECT_NEAR(hsdp_run[0].losses[s], want, 1e-3 * want) << "HSDP, step " << s;
+  }
+}
+
 // --- errors ---
 
 TEST(CustomCollectiveErrors, WholeTensorUnitsRefuseHooks) {
