@@ -737,6 +737,12 @@ void print_banner(const Run& run, const TokenDataset& data, double unigram_entro
     fmt::print("fsdp-train: {} FSDP units (--wrap-policy {}), parameter elements each: {}\n",
                run.units, o.wrap_policy, describe_units(run));
   }
+  if (const auto block = parse_all_gather(o.all_gather); block && run.root) {
+    fmt::print(
+        "fsdp-train: weight all-gathers in int8 (ZeRO++ qwZ), one fp32 scale per {} "
+        "elements\n",
+        *block);
+  }
   if (!run.placement.empty()) {
     fmt::print("fsdp-train: whole_tensor placement (--evenness-priority {}): {}\n",
                o.evenness_priority, run.placement);

@@ -8,7 +8,9 @@
 // runtime waits on where it waits on its own collectives (so a hook may finish its work, e.g.
 // a dequantization, inside Work::wait). The group is the one the runtime would use; hooks are
 // attached with FSDPModule::set_custom_all_gather / set_custom_reduce_scatter, whose comments
-// say which collectives they replace.
+// say which collectives they replace. The runtime counts the buffers it asks allocate for in its
+// byte accounting (RankStats' communication buffers); what a hook allocates on its own (e.g.
+// Int8AllGather's int8 staging buffers) it does not see.
 #pragma once
 
 #include <fsdp/comm/process_group.h>
