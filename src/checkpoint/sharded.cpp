@@ -163,7 +163,7 @@ std::vector<Slot> plan_slots(const std::vector<LocalParam>& locals, torch::optim
     for (const char* kind : kStates) {
       at::Tensor t = state_tensor(*s, kind);
       if (!t.defined()) continue;
-      TORCH_CHECK(t.numel() == lp.padded_rows * lp.row_numel && t.is_contiguous(),
+      TORCH_CHECK(t.numel() == lp.param.numel() && t.is_contiguous(),
                   "optimizer state ", kind, " of '", lp.name, "' has shape ", t.sizes(),
                   ", not its parameter's local shape");
       slots.push_back({std::string("optim/") + kind + "/" + lp.name, i, &lp, t, 0});
@@ -619,6 +619,17 @@ torch::optim::AdamWParamState& state_to_load(torch::optim::AdamW& adamw, const L
   return static_cast<torch::optim::AdamWParamState&>(*it->second);
 }
 
+// fill_rows into a local tensor of lp's shape (the parameter or a state): under Shard(d > 0)
+// through the whole tensor, of which this rank keeps its slices along d.
+int64_t fill_local(const std::string& key, const TensorRecord& record, const LocalParam& lp,
+                   const at::Tensor& local, const std::vector<SafetensorsReader>& readers) {
+  if (!lp.along_dim()) return fill_rows(key, record, lp, lp.rows_view(local), readers);
+  const at::Tensor whole = at::empty({lp.dim0, lp.row_numel}, local.options());
+  const int64_t bytes = fill_rows(key, record, lp, whole, readers);
+  detail::place_whole_value(lp, whole, local);
+  return bytes;
+}
+
 // Loads the optimizer states `kinds` of one parameter and its step. Returns the bytes read.
 int64_t load_optimizer_state(const CheckpointIndex& index, const LocalParam& lp,
                              const std::vector<std::string>& kinds, torch::optim::AdamW& adamw,
@@ -632,7 +643,7 @@ int64_t load_optimizer_state(const CheckpointIndex& index, const LocalParam& lp,
     TORCH_CHECK(t.defined() && t.is_contiguous() && t.numel() == lp.param.numel(),
                 "optimizer state ", kind, " of '", lp.name, "' is missing or mis-shaped");
     const std::string key = "optim/" + kind + "/" + lp.name;
-    bytes += fill_rows(key, index.tensors.at(key), lp, lp.rows_view(t), readers);
+    bytes += fill_local(key, index.tensors.at(key), lp, t, readers);
   }
   return bytes;
 }
@@ -693,6 +704,15 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
   }
   detail::agree(group, error, what);
   check_same_slots(group, slots, world, rank, what);
+  // Shard(d > 0) tensors are stored whole: gathered here, in the same slot order on every rank.
+  try {
+    for (auto& s : slots) {
+      if (s.lp->along_dim()) s.local = detail::whole_value(group, *s.lp, s.local);
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  detail::agree(group, error, what);
   std::vector<std::vector<detail::RowRange>> writers;
   try {
     writers = assign_writers(group, locals, slots, world, rank);
@@ -756,8 +776,8 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
     for (size_t i = 0; i < locals.size(); ++i) {
       const LocalParam& lp = locals[i];
       const std::string model_key = kModelPrefix + lp.name;
-      result.bytes_read += fill_rows(model_key, index.tensors.at(model_key), lp,
-                                     lp.rows_view(lp.param.detach()), readers);
+      result.bytes_read +=
+          fill_local(model_key, index.tensors.at(model_key), lp, lp.param.detach(), readers);
       if (kinds[i].empty()) continue;
       result.bytes_read += load_optimizer_state(index, lp, kinds[i], *adamw, readers, created);
     }

@@ -43,6 +43,9 @@ struct TrainerOptions {
   // whole_tensor: the partition's evenness priority in [0, 1] (1: balance bytes only; lower:
   // keep a unit's tensors on fewer ranks, fewer broadcasts per unit).
   double evenness_priority = 1.0;
+  // Shard(shard_dim) for every parameter with more than shard_dim dims, Shard(0) for the others
+  // (FSDP2's shard_placement_fn); 0: Shard(0) everywhere.
+  int shard_dim = 0;
   int replicate = 1;                 // hybrid_shard: size of the replicate dimension (divides W)
   std::string param_dtype = "fp32";  // fp32, bf16 or fp16: dtype of forward/backward compute
   std::string reduce_dtype;          // empty: param_dtype
