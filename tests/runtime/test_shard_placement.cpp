@@ -10,12 +10,14 @@
 
 #include <fsdp/comm/rendezvous.h>
 #include <fsdp/fully_shard.h>
+#include <fsdp/memory_estimate.h>
 #include <fsdp/runtime/sharding.h>
 #include <fsdp/runtime/whole_tensor.h>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <models/gpt2/gpt2_memory.h>
 #include <torch/nn/modules/linear.h>
 
 namespace fsdp::test {
@@ -236,6 +238,32 @@ TEST(ShardPlacement, MixedPlacementsInOneUnitMatchTheReference) {
   EXPECT_GT(shard0, 0);
   EXPECT_GT(shard1, 0);
   expect_equivalent(train_reference(c), ranks, 1e-5, 1e-5);
+}
+
+// The estimator pads along the same dim: its sharded parameter and gradient bytes are what the
+// runtime holds under Shard(1) at W = 3 (32 columns -> 33), and differ from Shard(0)'s.
+TEST(ShardPlacement, MemoryEstimateCountsTheShard1Padding) {
+  constexpr int kWorld = 3;
+  GptCaseOptions opt;
+  opt.shard_placement_fn = shard_dim_1;
+  TrainCase c = gpt_case(opt);
+  c.steps = 1;
+  std::vector<int64_t> param_bytes(kWorld), grad_bytes(kWorld);
+  train_sharded(c, kWorld, [&](int rank, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh&) {
+    for (const auto& p : unique_parameters(*m)) {
+      param_bytes[rank] += p.nbytes();
+      if (p.grad().defined()) grad_bytes[rank] += p.grad().nbytes();
+    }
+  });
+  const auto spec = models::gpt2_memory_spec(models::GPT2Config::tiny(), 12 / kWorld, 16);
+  const MemoryEstimate shard1 =
+      estimate_memory(spec, MemoryEstimateOptions().world_size(kWorld).shard_dim(1));
+  const MemoryEstimate shard0 = estimate_memory(spec, MemoryEstimateOptions().world_size(kWorld));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(param_bytes[r], shard1.param_bytes) << "rank " << r;
+    EXPECT_EQ(grad_bytes[r], shard1.grad_bytes) << "rank " << r;
+  }
+  EXPECT_NE(shard1.param_bytes, shard0.param_bytes);
 }
 
 // --- checkpoints and export across placements and world sizes (fsdp-train processes) ---
