@@ -33,8 +33,8 @@ at::Tensor whole_value(ProcessGroup* group, const LocalParam& lp, const at::Tens
   }
   const int world = group->size();
   // Every rank's padded shard (the same shape on every rank) and where it sits along d.
-  at::Tensor shards =
-      at::empty({world, local.numel()}, local.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor shards = at::empty({world, local.numel()},
+                                local.options().memory_format(at::MemoryFormat::Contiguous));
   group->all_gather_into_tensor(shards, local.contiguous().view({-1}))->wait();
   std::vector<int64_t> mine = {lp.dim_offset, lp.dim_rows};
   at::Tensor places = at::empty({2 * world}, at::kLong);
@@ -42,8 +42,10 @@ at::Tensor whole_value(ProcessGroup* group, const LocalParam& lp, const at::Tens
   const auto* place = places.const_data_ptr<int64_t>();
   // The shards as [outer, rows, inner] around d: a replica's slices overwrite equal values.
   const int64_t d = lp.shard_dim;
-  const int64_t outer = c10::multiply_integers(lp.global_shape.begin(), lp.global_shape.begin() + d);
-  const int64_t inner = c10::multiply_integers(lp.global_shape.begin() + d + 1, lp.global_shape.end());
+  const int64_t outer =
+      c10::multiply_integers(lp.global_shape.begin(), lp.global_shape.begin() + d);
+  const int64_t inner =
+      c10::multiply_integers(lp.global_shape.begin() + d + 1, lp.global_shape.end());
   const int64_t size = lp.global_shape[d];
   at::Tensor whole = at::empty({outer, size, inner}, shards.options());
   int64_t end = 0;  // the ranks' chunks tile [0, size) in rank order, so the last one ends it
@@ -116,9 +118,8 @@ std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGrou
       lp.offset = 0;
       lp.rows = lp.padded_rows = lp.dim0;
     }
-    const int64_t local_numel = lp.along_dim()
-                                    ? c10::multiply_integers(lp.dim_padded_shape())
-                                    : lp.padded_rows * lp.row_numel;
+    const int64_t local_numel = lp.along_dim() ? c10::multiply_integers(lp.dim_padded_shape())
+                                               : lp.padded_rows * lp.row_numel;
     TORCH_CHECK(param.numel() == local_numel, "parameter '", name, "' has shape ", param.sizes(),
                 ", not its ", (lp.sharded ? "sharded" : "full"), " shape of ", local_numel,
                 " elements: checkpoints are taken between steps, while parameters are sharded");

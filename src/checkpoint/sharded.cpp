@@ -163,9 +163,8 @@ std::vector<Slot> plan_slots(const std::vector<LocalParam>& locals, torch::optim
     for (const char* kind : kStates) {
       at::Tensor t = state_tensor(*s, kind);
       if (!t.defined()) continue;
-      TORCH_CHECK(t.numel() == lp.param.numel() && t.is_contiguous(),
-                  "optimizer state ", kind, " of '", lp.name, "' has shape ", t.sizes(),
-                  ", not its parameter's local shape");
+      TORCH_CHECK(t.numel() == lp.param.numel() && t.is_contiguous(), "optimizer state ", kind,
+                  " of '", lp.name, "' has shape ", t.sizes(), ", not its parameter's local shape");
       slots.push_back({std::string("optim/") + kind + "/" + lp.name, i, &lp, t, 0});
     }
   }

@@ -225,11 +225,13 @@ class StepModel {
     const auto whole = whole_tensor_
                            ? whole_tensor_sizes(model, shard_, master_, o.evenness_priority())
                            : std::vector<UnitSizes>{};
-    root_ = whole_tensor_ ? whole.back() : sizes_of("root", model.root_param_shapes, shard_, o.shard_dim());
+    root_ = whole_tensor_ ? whole.back()
+                          : sizes_of("root", model.root_param_shapes, shard_, o.shard_dim());
     root_.name = "root";
     for (size_t k = 0; k < model.units.size(); ++k) {
       const auto& u = model.units[k];
-      UnitSizes s = whole_tensor_ ? whole[k] : sizes_of(u.name, u.param_shapes, shard_, o.shard_dim());
+      UnitSizes s =
+          whole_tensor_ ? whole[k] : sizes_of(u.name, u.param_shapes, shard_, o.shard_dim());
       s.name = u.name;
       s.saved = u.saved_bytes;
       s.forward_ws = u.forward_workspace_bytes;

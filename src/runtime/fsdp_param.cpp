@@ -121,7 +121,8 @@ void FSDPParam::unshard_from_flat(const at::Tensor& flat) {
 
 void FSDPParam::unshard_single_rank() {
   TORCH_INTERNAL_ASSERT(!unsharded_now_, "parameter ", name_, " is already unsharded");
-  TORCH_INTERNAL_ASSERT(layout_.chunk_rows == layout_.dim_size, "unshard_single_rank needs one rank");
+  TORCH_INTERNAL_ASSERT(layout_.chunk_rows == layout_.dim_size,
+                        "unshard_single_rank needs one rank");
   at::NoGradGuard no_grad;
   param_.set_data(sharded_.view(global_shape_));
   unsharded_now_ = true;
@@ -147,8 +148,7 @@ void FSDPParam::copy_chunks_into(const at::Tensor& full, const at::Tensor& slot_
   // Real slices from the first chunk on; chunks past them are padding.
   const int64_t first_row = std::min(first_chunk * l.chunk_rows, l.dim_size);
   const int64_t rows = l.dim_size - first_row;
-  const at::Tensor src =
-      full.reshape({l.outer, l.dim_size, l.inner}).narrow(1, first_row, rows);
+  const at::Tensor src = full.reshape({l.outer, l.dim_size, l.inner}).narrow(1, first_row, rows);
   const int64_t full_chunks = std::min(rows / l.chunk_rows, count);
   if (full_chunks > 0) {
     chunks.narrow(0, 0, full_chunks)

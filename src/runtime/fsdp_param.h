@@ -68,9 +68,9 @@ class FSDPParam {
   bool aliases_shard() const { return aliases_shard_; }
 
   // Copies chunks [first_chunk, first_chunk + count) of a full tensor of this parameter's
-  // shape (chunk r: the padded shard of rank r, chunked along the shard dim) into slot_2d, a [count, padded_numel()] column
-  // range of a flat buffer, zero-padded: a gradient into its reduce-scatter input (all W
-  // chunks), or parameter values into a post-forward piece (hpZ).
+  // shape (chunk r: the padded shard of rank r, chunked along the shard dim) into slot_2d, a
+  // [count, padded_numel()] column range of a flat buffer, zero-padded: a gradient into its
+  // reduce-scatter input (all W chunks), or parameter values into a post-forward piece (hpZ).
   void copy_chunks_into(const at::Tensor& full, const at::Tensor& slot_2d,
                         int64_t first_chunk = 0) const;
 

@@ -23,9 +23,9 @@
 namespace fsdp::test {
 namespace {
 
-using ::testing::AllOf;
 using test::CommandResult;
 using test::run_command;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // at::chunk(full, W, d) with empty chunks appended up to W (FSDP2's _chunk_with_empty), each
@@ -46,7 +46,8 @@ std::vector<at::Tensor> padded_chunks(const at::Tensor& full, int world, int64_t
   return result;
 }
 
-const std::vector<std::vector<int64_t>> kShapes = {{7}, {5, 3}, {2, 9}, {4, 1, 6}, {3, 5, 2}, {1, 4}};
+const std::vector<std::vector<int64_t>> kShapes = {{7},       {5, 3},    {2, 9},
+                                                   {4, 1, 6}, {3, 5, 2}, {1, 4}};
 
 TEST(ShardPlacementLayout, MatchesTorchChunkAlongEveryDim) {
   for (const auto& shape : kShapes) {
@@ -84,8 +85,8 @@ TEST(ShardPlacementLayout, ShardCopyOutAndChunksMatchTorchChunk) {
   for (const auto& shape : kShapes) {
     for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
       for (int world = 1; world <= 5; ++world) {
-        SCOPED_TRACE(::testing::Message() << "shape " << c10::IntArrayRef(shape) << " dim " << d
-                                          << " W " << world);
+        SCOPED_TRACE(::testing::Message()
+                     << "shape " << c10::IntArrayRef(shape) << " dim " << d << " W " << world);
         const at::Tensor full = at::randn(shape, at::kDouble);
         const std::vector<at::Tensor> want = padded_chunks(full, world, d);
         std::vector<detail::FSDPParam> params;
@@ -249,12 +250,13 @@ TEST(ShardPlacement, MemoryEstimateCountsTheShard1Padding) {
   TrainCase c = gpt_case(opt);
   c.steps = 1;
   std::vector<int64_t> param_bytes(kWorld), grad_bytes(kWorld);
-  train_sharded(c, kWorld, [&](int rank, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh&) {
-    for (const auto& p : unique_parameters(*m)) {
-      param_bytes[rank] += p.nbytes();
-      if (p.grad().defined()) grad_bytes[rank] += p.grad().nbytes();
-    }
-  });
+  train_sharded(c, kWorld,
+                [&](int rank, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh&) {
+                  for (const auto& p : unique_parameters(*m)) {
+                    param_bytes[rank] += p.nbytes();
+                    if (p.grad().defined()) grad_bytes[rank] += p.grad().nbytes();
+                  }
+                });
   const auto spec = models::gpt2_memory_spec(models::GPT2Config::tiny(), 12 / kWorld, 16);
   const MemoryEstimate shard1 =
       estimate_memory(spec, MemoryEstimateOptions().world_size(kWorld).shard_dim(1));
@@ -282,7 +284,8 @@ class ShardPlacementCheckpoint : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::string(temp_dir("shard_placement_ckpt"));
-    const CommandResult ref = run_command(train("--no-fsdp --export " + *dir_ + "/ref.safetensors"));
+    const CommandResult ref =
+        run_command(train("--no-fsdp --export " + *dir_ + "/ref.safetensors"));
     ASSERT_EQ(ref.exit_code, 0) << ref.output;
   }
   static void TearDownTestSuite() {
@@ -294,11 +297,10 @@ class ShardPlacementCheckpoint : public ::testing::Test {
   static void resume_across(const std::string& name, const std::string& first,
                             const std::string& second) {
     const std::string d = *dir_ + "/" + name;
-    const CommandResult saved =
-        run_command(train(first + " --save " + d + "/ckpt", 4));
+    const CommandResult saved = run_command(train(first + " --save " + d + "/ckpt", 4));
     ASSERT_EQ(saved.exit_code, 0) << saved.output;
-    const CommandResult resumed = run_command(
-        train(second + " --resume " + d + "/ckpt --export " + d + "/8.safetensors"));
+    const CommandResult resumed =
+        run_command(train(second + " --resume " + d + "/ckpt --export " + d + "/8.safetensors"));
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
     const double diff = max_abs_difference(*dir_ + "/ref.safetensors", d + "/8.safetensors");
     EXPECT_LE(diff, 1e-5) << first << " then " << second;
@@ -337,14 +339,13 @@ TEST(ShardPlacementErrors, DimOutsideTheParameterNamesParameterShapeAndDim) {
     DeviceMesh mesh(group);
     torch::nn::Linear linear(4, 6);
     const std::string message = test::error_message([&] {
-      fully_shard(linear, mesh,
-                  FullyShardOptions().shard_placement_fn(
-                      [](const std::string&, const at::Tensor&) -> std::optional<int64_t> {
-                        return 2;
-                      }));
+      fully_shard(
+          linear, mesh,
+          FullyShardOptions().shard_placement_fn(
+              [](const std::string&, const at::Tensor&) -> std::optional<int64_t> { return 2; }));
     });
-    EXPECT_THAT(message, AllOf(HasSubstr("Shard(2)"), HasSubstr("'weight'"),
-                               HasSubstr("[6, 4]"), HasSubstr("[-2, 2)")));
+    EXPECT_THAT(message, AllOf(HasSubstr("Shard(2)"), HasSubstr("'weight'"), HasSubstr("[6, 4]"),
+                               HasSubstr("[-2, 2)")));
     torch::nn::Linear other(4, 6);
     EXPECT_THAT(test::error_message([&] {
                   fully_shard(other, mesh,
@@ -365,9 +366,9 @@ TEST(ShardPlacementErrors, WholeTensorPlacementAndShardPlacementFnAreRefused) {
     placement->set_owner(linear->weight, 0);
     placement->set_owner(linear->bias, 1);
     EXPECT_THAT(test::error_message([&] {
-                  fully_shard(linear, mesh,
-                              FullyShardOptions().whole_tensor(placement).shard_placement_fn(
-                                  shard_dim_1));
+                  fully_shard(
+                      linear, mesh,
+                      FullyShardOptions().whole_tensor(placement).shard_placement_fn(shard_dim_1));
                 }),
                 HasSubstr("both a whole-tensor placement and a shard_placement_fn"));
   });
