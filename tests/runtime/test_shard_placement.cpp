@@ -215,6 +215,25 @@ TEST(ShardPlacement, NoSyncGradientAccumulationMatchesTheReference) {
   expect_equivalent(train_reference(c), ranks, 1e-5, 1e-5);
 }
 
+TEST(ShardPlacement, CpuOffloadPolicyMatchesTheReference) {
+  // Every unit with FSDP2's CPUOffloadPolicy (on a CPU mesh the state is in host memory already,
+  // so this checks that the policy's path keeps Shard(1) intact, not a copy to a device).
+  GptCaseOptions opt;
+  opt.deferred = false;
+  TrainCase c = gpt_case(opt);
+  c.shard = [](const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+    const auto options = FullyShardOptions()
+                             .offload_policy(CPUOffloadPolicy().pin_memory(false))
+                             .shard_placement_fn(shard_dim_1);
+    auto model = std::static_pointer_cast<models::GPT2LMHeadImpl>(m);
+    for (auto& block : model->transformer->blocks) fully_shard(block, mesh, options);
+    fully_shard(m, mesh, options);
+  };
+  const auto ranks = train_sharded(c, 3);
+  expect_placements(ranks);
+  expect_equivalent(train_reference(c), ranks, 1e-5, 1e-5);
+}
+
 TEST(ShardPlacement, MixedPlacementsInOneUnitMatchTheReference) {
   // Within each block: the attention's weights Shard(1), its MLP's weights Shard(-1) (the last
   // dim, normalised to 1), everything else Shard(0); the root's wte Shard(1), wpe Shard(0).
