@@ -155,6 +155,8 @@ struct Shard1Case {
   int replicate;                               // HSDP when > 1
 };
 
+void PrintTo(const Shard1Case& c, std::ostream* os) { *os << c.name; }
+
 class Shard1Training : public ::testing::TestWithParam<Shard1Case> {};
 
 TEST_P(Shard1Training, EqualsTheSingleProcessReference) {
@@ -337,6 +339,15 @@ TEST_F(ShardPlacementCheckpoint, ExportOfShard1EqualsTheReferenceWeights) {
   EXPECT_LE(max_abs_difference(*dir_ + "/ref.safetensors", path), 1e-5);
 }
 
+TEST_F(ShardPlacementCheckpoint, InitFromAnExportUnderShard1ExportsTheSameWeights) {
+  // load_full reads each tensor whole and keeps this rank's columns (3 ranks: 11, 11, 10 of 32).
+  const std::string path = *dir_ + "/init_shard1_w3.safetensors";
+  const CommandResult run = run_command(train(
+      "--nproc 3 --shard-dim 1 --init-from " + *dir_ + "/ref.safetensors --export " + path, 0));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(max_abs_difference(*dir_ + "/ref.safetensors", path), 0.0);
+}
+
 TEST_F(ShardPlacementCheckpoint, Shard1AtW2ResumesAsShard0AtW3) {
   resume_across("1to0", "--nproc 2 --shard-dim 1", "--nproc 3");
 }
@@ -345,7 +356,7 @@ TEST_F(ShardPlacementCheckpoint, Shard0AtW3ResumesAsShard1AtW2) {
   resume_across("0to1", "--nproc 3", "--nproc 2 --shard-dim 1");
 }
 
-TEST_F(ShardPlacementCheckpoint, Shard1AtW3ResumesAsShard1AtW2InHsdp) {
+TEST_F(ShardPlacementCheckpoint, Shard1AtW3ResumesAsShard1InHsdp2x2) {
   // Shard(1) over 3 ranks pads 32 columns to 33; HSDP's replicas hold the same slices.
   resume_across("hsdp", "--nproc 3 --shard-dim 1",
                 "--nproc 4 --strategy hybrid_shard --replicate 2 --shard-dim 1");
