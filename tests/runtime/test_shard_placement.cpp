@@ -203,19 +203,35 @@ TEST(ShardPlacement, Bf16MixedPrecisionMatchesTheReference) {
   expect_equivalent(train_reference_mixed(c, at::kBFloat16), ranks, 2e-2, 1e-2);
 }
 
-TEST(ShardPlacement, NoSyncGradientAccumulationMatchesTheReference) {
+// Gradient accumulation over 3 micro-batches: no-sync reduce-scatters the summed full gradients
+// once (copy-in chunks along dim 1); no-reshard also keeps every unit gathered throughout.
+class Shard1Accumulation : public ::testing::TestWithParam<bool /*keep gathered*/> {};
+
+TEST_P(Shard1Accumulation, MatchesTheReference) {
   constexpr int kMicro = 3;
+  const bool keep_gathered = GetParam();
   GptCaseOptions opt;
   opt.shard_placement_fn = shard_dim_1;
   opt.accumulation = kMicro;
   TrainCase c = gpt_case(opt);
-  c.before_micro_batch = [](const std::shared_ptr<torch::nn::Module>& m, int micro) {
-    fsdp_module_of(*m)->set_requires_gradient_sync(micro == kMicro - 1);
+  c.before_micro_batch = [keep_gathered](const std::shared_ptr<torch::nn::Module>& m, int micro) {
+    FSDPModule root = *fsdp_module_of(*m);
+    const bool last = micro == kMicro - 1;
+    root.set_requires_gradient_sync(last);
+    if (keep_gathered) {
+      root.set_reshard_after_forward(false);
+      root.set_reshard_after_backward(last);
+    }
   };
   const auto ranks = train_sharded(c, 2);
   expect_placements(ranks);
   expect_equivalent(train_reference(c), ranks, 1e-5, 1e-5);
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, Shard1Accumulation, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "no_reshard" : "no_sync");
+                         });
 
 TEST(ShardPlacement, CpuOffloadPolicyMatchesTheReference) {
   // Every unit with FSDP2's CPUOffloadPolicy (on a CPU mesh the state is in host memory already,
