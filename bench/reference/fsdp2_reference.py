@@ -586,14 +586,18 @@ def train(rank, world, args):
     if args.mode == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.tensor import Shard
         mesh = init_device_mesh(device.type, (world,))
+        # --shard-dim D: FSDP2's shard_placement_fn, Shard(D) for parameters with more than D dims.
+        d = args.shard_dim
+        placement = (lambda p: Shard(d) if p.dim() > d else Shard(0)) if d > 0 else None
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[args.param_dtype] if args.param_dtype else None,
                                   reduce_dtype=DTYPES[args.reduce_dtype] if args.reduce_dtype else None)
         units = model.model.layers if config.get("model_type") == "llama" else model.transformer.h
         for block in units:
             fully_shard(block, mesh=mesh, reshard_after_forward=bool(args.reshard_after_forward),
-                        mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+                        mp_policy=mp, shard_placement_fn=placement)
+        fully_shard(model, mesh=mesh, mp_policy=mp, shard_placement_fn=placement)
         if args.all_gather is not None:
             int8_all_gather = int8_all_gather_class()(args.all_gather)
             for unit in [*units, model]:
@@ -769,6 +773,9 @@ def main():
                         "2-D and larger parameters only)")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--reshard-after-forward", type=int, choices=[0, 1], default=1)
+    p.add_argument("--shard-dim", type=int, default=0,
+                   help="fsdp2: Shard(D) for every parameter with more than D dims, Shard(0) for "
+                        "the others (shard_placement_fn; FSDP2 needs W to divide those sizes)")
     p.add_argument("--param-dtype", choices=list(DTYPES), default=None)
     p.add_argument("--reduce-dtype", choices=list(DTYPES), default=None)
     p.add_argument("--init-scale", type=float, default=2.0**16,

@@ -1,8 +1,9 @@
 // fully_shard: FSDP2's per-parameter sharding for torch::nn modules.
 //
 // After fully_shard(module, mesh), every parameter of module that no already-sharded
-// descendant owns is sharded along dim 0 across the mesh: each rank keeps ceil(dim0 / W) rows
-// (zero-padded on the last ranks) and module->parameters() return exactly those local shards,
+// descendant owns is sharded along dim 0 across the mesh (or the dim shard_placement_fn picks):
+// each rank keeps ceil(size / W) slices along it (zero-padded on the last ranks) and
+// module->parameters() return exactly those local shards,
 // so any torch::optim optimizer built on them works unchanged and holds 1/W of the state.
 //
 // C++ modules have no forward hooks, so the one change a model needs is at the call site of
@@ -25,6 +26,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -93,6 +95,14 @@ struct CPUOffloadPolicy {
   TORCH_ARG(bool, pin_memory) = true;
 };
 
+// FSDP2's shard_placement_fn: given a parameter's name (relative to the module passed to
+// fully_shard) and its full value, the dim d it is sharded along, Shard(d), or nullopt for
+// Shard(0). A negative d counts from the end (-1: the last dim); d outside [-ndim, ndim) is
+// refused. Unlike FSDP2, a size along d that W does not divide is accepted and padded, as
+// Shard(0) is.
+using ShardPlacementFn =
+    std::function<std::optional<int64_t>(const std::string& name, const at::Tensor& param)>;
+
 struct FullyShardOptions {
   // What happens to the unsharded parameters after this unit's forward (see
   // ReshardAfterForward). (optional) defaults to true for every unit but the root, false for
@@ -107,23 +117,27 @@ struct FullyShardOptions {
   // Shard(0). Every parameter of the unit needs an owner in [0, W); the mesh must be 1-D and
   // reshard_after_forward a bool. (optional) defaults to none: Shard(0).
   TORCH_ARG(std::shared_ptr<const WholeTensorPlacement>, whole_tensor) = nullptr;
+  // Per-parameter Shard(dim) placement (see ShardPlacementFn); not combinable with whole_tensor,
+  // whose tensors are not split. (optional) defaults to none: Shard(0) for every parameter.
+  TORCH_ARG(ShardPlacementFn, shard_placement_fn) = nullptr;
 };
 
 // Where a rank's shard of one parameter sits in the global tensor (DTensor-like metadata).
-// Under Shard(0) rows [local_offset, local_offset + local_rows) of the
-// global tensor live on this rank, followed by padded_rows - local_rows rows of zero padding.
-// A 0-D parameter is treated as a 1-element vector. Under a whole-tensor placement
-// padded_rows = local_rows = the global rows on the owner and 0 on every other rank.
+// Under Shard(d) the "rows" are the slices along d: slices [local_offset, local_offset +
+// local_rows) of the global tensor along d live on this rank, followed along d by
+// padded_rows - local_rows slices of zero padding; the local shard's shape is the global shape
+// with d's size replaced by padded_rows. A 0-D parameter is treated as a 1-element vector.
+// Under a whole-tensor placement (always d = 0) padded_rows = local_rows = the global rows on
+// the owner and 0 on every other rank.
 struct ShardMetadata {
   std::vector<int64_t> global_shape;
-  int64_t shard_dim = 0;
-  int64_t local_offset = 0;  // first global row held by this rank
-  int64_t local_rows = 0;    // real rows held by this rank (may be 0)
-  int64_t padded_rows =
-      0;  // rows of the local shard, padding included (Shard(0): same on every rank)
+  int64_t shard_dim = 0;     // d, in [0, ndim) (0 for a 0-D parameter)
+  int64_t local_offset = 0;  // first global slice along shard_dim held by this rank
+  int64_t local_rows = 0;    // real slices along shard_dim held by this rank (may be 0)
+  int64_t padded_rows = 0;   // slices of the local shard along shard_dim, padding included
   int mesh_rank = 0;
   int mesh_size = 1;
-  std::string placement() const { return "Shard(0)"; }
+  std::string placement() const { return "Shard(" + std::to_string(shard_dim) + ")"; }
 };
 
 struct ShardedParameter {

@@ -123,6 +123,10 @@ struct MemoryEstimateOptions {
   // whole_tensor: the partition's evenness priority (WholeTensorPartitionOptions). (optional)
   // defaults to 1.
   TORCH_ARG(double, evenness_priority) = 1.0;
+  // Shard(shard_dim) for every parameter with more than shard_dim dims (fsdp-train --shard-dim,
+  // FullyShardOptions::shard_placement_fn): its shard is padded along that dim instead of dim 0.
+  // (optional) defaults to 0.
+  TORCH_ARG(int64_t, shard_dim) = 0;
   // false: plain single-process training, no FSDP (fsdp-train --no-fsdp). (optional) defaults
   // to true.
   TORCH_ARG(bool, fsdp) = true;

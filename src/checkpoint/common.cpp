@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <cstring>
@@ -16,6 +17,62 @@ namespace fsdp::checkpoint::detail {
 
 at::Tensor LocalParam::rows_view(const at::Tensor& local) const {
   return local.view({padded_rows, row_numel});
+}
+
+std::vector<int64_t> LocalParam::dim_padded_shape() const {
+  std::vector<int64_t> shape = global_shape;
+  shape[shard_dim] = dim_padded;
+  return shape;
+}
+
+at::Tensor whole_value(ProcessGroup* group, const LocalParam& lp, const at::Tensor& local) {
+  TORCH_INTERNAL_ASSERT(lp.along_dim());
+  if (group == nullptr || group->size() == 1) {
+    // One rank: its shard is the whole tensor (no padding).
+    return local.contiguous().view({lp.dim0, lp.row_numel});
+  }
+  const int world = group->size();
+  // Every rank's padded shard (the same shape on every rank) and where it sits along d.
+  at::Tensor shards = at::empty({world, local.numel()},
+                                local.options().memory_format(at::MemoryFormat::Contiguous));
+  group->all_gather_into_tensor(shards, local.contiguous().view({-1}))->wait();
+  std::vector<int64_t> mine = {lp.dim_offset, lp.dim_rows};
+  at::Tensor places = at::empty({2 * world}, at::kLong);
+  group->all_gather_into_tensor(places, at::from_blob(mine.data(), {2}, at::kLong))->wait();
+  const auto* place = places.const_data_ptr<int64_t>();
+  // The shards as [outer, rows, inner] around d: a replica's slices overwrite equal values.
+  const int64_t d = lp.shard_dim;
+  const int64_t outer =
+      c10::multiply_integers(lp.global_shape.begin(), lp.global_shape.begin() + d);
+  const int64_t inner =
+      c10::multiply_integers(lp.global_shape.begin() + d + 1, lp.global_shape.end());
+  const int64_t size = lp.global_shape[d];
+  at::Tensor whole = at::empty({outer, size, inner}, shards.options());
+  int64_t end = 0;  // the ranks' chunks tile [0, size) in rank order, so the last one ends it
+  for (int r = 0; r < world; ++r) {
+    const int64_t offset = place[2 * r], rows = place[2 * r + 1];
+    if (rows == 0) continue;
+    TORCH_CHECK(offset >= 0 && offset + rows <= size, "parameter '", lp.name, "': rank ", r,
+                " holds slices [", offset, ", ", offset + rows, ") of dim ", d, ", outside its ",
+                size);
+    whole.narrow(1, offset, rows)
+        .copy_(shards[r].view({outer, lp.dim_padded, inner}).narrow(1, 0, rows));
+    end = std::max(end, offset + rows);
+  }
+  TORCH_CHECK(end == size, "parameter '", lp.name, "': the ranks hold slices up to ", end,
+              " of its ", size, " along dim ", d);
+  return whole.view({lp.dim0, lp.row_numel});
+}
+
+void place_whole_value(const LocalParam& lp, const at::Tensor& whole, const at::Tensor& local) {
+  TORCH_INTERNAL_ASSERT(lp.along_dim());
+  const int64_t d = lp.shard_dim;
+  const at::Tensor dst = local.view(lp.dim_padded_shape());
+  if (lp.dim_rows > 0) {
+    dst.narrow(d, 0, lp.dim_rows)
+        .copy_(whole.view(lp.global_shape).narrow(d, lp.dim_offset, lp.dim_rows));
+  }
+  if (lp.dim_rows < lp.dim_padded) dst.narrow(d, lp.dim_rows, lp.dim_padded - lp.dim_rows).zero_();
 }
 
 std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGroup* group) {
@@ -45,18 +102,26 @@ std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGrou
       lp.offset = m.local_offset;
       lp.rows = m.local_rows;
       lp.padded_rows = m.padded_rows;
+      if (m.shard_dim > 0) {
+        lp.shard_dim = m.shard_dim;
+        lp.dim_offset = m.local_offset;
+        lp.dim_rows = m.local_rows;
+        lp.dim_padded = m.padded_rows;
+      }
     } else {
       lp.global_shape = param.sizes().vec();
     }
     lp.dim0 = lp.global_shape.empty() ? 1 : lp.global_shape[0];
     lp.row_numel = 1;
     for (size_t i = 1; i < lp.global_shape.size(); ++i) lp.row_numel *= lp.global_shape[i];
-    if (!lp.sharded) {
+    if (!lp.sharded || lp.along_dim()) {
+      lp.offset = 0;
       lp.rows = lp.padded_rows = lp.dim0;
     }
-    TORCH_CHECK(param.numel() == lp.padded_rows * lp.row_numel, "parameter '", name, "' has shape ",
-                param.sizes(), ", not its ", (lp.sharded ? "sharded" : "full"), " shape of ",
-                lp.padded_rows, " rows of ", lp.row_numel,
+    const int64_t local_numel = lp.along_dim() ? c10::multiply_integers(lp.dim_padded_shape())
+                                               : lp.padded_rows * lp.row_numel;
+    TORCH_CHECK(param.numel() == local_numel, "parameter '", name, "' has shape ", param.sizes(),
+                ", not its ", (lp.sharded ? "sharded" : "full"), " shape of ", local_numel,
                 " elements: checkpoints are taken between steps, while parameters are sharded");
     TORCH_CHECK(param.is_contiguous(), "parameter '", name, "' is not contiguous");
     result.push_back(std::move(lp));

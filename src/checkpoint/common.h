@@ -1,6 +1,12 @@
 // What sharded and full checkpoints share: this rank's view of each parameter (its rows of
 // the global tensor), who stores which rows, and agreeing on failure across ranks.
 //
+// Files hold row ranges (dim 0) of global tensors. A parameter sharded along a dim d > 0
+// (shard_placement_fn) holds no row range: the checkpoint treats it as whole on every rank
+// (rows = dim0, so one rank writes it), saving its whole value gathered from the ranks
+// (whole_value, collective) and loading by reading the whole tensor and keeping this rank's
+// slices along d (place_whole_value).
+//
 // The group of a checkpoint call is the whole job (the world). A parameter's rows may be held
 // by several ranks at once: with HSDP every replica holds the same shard, with no_shard every
 // rank holds the whole tensor, and parameters outside FSDP units are whole on every rank. Each
@@ -29,10 +35,28 @@ struct LocalParam {
   int64_t rows = 0;         // real rows this rank holds
   int64_t padded_rows = 0;  // rows of the local tensor, padding included
   bool sharded = false;     // managed by an FSDP unit (else the full tensor, on every rank)
+  // Shard(d), d > 0: the placement the local tensor has (offset, rows and padded_rows above then
+  // describe the whole tensor, as for a parameter every rank holds in full).
+  int64_t shard_dim = 0;
+  int64_t dim_offset = 0;  // first slice along shard_dim this rank holds
+  int64_t dim_rows = 0;    // real slices along shard_dim this rank holds
+  int64_t dim_padded = 0;  // slices along shard_dim of the local tensor, padding included
 
   // The local tensor (param, or a state tensor of the same shape) as [padded_rows, row_numel].
+  // Under Shard(d > 0) pass the whole value instead (whole_value).
   at::Tensor rows_view(const at::Tensor& local) const;
+  bool along_dim() const { return shard_dim > 0; }
+  // Shape of the local tensor under Shard(d > 0): the global shape with d's size dim_padded.
+  std::vector<int64_t> dim_padded_shape() const;
 };
+
+// Shard(d > 0): the whole value ([dim0, row_numel]) of lp's local tensor `local` (the parameter
+// or a state tensor of its shape), gathered over group. Collective: every rank calls it for
+// the same tensors in the same order.
+at::Tensor whole_value(ProcessGroup* group, const LocalParam& lp, const at::Tensor& local);
+// Shard(d > 0): copies this rank's slices along d of whole (the global tensor) into local and
+// zeroes its padding. Local: no communication.
+void place_whole_value(const LocalParam& lp, const at::Tensor& whole, const at::Tensor& local);
 
 // Every distinct parameter of model, in named_parameters() order. Parameters of FSDP units get
 // their shard layout; others are full on every rank. Throws when a sharded parameter is

@@ -64,6 +64,10 @@ at::Tensor gather_full(const LocalParam& lp, const std::vector<detail::RowRange>
                        ProcessGroup* group) {
   const at::Tensor local = lp.param.detach();
   const int rank = group ? group->rank() : 0;
+  if (lp.along_dim()) {  // Shard(d > 0): every rank contributes its slices along d
+    const at::Tensor whole = detail::whole_value(group, lp, local);
+    return rank == 0 ? whole.view(lp.global_shape) : at::Tensor();
+  }
   if (writers.size() == 1 && writers[0].rank == 0) {
     return rank == 0 ? local.reshape(lp.global_shape) : at::Tensor();
   }
@@ -370,7 +374,9 @@ std::unordered_map<std::string, EntryOf> match_params(const std::string& path,
 void load_param(const LocalParam& lp, const SafetensorsReader& reader, const TensorEntry& e,
                 bool transposed, bool verify) {
   const at::ScalarType file_type = to_scalar_type(e.dtype);
-  const at::Tensor dst = lp.rows_view(lp.param.detach());
+  // Shard(d > 0): read whole (lp.rows is every row), then keep this rank's slices along d.
+  const at::Tensor dst = lp.along_dim() ? at::empty({lp.dim0, lp.row_numel}, lp.param.options())
+                                        : lp.rows_view(lp.param.detach());
   if (lp.rows > 0) {
     at::Tensor rows;
     if (verify || lp.rows == lp.dim0) {
@@ -390,6 +396,7 @@ void load_param(const LocalParam& lp, const SafetensorsReader& reader, const Ten
     reader.read(e.name);
   }
   if (lp.rows < lp.padded_rows) dst.narrow(0, lp.rows, lp.padded_rows - lp.rows).zero_();
+  if (lp.along_dim()) detail::place_whole_value(lp, dst, lp.param.detach());
 }
 
 }  // namespace

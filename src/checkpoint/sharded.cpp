@@ -4,8 +4,9 @@
 // a rank that failed:
 //   1. every rank plans its slots (one per stored tensor: a parameter or one of its AdamW
 //      states); rank 0 creates root/.tmp-step_<n>/, removing stale temporaries of crashed saves;
-//   2. every rank writes its rows of every slot to its own file there and fsyncs it; an
-//      all-gather then tells rank 0 each rank's rows, per-slot checksums and file size;
+//   2. every rank writes its rows of every slot to its own file there and fsyncs it (a
+//      Shard(d > 0) tensor is gathered whole first, and stored by one rank); an all-gather then
+//      tells rank 0 each rank's rows, per-slot checksums and file size;
 //   3. rank 0 writes metadata.json, fsyncs, renames the directory into place, then replaces
 //      `latest` by rename. Until that rename, `latest` names the previous checkpoint, which is
 //      untouched: a crash anywhere leaves a loadable checkpoint.
@@ -39,6 +40,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <unordered_map>
 
 namespace fsdp::checkpoint {
@@ -163,9 +166,8 @@ std::vector<Slot> plan_slots(const std::vector<LocalParam>& locals, torch::optim
     for (const char* kind : kStates) {
       at::Tensor t = state_tensor(*s, kind);
       if (!t.defined()) continue;
-      TORCH_CHECK(t.numel() == lp.padded_rows * lp.row_numel && t.is_contiguous(),
-                  "optimizer state ", kind, " of '", lp.name, "' has shape ", t.sizes(),
-                  ", not its parameter's local shape");
+      TORCH_CHECK(t.numel() == lp.param.numel() && t.is_contiguous(), "optimizer state ", kind,
+                  " of '", lp.name, "' has shape ", t.sizes(), ", not its parameter's local shape");
       slots.push_back({std::string("optim/") + kind + "/" + lp.name, i, &lp, t, 0});
     }
   }
@@ -440,38 +442,63 @@ std::vector<std::vector<detail::RowRange>> assign_writers(ProcessGroup* group,
 }
 
 // Writes this rank's rows of every slot to its file in tmp_dir and fills `mine`: the header
-// (see kHead) and each written slot's checksum.
-void write_rank_file(const std::string& tmp_dir, const std::vector<Slot>& slots, int64_t step,
-                     int rank, int world, const at::Tensor& rng, std::vector<int64_t>& mine) {
-  std::vector<TensorEntry> entries;
-  for (const auto& s : slots) {
-    if (s.rows_to_write == 0) continue;
-    TensorEntry e;
-    e.name = s.key;
-    e.dtype = to_dtype(s.local.scalar_type());
-    e.shape = stored_shape(s.lp->global_shape, s.rows_to_write);
-    entries.push_back(std::move(e));
+// (see kHead) and each written slot's checksum. Returns this rank's failure, or null.
+//
+// A Shard(d > 0) slot is gathered whole here (detail::whole_value), one at a time so no rank
+// holds more than one such tensor whole, and written by the one rank that stores it. Every rank
+// takes part in every gather, in slot order, even after a failure of its own, so none is left
+// waiting in one.
+std::exception_ptr write_rank_file(ProcessGroup* group, const std::string& tmp_dir,
+                                   const std::vector<Slot>& slots, int64_t step, int rank,
+                                   int world, const at::Tensor& rng, std::vector<int64_t>& mine) {
+  std::exception_ptr error;
+  std::unique_ptr<SafetensorsWriter> writer;
+  try {
+    std::vector<TensorEntry> entries;
+    for (const auto& s : slots) {
+      if (s.rows_to_write == 0) continue;
+      TensorEntry e;
+      e.name = s.key;
+      e.dtype = to_dtype(s.local.scalar_type());
+      e.shape = stored_shape(s.lp->global_shape, s.rows_to_write);
+      entries.push_back(std::move(e));
+    }
+    SafetensorsWriterOptions writer_options;
+    writer_options.embed_checksums = false;  // metadata.json holds them
+    writer_options.kill_after_bytes = kill_hook(step, rank);
+    writer = std::make_unique<SafetensorsWriter>(
+        tmp_dir + "/" + rank_file_name(rank, world), std::move(entries),
+        std::map<std::string, std::string>{{"format", "pt"},
+                                           {"fsdp.rank", std::to_string(rank)},
+                                           {"fsdp.world_size", std::to_string(world)},
+                                           {"fsdp.step", std::to_string(step)}},
+        writer_options);
+  } catch (...) {
+    error = std::current_exception();
   }
-  SafetensorsWriterOptions writer_options;
-  writer_options.embed_checksums = false;  // metadata.json holds them
-  writer_options.kill_after_bytes = kill_hook(step, rank);
-  SafetensorsWriter writer(tmp_dir + "/" + rank_file_name(rank, world), std::move(entries),
-                           {{"format", "pt"},
-                            {"fsdp.rank", std::to_string(rank)},
-                            {"fsdp.world_size", std::to_string(world)},
-                            {"fsdp.step", std::to_string(step)}},
-                           writer_options);
   for (size_t i = 0; i < slots.size(); ++i) {
     const Slot& s = slots[i];
-    if (s.rows_to_write == 0) continue;
-    at::Tensor rows = s.lp->rows_view(s.local).narrow(0, 0, s.rows_to_write);
-    if (!rows.device().is_cpu()) rows = rows.cpu();
-    mine[kHead + i] = as_i64(writer.write(rows));
+    try {
+      const at::Tensor local =
+          s.lp->along_dim() ? detail::whole_value(group, *s.lp, s.local) : s.local;
+      if (error || s.rows_to_write == 0) continue;
+      at::Tensor rows = s.lp->rows_view(local).narrow(0, 0, s.rows_to_write);
+      if (!rows.device().is_cpu()) rows = rows.cpu();
+      mine[kHead + i] = as_i64(writer->write(rows));
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
   }
-  writer.finish();
-  mine[0] = static_cast<int64_t>(writer.file_bytes());
-  mine[1] = as_i64(writer.file_checksum());
-  mine[2] = rng.numel();
+  if (error) return error;
+  try {
+    writer->finish();
+    mine[0] = static_cast<int64_t>(writer->file_bytes());
+    mine[1] = as_i64(writer->file_checksum());
+    mine[2] = rng.numel();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  return error;
 }
 
 // Every rank's record (`mine`) and RNG state, gathered: with one rank, its own.
@@ -619,6 +646,17 @@ torch::optim::AdamWParamState& state_to_load(torch::optim::AdamW& adamw, const L
   return static_cast<torch::optim::AdamWParamState&>(*it->second);
 }
 
+// fill_rows into a local tensor of lp's shape (the parameter or a state): under Shard(d > 0)
+// through the whole tensor, of which this rank keeps its slices along d.
+int64_t fill_local(const std::string& key, const TensorRecord& record, const LocalParam& lp,
+                   const at::Tensor& local, const std::vector<SafetensorsReader>& readers) {
+  if (!lp.along_dim()) return fill_rows(key, record, lp, lp.rows_view(local), readers);
+  const at::Tensor whole = at::empty({lp.dim0, lp.row_numel}, local.options());
+  const int64_t bytes = fill_rows(key, record, lp, whole, readers);
+  detail::place_whole_value(lp, whole, local);
+  return bytes;
+}
+
 // Loads the optimizer states `kinds` of one parameter and its step. Returns the bytes read.
 int64_t load_optimizer_state(const CheckpointIndex& index, const LocalParam& lp,
                              const std::vector<std::string>& kinds, torch::optim::AdamW& adamw,
@@ -632,7 +670,7 @@ int64_t load_optimizer_state(const CheckpointIndex& index, const LocalParam& lp,
     TORCH_CHECK(t.defined() && t.is_contiguous() && t.numel() == lp.param.numel(),
                 "optimizer state ", kind, " of '", lp.name, "' is missing or mis-shaped");
     const std::string key = "optim/" + kind + "/" + lp.name;
-    bytes += fill_rows(key, index.tensors.at(key), lp, lp.rows_view(t), readers);
+    bytes += fill_local(key, index.tensors.at(key), lp, t, readers);
   }
   return bytes;
 }
@@ -704,11 +742,7 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
   // Phase 2: every rank writes its file.
   std::vector<int64_t> mine(kHead + slots.size(), 0);
   const at::Tensor rng = cpu_rng_state();
-  try {
-    write_rank_file(tmp_dir, slots, options.step(), rank, world, rng, mine);
-  } catch (...) {
-    error = std::current_exception();
-  }
+  error = write_rank_file(group, tmp_dir, slots, options.step(), rank, world, rng, mine);
   detail::agree(group, error, what);
   const Gathered all = gather_records(group, world, mine, rng);
   const auto* v = all.records.const_data_ptr<int64_t>();
@@ -756,8 +790,8 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
     for (size_t i = 0; i < locals.size(); ++i) {
       const LocalParam& lp = locals[i];
       const std::string model_key = kModelPrefix + lp.name;
-      result.bytes_read += fill_rows(model_key, index.tensors.at(model_key), lp,
-                                     lp.rows_view(lp.param.detach()), readers);
+      result.bytes_read +=
+          fill_local(model_key, index.tensors.at(model_key), lp, lp.param.detach(), readers);
       if (kinds[i].empty()) continue;
       result.bytes_read += load_optimizer_state(index, lp, kinds[i], *adamw, readers, created);
     }

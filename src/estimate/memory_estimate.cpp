@@ -98,14 +98,17 @@ std::vector<UnitSizes> whole_tensor_sizes(const ModelMemorySpec& model, int worl
   return sizes;
 }
 
+// shard_dim: Shard(shard_dim) for shapes with more than shard_dim dims, else Shard(0); either
+// pads the sharded dim to ceil(size / shard) slices of the other dims' elements.
 UnitSizes sizes_of(const std::string& name, const std::vector<std::vector<int64_t>>& shapes,
-                   int shard) {
+                   int shard, int64_t shard_dim) {
   UnitSizes u;
   u.name = name;
   for (const auto& shape : shapes) {
-    const int64_t dim0 = shape.empty() ? 1 : shape[0];
-    const int64_t row = shape.empty() ? 1 : numel_of(shape) / std::max<int64_t>(dim0, 1);
-    const int64_t padded = padded_shard_rows(dim0, shard) * row;
+    const size_t d = static_cast<int64_t>(shape.size()) > shard_dim ? shard_dim : 0;
+    const int64_t size = shape.empty() ? 1 : shape[d];
+    const int64_t slice = shape.empty() ? 1 : numel_of(shape) / std::max<int64_t>(size, 1);
+    const int64_t padded = padded_shard_rows(size, shard) * slice;
     u.shard_numel += padded;
     u.full_numel += numel_of(shape);
     u.max_shard_numel = std::max(u.max_shard_numel, padded);
@@ -222,11 +225,13 @@ class StepModel {
     const auto whole = whole_tensor_
                            ? whole_tensor_sizes(model, shard_, master_, o.evenness_priority())
                            : std::vector<UnitSizes>{};
-    root_ = whole_tensor_ ? whole.back() : sizes_of("root", model.root_param_shapes, shard_);
+    root_ = whole_tensor_ ? whole.back()
+                          : sizes_of("root", model.root_param_shapes, shard_, o.shard_dim());
     root_.name = "root";
     for (size_t k = 0; k < model.units.size(); ++k) {
       const auto& u = model.units[k];
-      UnitSizes s = whole_tensor_ ? whole[k] : sizes_of(u.name, u.param_shapes, shard_);
+      UnitSizes s =
+          whole_tensor_ ? whole[k] : sizes_of(u.name, u.param_shapes, shard_, o.shard_dim());
       s.name = u.name;
       s.saved = u.saved_bytes;
       s.forward_ws = u.forward_workspace_bytes;

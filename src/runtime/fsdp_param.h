@@ -23,7 +23,9 @@ class FSDPParam {
  public:
   // param must hold the full (global) value; it is not modified here. compute_dtype is the
   // dtype of the unsharded parameter (the mixed-precision param_dtype, or param's own).
-  FSDPParam(std::string name, at::Tensor param, int rank, int world, at::ScalarType compute_dtype);
+  // shard_dim is its Shard(dim) placement, normalised into [0, ndim) (0 for a 0-D parameter).
+  FSDPParam(std::string name, at::Tensor param, int rank, int world, at::ScalarType compute_dtype,
+            int64_t shard_dim = 0);
   // The same with the layout given: under a whole-tensor placement (whole_tensor_layout) the
   // owner's "shard" is the whole tensor and every other rank's is empty.
   FSDPParam(std::string name, at::Tensor param, DimShardLayout layout,
@@ -41,8 +43,8 @@ class FSDPParam {
   int64_t unsharded_bytes() const;
   at::ScalarType compute_dtype() const { return unsharded_.scalar_type(); }
 
-  // Copies this rank's rows of the full value into shard (a flat slice of padded_numel()
-  // elements), zeroing the padding.
+  // Copies this rank's rows (slices along the shard dim) of the full value into shard (a flat
+  // slice of padded_numel() elements, the padded shard in row-major order), zeroing the padding.
   void copy_local_rows_into(const at::Tensor& full, const at::Tensor& shard) const;
 
   // Adopts a flat slice of the unit's shard buffer as the sharded data and points the
@@ -66,9 +68,9 @@ class FSDPParam {
   bool aliases_shard() const { return aliases_shard_; }
 
   // Copies chunks [first_chunk, first_chunk + count) of a full tensor of this parameter's
-  // shape (chunk r: the padded rows of rank r) into slot_2d, a [count, padded_numel()] column
-  // range of a flat buffer, zero-padded: a gradient into its reduce-scatter input (all W
-  // chunks), or parameter values into a post-forward piece (hpZ).
+  // shape (chunk r: the padded shard of rank r, chunked along the shard dim) into slot_2d, a
+  // [count, padded_numel()] column range of a flat buffer, zero-padded: a gradient into its
+  // reduce-scatter input (all W chunks), or parameter values into a post-forward piece (hpZ).
   void copy_chunks_into(const at::Tensor& full, const at::Tensor& slot_2d,
                         int64_t first_chunk = 0) const;
 

@@ -12,6 +12,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 namespace fsdp {
@@ -88,6 +89,9 @@ void cast_unit_buffers(torch::nn::Module& module, const MixedPrecisionPolicy& mp
 void check_whole_tensor(const FullyShardOptions& options, const DeviceMesh& mesh,
                         const torch::nn::Module& module) {
   if (!options.whole_tensor()) return;
+  TORCH_CHECK(!options.shard_placement_fn(), "fully_shard: module '", module.name(),
+              "' has both a whole-tensor placement and a shard_placement_fn; whole tensors are "
+              "not split along any dim, so pass only one of the two");
   TORCH_CHECK(mesh.ndim() == 1, "fully_shard: module '", module.name(),
               "' has a whole-tensor placement but the mesh is 2-D (", mesh.replicate_size(), " x ",
               mesh.shard_size(),
@@ -108,12 +112,28 @@ void check_whole_tensor(const FullyShardOptions& options, const DeviceMesh& mesh
               " mesh; inter-tensor ZeRO-3 does not offload (drop one of the two)");
 }
 
-// The parameter's layout under options: Shard(0), or whole on the owner the placement names.
+// The dim shard_placement_fn picks for a parameter, normalised into [0, ndim); 0 without one,
+// for nullopt, and for a 0-D parameter's 0 or -1 (it is sharded as a 1-element vector).
+int64_t shard_dim_of(const std::string& name, const at::Tensor& tensor,
+                     const FullyShardOptions& options, const torch::nn::Module& module) {
+  if (!options.shard_placement_fn()) return 0;
+  const std::optional<int64_t> picked = options.shard_placement_fn()(name, tensor);
+  if (!picked.has_value()) return 0;
+  const int64_t ndim = std::max<int64_t>(tensor.dim(), 1);
+  const int64_t dim = *picked < 0 ? *picked + ndim : *picked;
+  TORCH_CHECK(dim >= 0 && dim < ndim, "fully_shard: shard_placement_fn gives Shard(", *picked,
+              ") for parameter '", name, "' of module '", module.name(), "' with shape ",
+              tensor.sizes(), ", but its dims are [", -ndim, ", ", ndim, ")");
+  return dim;
+}
+
+// The parameter's layout under options: Shard(d), or whole on the owner the placement names.
 FSDPParam make_param(const std::string& name, const at::Tensor& tensor, const DeviceMesh& mesh,
                      const FullyShardOptions& options, const torch::nn::Module& module) {
   const at::ScalarType compute = options.mp_policy().param_dtype().value_or(tensor.scalar_type());
   if (!options.whole_tensor()) {
-    return FSDPParam(name, tensor, mesh.shard_rank(), mesh.shard_size(), compute);
+    return FSDPParam(name, tensor, mesh.shard_rank(), mesh.shard_size(), compute,
+                     shard_dim_of(name, tensor, options, module));
   }
   const int owner = options.whole_tensor()->owner_of(tensor);
   TORCH_CHECK(owner >= 0 && owner < mesh.shard_size(), "fully_shard: parameter '", name,

@@ -2,7 +2,7 @@
 // around them is param_group.cpp's, unchanged.
 //
 // Invariants:
-// - Each parameter's layout is whole on its owner (chunk_rows = dim0) and empty elsewhere, so
+// - Each parameter's layout is whole on its owner (chunk_rows = dim_size) and empty elsewhere, so
 //   flat_shards_ is exactly this rank's owned tensors in registration order: the source of this
 //   rank's broadcast and the layout of its reduced gradients, with no copy in either direction.
 // - Every rank lists the same buckets (owners ascending, tensors in registration order) and
@@ -61,7 +61,7 @@ void ParamGroup::build_owner_buckets() {
     OwnerBucket& bucket = by_owner[owner];
     bucket.owner = owner;
     bucket.params.push_back(i);
-    bucket.numel += p.layout().dim0 * p.layout().row_numel;
+    bucket.numel += p.layout().numel();
   }
   for (auto& [owner, bucket] : by_owner) owner_buckets_.push_back(std::move(bucket));
 }
@@ -111,7 +111,7 @@ void ParamGroup::copy_out_broadcasts(const PendingGather& pending) {
     int64_t own_offset = 0;  // into this rank's shards (or their cast copy)
     for (const size_t i : bucket.params) {
       FSDPParam& p = params_[i];
-      const int64_t numel = p.layout().dim0 * p.layout().row_numel;
+      const int64_t numel = p.layout().numel();
       if (bucket.owner != rank) {
         p.unshard_from_flat(pending.buffer.narrow(0, offset, numel));
         offset += numel;
@@ -139,7 +139,7 @@ PendingReduce ParamGroup::issue_owner_reduces(UnitGrads grads) {
     const FSDPParam& p = *grads.params[k];
     const int owner = owner_of_param[static_cast<size_t>(&p - params_.data())];
     by_owner[owner].push_back(k);
-    numel_of[owner] += p.layout().dim0 * p.layout().row_numel;
+    numel_of[owner] += p.layout().numel();
   }
   int64_t others = 0;
   for (const auto& [owner, numel] : numel_of) others += owner == rank ? 0 : numel;
@@ -158,7 +158,7 @@ PendingReduce ParamGroup::issue_owner_reduces(UnitGrads grads) {
       int64_t cursor = mine ? 0 : offset;
       for (const size_t k : positions) {
         const FSDPParam& p = *grads.params[k];
-        const int64_t numel = p.layout().dim0 * p.layout().row_numel;
+        const int64_t numel = p.layout().numel();
         const at::Tensor slot = dst.narrow(0, cursor, numel);
         if (grads.full[k].defined()) {
           slot.copy_(grads.full[k].reshape({numel}));

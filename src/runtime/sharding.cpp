@@ -1,4 +1,4 @@
-// Dim-0 shard layout; see include/fsdp/runtime/sharding.h for the convention.
+// Shard(d) layout; see include/fsdp/runtime/sharding.h for the convention.
 #include <fsdp/runtime/sharding.h>
 
 #include <c10/util/Exception.h>
@@ -10,27 +10,27 @@ namespace fsdp {
 std::vector<int64_t> DimShardLayout::padded_shape(c10::IntArrayRef global_shape) const {
   if (global_shape.empty()) return {chunk_rows};
   std::vector<int64_t> shape(global_shape.begin(), global_shape.end());
-  shape[0] = chunk_rows;
+  shape[dim] = chunk_rows;
   return shape;
 }
 
-DimShardLayout shard_layout(c10::IntArrayRef global_shape, int rank, int world) {
+DimShardLayout shard_layout(c10::IntArrayRef global_shape, int rank, int world, int64_t dim) {
   TORCH_CHECK(world >= 1, "shard_layout: world size must be >= 1, got ", world);
   TORCH_CHECK(rank >= 0 && rank < world, "shard_layout: rank ", rank, " outside [0, ", world, ")");
+  const auto ndim = static_cast<int64_t>(global_shape.size());
+  TORCH_CHECK(dim >= 0 && dim < std::max<int64_t>(ndim, 1), "shard_layout: shard dim ", dim,
+              " outside [0, ", std::max<int64_t>(ndim, 1), ") for shape ", global_shape);
   DimShardLayout layout;
-  layout.dim0 = global_shape.empty() ? 1 : global_shape[0];
-  int64_t numel = 1;
-  for (int64_t d : global_shape) numel *= d;
-  layout.row_numel = layout.dim0 == 0 ? 0 : numel / layout.dim0;
-  if (layout.dim0 == 0) {
-    // An empty parameter still gets one (empty) row per rank so every shape stays valid.
-    layout.row_numel = 1;
-    for (size_t i = 1; i < global_shape.size(); ++i) layout.row_numel *= global_shape[i];
-  }
-  layout.chunk_rows = (layout.dim0 + world - 1) / world;
-  layout.local_offset = std::min<int64_t>(layout.dim0, rank * layout.chunk_rows);
-  layout.local_rows =
-      std::min<int64_t>(layout.dim0, layout.local_offset + layout.chunk_rows) - layout.local_offset;
+  layout.dim = dim;
+  layout.dim_size = global_shape.empty() ? 1 : global_shape[dim];
+  // Products over the sizes around dim, not numel / dim_size: an empty dimension elsewhere
+  // must still leave every shape valid.
+  for (int64_t i = 0; i < dim; ++i) layout.outer *= global_shape[i];
+  for (int64_t i = dim + 1; i < ndim; ++i) layout.inner *= global_shape[i];
+  layout.chunk_rows = (layout.dim_size + world - 1) / world;
+  layout.local_offset = std::min<int64_t>(layout.dim_size, rank * layout.chunk_rows);
+  layout.local_rows = std::min<int64_t>(layout.dim_size, layout.local_offset + layout.chunk_rows) -
+                      layout.local_offset;
   return layout;
 }
 

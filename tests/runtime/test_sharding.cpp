@@ -11,7 +11,7 @@ TEST(ShardLayout, EvenSplit) {
   EXPECT_EQ(l.chunk_rows, 2);
   EXPECT_EQ(l.local_offset, 2);
   EXPECT_EQ(l.local_rows, 2);
-  EXPECT_EQ(l.row_numel, 3);
+  EXPECT_EQ(l.inner, 3);
   EXPECT_EQ(l.padded_numel(), 6);
 }
 
@@ -42,7 +42,7 @@ TEST(ShardLayout, FewerRowsThanRanksLeavesRanksEmpty) {
 TEST(ShardLayout, ScalarIsAOneElementVector) {
   auto l0 = shard_layout({}, 0, 3);
   auto l2 = shard_layout({}, 2, 3);
-  EXPECT_EQ(l0.dim0, 1);
+  EXPECT_EQ(l0.dim_size, 1);
   EXPECT_EQ(l0.local_rows, 1);
   EXPECT_EQ(l2.local_rows, 0);
   EXPECT_EQ(l0.padded_shape({}), (std::vector<int64_t>{1}));
@@ -51,7 +51,7 @@ TEST(ShardLayout, ScalarIsAOneElementVector) {
 TEST(ShardLayout, OneDimensional) {
   auto l = shard_layout({7}, 2, 3);
   EXPECT_EQ(l.chunk_rows, 3);
-  EXPECT_EQ(l.row_numel, 1);
+  EXPECT_EQ(l.inner, 1);
   EXPECT_EQ(l.local_offset, 6);
   EXPECT_EQ(l.local_rows, 1);
 }

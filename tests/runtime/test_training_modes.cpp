@@ -19,40 +19,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-// Single-process mixed precision: fp32 master weights and optimizer; each step copies them
-// into a bf16 model, runs forward and backward there, and hands the fp32-cast gradients to the
-// master parameters.
-TrainRecord train_reference_mixed(const TrainCase& c, at::ScalarType param_dtype) {
-  TrainRecord record;
-  auto master = c.make_model(nullptr);
-  auto compute = c.make_model(nullptr);
-  compute->to(param_dtype);
-  const auto master_params = unique_parameters(*master);
-  const auto compute_params = unique_parameters(*compute);
-  torch::optim::AdamW optimizer(master_params,
-                                torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
-  for (int64_t step = 0; step < c.steps; ++step) {
-    {
-      at::NoGradGuard no_grad;
-      for (size_t i = 0; i < master_params.size(); ++i) compute_params[i].copy_(master_params[i]);
-    }
-    for (auto& p : compute_params) p.mutable_grad() = at::Tensor();
-    auto [inputs, targets] = c.batch(step);
-    at::Tensor loss = c.loss(compute, inputs, targets);
-    loss.backward();
-    optimizer.zero_grad();
-    for (size_t i = 0; i < master_params.size(); ++i) {
-      const_cast<at::Tensor&>(master_params[i]).mutable_grad() =
-          compute_params[i].grad().to(at::kFloat);
-    }
-    record.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(master_params, c.max_grad_norm));
-    record.losses.push_back(loss.item<double>());
-    optimizer.step();
-  }
-  for (auto& [name, p] : unique_named_parameters(*master)) record.params[name] = p.detach().clone();
-  return record;
-}
-
 TEST(MixedPrecision, Bf16MatchesSingleProcessBf16ComputeWithFp32Masters) {
   GptCaseOptions opt;
   opt.mp_policy.param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);

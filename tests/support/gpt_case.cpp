@@ -43,9 +43,11 @@ TrainCase gpt_case(const GptCaseOptions& opt) {
   c.weight_decay = 0.1;
   c.max_grad_norm = 1.0;
   FullyShardOptions unit_options;
-  unit_options.reshard_after_forward(opt.reshard_after_forward).mp_policy(opt.mp_policy);
+  unit_options.reshard_after_forward(opt.reshard_after_forward)
+      .mp_policy(opt.mp_policy)
+      .shard_placement_fn(opt.shard_placement_fn);
   FullyShardOptions root_options;
-  root_options.mp_policy(opt.mp_policy);
+  root_options.mp_policy(opt.mp_policy).shard_placement_fn(opt.shard_placement_fn);
   const bool deferred = opt.deferred;
   const int prefetch = opt.prefetch;
   c.make_model = [config, unit_options, deferred](const DeviceMesh* mesh) {

@@ -17,6 +17,7 @@ struct GptCaseOptions {
   bool deferred = true;
   int prefetch = 1;  // implicit prefetch depth (0: off)
   MixedPrecisionPolicy mp_policy;
+  ShardPlacementFn shard_placement_fn;  // for every unit, root included (null: Shard(0))
 };
 
 TrainCase gpt_case(const GptCaseOptions& opt = {});

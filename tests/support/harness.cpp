@@ -109,6 +109,37 @@ std::vector<TrainRecord> train_sharded(
   return records;
 }
 
+TrainRecord train_reference_mixed(const TrainCase& c, at::ScalarType param_dtype) {
+  TrainRecord record;
+  auto master = c.make_model(nullptr);
+  auto compute = c.make_model(nullptr);
+  compute->to(param_dtype);
+  const auto master_params = unique_parameters(*master);
+  const auto compute_params = unique_parameters(*compute);
+  torch::optim::AdamW optimizer(master_params,
+                                torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  for (int64_t step = 0; step < c.steps; ++step) {
+    {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < master_params.size(); ++i) compute_params[i].copy_(master_params[i]);
+    }
+    for (auto& p : compute_params) p.mutable_grad() = at::Tensor();
+    auto [inputs, targets] = c.batch(step);
+    at::Tensor loss = c.loss(compute, inputs, targets);
+    loss.backward();
+    optimizer.zero_grad();
+    for (size_t i = 0; i < master_params.size(); ++i) {
+      const_cast<at::Tensor&>(master_params[i]).mutable_grad() =
+          compute_params[i].grad().to(at::kFloat);
+    }
+    record.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(master_params, c.max_grad_norm));
+    record.losses.push_back(loss.item<double>());
+    optimizer.step();
+  }
+  for (auto& [name, p] : unique_named_parameters(*master)) record.params[name] = p.detach().clone();
+  return record;
+}
+
 void expect_equivalent(const TrainRecord& reference, const std::vector<TrainRecord>& ranks,
                        double rel_tol, double abs_tol) {
   for (size_t r = 0; r < ranks.size(); ++r) {
@@ -127,18 +158,21 @@ void expect_equivalent(const TrainRecord& reference, const std::vector<TrainReco
       auto it = reference.params.find(name);
       ASSERT_NE(it, reference.params.end()) << "no reference parameter " << name;
       const ShardMetadata& m = got.metadata.at(key);
-      const at::Tensor full =
-          it->second.reshape({m.global_shape.empty() ? 1 : m.global_shape[0], -1});
-      const at::Tensor rows = shard.reshape({m.padded_rows, -1});
+      // Slices [local_offset, + local_rows) along the shard dim, then padding (Shard(d)).
+      const int64_t d = m.shard_dim;
+      const at::Tensor full = m.global_shape.empty() ? it->second.reshape({1}) : it->second;
+      std::vector<int64_t> padded_shape = full.sizes().vec();
+      padded_shape[d] = m.padded_rows;
+      const at::Tensor local = shard.reshape(padded_shape);
       if (m.local_rows > 0) {
-        const at::Tensor mine = rows.narrow(0, 0, m.local_rows);
-        const at::Tensor want = full.narrow(0, m.local_offset, m.local_rows);
+        const at::Tensor mine = local.narrow(d, 0, m.local_rows);
+        const at::Tensor want = full.narrow(d, m.local_offset, m.local_rows);
         const double diff = (mine - want).abs().max().item<double>();
         EXPECT_LE(diff, abs_tol) << "parameter " << name << " rank " << r;
       }
       if (m.local_rows < m.padded_rows) {
         EXPECT_EQ(
-            rows.narrow(0, m.local_rows, m.padded_rows - m.local_rows).abs().sum().item<double>(),
+            local.narrow(d, m.local_rows, m.padded_rows - m.local_rows).abs().sum().item<double>(),
             0.0)
             << "padding of " << name << " on rank " << r << " is not zero";
       }

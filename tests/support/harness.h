@@ -58,6 +58,10 @@ struct TrainRecord {
 };
 
 TrainRecord train_reference(const TrainCase& c);
+// Single-process mixed precision: fp32 master weights and optimizer; each step copies them into
+// a param_dtype model, runs forward and backward there, and hands the fp32-cast gradients to
+// the master parameters.
+TrainRecord train_reference_mixed(const TrainCase& c, at::ScalarType param_dtype);
 
 // Per-rank records of a W-rank run.
 std::vector<TrainRecord> train_sharded(

@@ -102,6 +102,9 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--evenness-priority", "--strategy whole_tensor --evenness-priority 1.5"},
     {"fsdp-train", "--evenness-priority", "--strategy whole_tensor --evenness-priority nan"},
     {"fsdp-train", "--evenness-priority", "--evenness-priority 0.5"},  // needs whole_tensor
+    {"fsdp-train", "--shard-dim", "--shard-dim -1"},
+    {"fsdp-train", "--shard-dim", "--shard-dim one"},
+    {"fsdp-train", "--shard-dim", "--strategy whole_tensor --shard-dim 1"},  // tensors stay whole
     {"fsdp-train", "--replicate", "--replicate 0"},
     {"fsdp-train", "--replicate", "--replicate 2"},  // needs hybrid_shard
     {"fsdp-train", "--replicate", "--nproc 4 --global-batch 8 --strategy hybrid_shard --replicate 3"},

@@ -29,6 +29,7 @@ MemoryEstimateOptions estimate_options(const TrainerOptions& o, int world) {
                                   : o.reshard_after_forward == 1 ? 0
                                                                  : o.reshard_after_forward)
       .evenness_priority(o.evenness_priority)
+      .shard_dim(o.shard_dim)
       .fsdp(!o.no_fsdp);
   if (auto dtype = dtype_flag("--param-dtype", o.param_dtype); dtype && *dtype != at::kFloat) {
     options.param_dtype(*dtype);

@@ -136,6 +136,11 @@ void add_mode_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
                  "tensors on fewer ranks (fewer broadcasts) at the cost of balance")
       ->check(fsdp::tools::finite_in(0, 1))
       ->capture_default_str();
+  app.add_option("--shard-dim", o.shard_dim,
+                 "Shard every parameter with more than D dims along dim D (FSDP2's "
+                 "shard_placement_fn returning Shard(D)), the others along dim 0")
+      ->check(fsdp::tools::integer_at_least(0))
+      ->capture_default_str();
   app.add_option("--replicate", o.replicate,
                  "hybrid_shard: replicas (the shard groups have W / R ranks)")
       ->check(positive)

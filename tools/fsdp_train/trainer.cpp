@@ -365,6 +365,9 @@ void validate_sharding(const TrainerOptions& o, int world) {
   TORCH_CHECK(o.strategy != "whole_tensor" || o.wrap_policy == "block",
               "--strategy whole_tensor makes each of the model's blocks a unit; --wrap-policy '",
               o.wrap_policy, "' is not supported with it");
+  TORCH_CHECK(o.shard_dim >= 0, "--shard-dim must be >= 0, got ", o.shard_dim);
+  TORCH_CHECK(o.shard_dim == 0 || o.strategy != "whole_tensor", "--shard-dim ", o.shard_dim,
+              " splits tensors along a dim, but --strategy whole_tensor keeps each tensor whole");
   TORCH_CHECK(o.reshard_after_forward >= 0,
               "--reshard-after-forward must be 0, 1 or a group size "
               ">= 2, got ",
@@ -547,6 +550,14 @@ void build_mesh(Run& run) {
 FullyShardOptions shard_options(const Run& run, const MixedPrecisionPolicy& mp_policy) {
   FullyShardOptions options;
   options.mp_policy(mp_policy);
+  if (run.o.shard_dim > 0) {
+    const int64_t d = run.o.shard_dim;
+    options.shard_placement_fn(
+        [d](const std::string&, const at::Tensor& p) -> std::optional<int64_t> {
+          if (p.dim() > d) return d;
+          return std::nullopt;
+        });
+  }
   if (run.o.offload) {
     options.offload_policy(CPUOffloadPolicy().pin_memory(!run.device.is_cpu()));
   }

@@ -46,6 +46,9 @@ struct TrainerOptions {
   // Every unit's weight all-gather: "fp" (in the compute dtype) or "int8[:BLOCK]" (ZeRO++ qwZ:
   // blockwise int8 with one fp32 scale per BLOCK elements, default 256; fsdp::Int8AllGather).
   std::string all_gather = "fp";
+  // Shard(shard_dim) for every parameter with more than shard_dim dims, Shard(0) for the others
+  // (FSDP2's shard_placement_fn); 0: Shard(0) everywhere.
+  int shard_dim = 0;
   int replicate = 1;                 // hybrid_shard: size of the replicate dimension (divides W)
   std::string param_dtype = "fp32";  // fp32, bf16 or fp16: dtype of forward/backward compute
   std::string reduce_dtype;          // empty: param_dtype

@@ -6,6 +6,9 @@
 // rank holds which rows, checksums, the step, each rank's RNG state and the caller's JSON). A
 // checkpoint loads on any world size and with or without FSDP: each rank reads just the rows
 // it now owns, from whichever files hold them (4 ranks -> 2, 2 -> 3, FSDP -> plain and back).
+// A parameter sharded along a dim d > 0 (FullyShardOptions::shard_placement_fn) owns no rows:
+// its tensors are gathered whole to be written by one rank, and each rank reads them whole and
+// keeps its slices along d, so it too moves between placements and world sizes.
 //
 //   root/step_00000100/rank_00000-of-00004.safetensors ... metadata.json
 //   root/latest                                   "step_00000100": the newest complete one
