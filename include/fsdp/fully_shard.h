@@ -216,8 +216,8 @@ class FSDPModule {
   // false still reduce-scatters every backward but keeps the result in a sharded buffer of
   // this unit (the parameters get no gradient from it yet); the next backward with true adds it
   // to its own reduce-scattered gradients and all-reduces the sum. Gradient accumulation that
-  // talks only within the shard group until the last micro-batch. (optional) defaults to true.
-  // Throws during a backward pass.
+  // talks only within the shard group until the last micro-batch. No effect on a 1-D mesh, as
+  // in FSDP2. (optional) defaults to true. Throws during a backward pass.
   void set_requires_all_reduce(bool all_reduce, bool recurse = true);
   // FSDP2's set_gradient_divide_factor (this unit only): the sharded gradient is the sum of
   // the data-parallel ranks' gradients divided by factor, instead of their mean (factor =

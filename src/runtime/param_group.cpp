@@ -684,32 +684,23 @@ void ParamGroup::finish_reduce(PendingReduce& reduce) {
   // input (allocated on compute) is freed once compute has waited on the reduction.
   if (streams.in_program_order()) reduce.input = at::Tensor();
   if (reduce.keep_partial) {
-    // The reduce-scatter completed above (a device keeps the partial sum on compute too).
+    // On a device the host waits for the reduce-scatter before compute adds its output.
     if (!streams.in_program_order()) wait_for(reduce.work, "reduction of gradients");
     keep_partial_reduce(reduce.output, reduce);
     return;
-  }
-  if (partial_reduce_output_.defined() && reduce.replicate_after) {
-    if (!streams.in_program_order()) wait_for(reduce.work, "reduction of gradients");
-    reduce.output.add_(partial_reduce_output_);
-    mesh_.stats().add_comm_buffers(-partial_reduce_output_.nbytes());
-    partial_reduce_output_ = at::Tensor();
   }
   const StreamEvent ready =
       reduce.replicate_after
           ? all_reduce_across_replicas(reduce.output, reduce.reduced, reduce.all_reduce_op)
           : reduce.reduced;
-  if (all_reduce_hook_) {
-    // The hook runs on the host: on a device it first waits for the reduction.
-    if (!streams.in_program_order()) wait_for(reduce.work, "reduction of gradients");
-    run_all_reduce_hook(reduce.output);
-  }
   const bool scattered = mesh_.shard_size() > 1;
   StreamEvent finished;
   {
     DeviceStreams::Op op(streams, ScheduleStream::kCompute, ScheduleOpKind::kFinishReduce, label_);
     op.wait(ready).reads(scattered ? "rs_out" : "rs_in").writes("sharded_grad").frees("rs_in");
     reduce.input = at::Tensor();
+    // The hook sees the reduced (all-reduced) gradients on compute, after the wait on ready.
+    if (all_reduce_hook_) run_all_reduce_hook(reduce.output);
     if (reduce.post_divide != 1.0) reduce.output.div_(reduce.post_divide);
     // Sharded gradients live in the master (sharded parameter) dtype, and with offload on the
     // host. The copy to the host overlaps unless a gradient is accumulated into on the host
@@ -740,6 +731,12 @@ StreamEvent ParamGroup::all_reduce_across_replicas(const at::Tensor& reduced,
   DeviceStreams& streams = tree().streams();
   DeviceStreams::Op op(streams, ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce, label_);
   op.wait(after).reads("rs_out").writes("rs_out");
+  if (partial_reduce_output_.defined()) {
+    // set_requires_all_reduce: the sum of earlier backward passes' reduce-scattered gradients.
+    reduced.add_(partial_reduce_output_);
+    mesh_.stats().add_comm_buffers(-partial_reduce_output_.nbytes());
+    partial_reduce_output_ = at::Tensor();
+  }
   WorkHandle across = mesh_.replicate_group()->all_reduce(reduced, op_kind);
   if (streams.in_program_order()) {
     wait_for(across, "all-reduce of gradients across replicas");

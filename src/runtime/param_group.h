@@ -242,7 +242,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // parameter whose values were freed after forward.
   void skip_unshard_for_backward();
   // Finish-reduce steps.
-  // HSDP: all-reduces reduced across replicas once `after` is recorded; returns the event after.
+  // HSDP: all-reduces reduced (plus the partial sum, if any) across replicas once `after` is
+  // recorded; returns the event after.
   StreamEvent all_reduce_across_replicas(const at::Tensor& reduced, const StreamEvent& after,
                                          ReduceOp op);
   // set_requires_all_reduce(false): adds a reduced output to partial_reduce_output_ and gives

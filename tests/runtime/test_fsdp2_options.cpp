@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -387,10 +388,14 @@ TEST(AllReduceHook, RunsWithOneRankAndSeesThePackedGradients) {
 // --- set_unshard_in_backward: an embedding unit whose backward needs no weights ---
 
 struct EmbedHeadImpl : torch::nn::Module {
+  // The same values on every construction, from generators of their own (ranks are threads,
+  // which must not share the global one).
   EmbedHeadImpl() {
-    torch::manual_seed(5);
     embed = register_module("embed", torch::nn::Embedding(32, 16));
     head = register_module("head", torch::nn::Linear(16, 32));
+    at::NoGradGuard no_grad;
+    uint64_t seed = 5;
+    for (auto& p : parameters()) p.copy_(seeded_uniform(p.sizes(), seed++, 0.5));
   }
   at::Tensor forward(const at::Tensor& idx) {
     return fsdp::forward(head, fsdp::forward(embed, idx).relu());
@@ -456,6 +461,7 @@ TEST(UnshardInBackward, AUnitWhoseBackwardReadsItsWeightsThrows) {
 
 TEST(IgnoredParams, StayWholeUnreducedAndSaved) {
   const std::string file = temp_path("ignored_params.safetensors");
+  const std::string dir = temp_path("ignored_params_checkpoint");
   run_ranks_in_threads(2, [&](std::shared_ptr<ProcessGroup> group) {
     const DeviceMesh mesh(group);
     EmbedHead model;
@@ -482,9 +488,22 @@ TEST(IgnoredParams, StayWholeUnreducedAndSaved) {
     // clip_grad_norm_ refuses it; without it, it works.
     EXPECT_THAT(error_message([&] { clip_grad_norm_(unique_parameters(*model), 1.0, mesh); }),
                 HasSubstr("ignored_params"));
-    // A checkpoint export saves it whole.
+    // A checkpoint export saves it whole, and a sharded checkpoint restores it.
     checkpoint::save_full(file, *model, group.get());
+    checkpoint::save_sharded(dir, *model, nullptr, group.get());
+    EmbedHead fresh;
+    {
+      at::NoGradGuard no_grad;
+      fresh->head->bias.zero_();
+    }
+    fully_shard(fresh->embed, mesh);
+    fully_shard(fresh->head, mesh, FullyShardOptions().ignored_params({fresh->head->bias}));
+    fully_shard(fresh.ptr(), mesh);
+    checkpoint::load_sharded(dir, *fresh, nullptr, group.get());
+    EXPECT_TRUE(at::equal(fresh->head->bias, model->head->bias));
   });
+  const int removed = std::system(("rm -rf '" + dir + "'").c_str());
+  (void)removed;
   const auto saved = checkpoint::load_safetensors(file);
   EmbedHead reference;
   ASSERT_TRUE(saved.count("head.bias"));
