@@ -157,7 +157,8 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
 ParamGroup::~ParamGroup() {
   std::lock_guard<std::mutex> lock(ignored_mutex);
   for (const auto& t : options_.ignored_params()) {
-    ignored_registry().erase(ignored_registry().find(t.unsafeGetTensorImpl()));
+    const auto it = ignored_registry().find(t.unsafeGetTensorImpl());
+    if (it != ignored_registry().end()) ignored_registry().erase(it);
   }
 }
 
