@@ -481,6 +481,8 @@ void ParamGroup::post_backward() {
     PendingReduce local;
     StreamEvent packed;
     local.input = pack_reduce_input(grads, packed);
+    const double pre_scale = reduction_plan().pre_scale;
+    if (pre_scale != 1.0) local.input.mul_(pre_scale);
     local.params = std::move(grads.params);
     local.previous = std::move(grads.previous);
     keep_partial_reduce(local.input, local);

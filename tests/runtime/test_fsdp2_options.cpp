@@ -210,8 +210,10 @@ TEST(ForceSumReduction, EveryGradientCollectiveSums) {
 // The single-process reference for a divide factor F over D data-parallel ranks: the sharded
 // gradient is the sum over ranks divided by F, i.e. the mean gradient times D / F. The
 // reference's loss keeps its value and carries D / F into backward (its gradient seed).
-TrainCase divide_case(int data_parallel, std::optional<double> factor) {
-  TrainCase c = gpt_case();
+TrainCase divide_case(int data_parallel, std::optional<double> factor, int accumulation = 1) {
+  GptCaseOptions opt;
+  opt.accumulation = accumulation;
+  TrainCase c = gpt_case(opt);
   const double scale = factor ? data_parallel / *factor : 1.0;
   c.max_grad_norm = 1e9;  // the norm, compared every step, carries the scale: no clipping
   auto loss = c.loss;
@@ -291,30 +293,34 @@ TEST(ForceSumReduction, EqualsTheDefaultWithinRounding) {
 
 // --- set_requires_all_reduce: HSDP accumulation that all-reduces once per step ---
 
+// With a divide factor too (the partial sums carry its pre-scaling).
 TEST(RequiresAllReduce, AccumulationEqualsTheReference) {
   constexpr int kMicro = 3;
   for (const int replicate : {2, 4}) {  // HSDP 2 x 2, and replicas only (DDP-style)
-    GptCaseOptions opt;
-    opt.accumulation = kMicro;
-    TrainCase c = gpt_case(opt);
-    c.replicate = replicate;
-    c.before_micro_batch = [](const std::shared_ptr<torch::nn::Module>& m, int micro) {
-      fsdp_module_of(*m)->set_requires_all_reduce(micro == kMicro - 1);
-    };
-    const int units = 3;
-    const auto ranks = train_sharded(
-        c, 4, [&](int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh& mesh) {
-          // One all-reduce per unit per step (plus nothing else on the replicate group), a
-          // reduce-scatter per unit per micro-batch where there is a shard dimension.
-          const CommCounters across = mesh.replicate_group()->counters();
-          const CommCounters within = mesh.shard_group().counters();
-          mesh.reset_counters();
-          EXPECT_EQ(across.all_reduce.calls, units) << "replicate " << replicate;
-          EXPECT_EQ(within.reduce_scatter.calls, replicate == 4 ? 0 : kMicro * units)
-              << "replicate " << replicate;
-          EXPECT_EQ(mesh.stats().live().comm_buffer_bytes, 0) << "a partial sum was left over";
-        });
-    expect_equivalent(train_reference(c), ranks, 1e-5, 1e-5);
+    for (const std::optional<double> factor : {std::optional<double>(), std::optional(3.0)}) {
+      TrainCase c = divide_case(4, std::nullopt, kMicro);
+      c.replicate = replicate;
+      c.before_micro_batch = [factor](const std::shared_ptr<torch::nn::Module>& m, int micro) {
+        fsdp_module_of(*m)->set_requires_all_reduce(micro == kMicro - 1);
+        if (factor && micro == 0) {
+          for (FSDPModule unit : fsdp_modules_under(*m)) unit.set_gradient_divide_factor(*factor);
+        }
+      };
+      const int units = 3;
+      const auto ranks = train_sharded(
+          c, 4, [&](int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh& mesh) {
+            // One all-reduce per unit per step (plus nothing else on the replicate group), a
+            // reduce-scatter per unit per micro-batch where there is a shard dimension.
+            const CommCounters across = mesh.replicate_group()->counters();
+            const CommCounters within = mesh.shard_group().counters();
+            mesh.reset_counters();
+            EXPECT_EQ(across.all_reduce.calls, units) << "replicate " << replicate;
+            EXPECT_EQ(within.reduce_scatter.calls, replicate == 4 ? 0 : kMicro * units)
+                << "replicate " << replicate;
+            EXPECT_EQ(mesh.stats().live().comm_buffer_bytes, 0) << "a partial sum was left over";
+          });
+      expect_equivalent(train_reference(divide_case(4, factor, kMicro)), ranks, 1e-5, 1e-5);
+    }
   }
 }
 
