@@ -16,8 +16,10 @@
 //
 // Gradient flow of one unit in backward: autograd accumulates full gradients into the
 // (unsharded) parameters; post_backward copies them into one flat [W, S] buffer (S = the
-// unit's padded shard numel over trainable parameters), reduce-scatters it, divides by W and
-// hands each parameter a sharded gradient that is a view of the [S] output. A sharded gradient
+// unit's padded shard numel over trainable parameters), reduce-scatters it (and, HSDP,
+// all-reduces the [S] output across replicas), scales it by FSDP2's divide rules
+// (gradient_reduction.h: by default the collectives average) and hands each parameter a sharded
+// gradient that is a view of the [S] output. A sharded gradient
 // left from an earlier backward (accumulation without zero_grad) is stashed in pre_backward,
 // because AccumulateGrad would otherwise try to add a full gradient to it, and added back in
 // post_backward.
@@ -150,8 +152,9 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
     }
   }
   std::lock_guard<std::mutex> lock(ignored_mutex);
-  for (const auto& t : options_.ignored_params())
+  for (const auto& t : options_.ignored_params()) {
     ignored_registry().insert(t.unsafeGetTensorImpl());
+  }
 }
 
 ParamGroup::~ParamGroup() {
