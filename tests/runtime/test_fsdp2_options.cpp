@@ -12,6 +12,7 @@
 #include <fsdp/checkpoint/safetensors.h>
 #include <fsdp/clip_grad.h>
 #include <fsdp/fully_shard.h>
+#include <fsdp/runtime/whole_tensor.h>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -265,6 +266,26 @@ const DivideCase kDivideCases[] = {
 };
 INSTANTIATE_TEST_SUITE_P(W4, DivideSettings, ::testing::ValuesIn(kDivideCases),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// Inter-tensor ZeRO-3 (each gradient reduced, summed, to its owner) divides by the factor too.
+TEST(DivideFactor, WholeTensorPlacementDividesByIt) {
+  const TrainRecord reference = train_reference(divide_case(2, 3.0));
+  TrainCase c = divide_case(2, std::nullopt);
+  c.shard = [](const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+    auto model = std::static_pointer_cast<models::GPT2LMHeadImpl>(m);
+    std::vector<std::shared_ptr<torch::nn::Module>> units;
+    for (auto& block : model->transformer->blocks) units.push_back(block.ptr());
+    whole_tensor_shard(m, units, mesh);
+    apply_reduce_settings({3.0, false}, m);
+  };
+  c.make_model = [make = c.make_model](const DeviceMesh*) { return make(nullptr); };  // built whole
+  for (const TrainRecord& rank : train_sharded(c, 2)) {
+    for (size_t s = 0; s < reference.losses.size(); ++s) {
+      EXPECT_NEAR(rank.losses[s], reference.losses[s], 1e-5 * reference.losses[s]) << s;
+      EXPECT_NEAR(rank.grad_norms[s], reference.grad_norms[s], 1e-5 * reference.grad_norms[s]) << s;
+    }
+  }
+}
 
 // Force-sum changes where the division happens, not the result: equal to the default within
 // float rounding, step by step.
