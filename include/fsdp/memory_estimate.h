@@ -54,7 +54,7 @@ enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard, 
 // from the first forward to the last backward (kNoReshard); with a replicate dimension,
 // reduce-scatter after every backward but all-reduce across replicas only after the last
 // (kNoAllReduce: set_requires_all_reduce(false); estimated as kSync, with the all-reduce bytes
-// of the last pass only).
+// of the last pass only; fsdp-plan still times an all-reduce per pass).
 enum class AccumulationMode { kSync, kNoSync, kNoReshard, kNoAllReduce };
 
 // "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "whole_tensor"; throws listing
