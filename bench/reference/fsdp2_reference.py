@@ -43,7 +43,8 @@ models/llama/llama.cpp); config.json beside --init (written by --export) says wh
   each rank gets its own NCCL_HOSTID (and NCCL_SOCKET_IFNAME=lo unless set), so that NCCL
   accepts several ranks on one GPU, as bench/gpu/run.sh does for fsdp-train.
 
-Modes: fsdp2 (fully_shard on every block, then the root, over a 1-D mesh of W ranks), ddp
+Modes: fsdp2 (fully_shard on every block, then the root, over a 1-D mesh of W ranks, or with
+--replicate R an (R, W / R) HSDP mesh; FSDP2's per-unit reduction settings from flags), ddp
 (DistributedDataParallel, the counterpart of --strategy no_shard) and single (one process on
 the whole global batch, no torch.distributed: the counterpart of --no-fsdp).
 
@@ -587,7 +588,11 @@ def train(rank, world, args):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from torch.distributed.tensor import Shard
-        mesh = init_device_mesh(device.type, (world,))
+        # --replicate R: HSDP, an (R, W / R) mesh (fsdp-train --strategy hybrid_shard).
+        # Both put consecutive ranks in a shard group.
+        mesh = (init_device_mesh(device.type, (args.replicate, world // args.replicate),
+                                 mesh_dim_names=("replicate", "shard"))
+                if args.replicate > 1 else init_device_mesh(device.type, (world,)))
         # --shard-dim D: FSDP2's shard_placement_fn, Shard(D) for parameters with more than D dims.
         d = args.shard_dim
         placement = (lambda p: Shard(d) if p.dim() > d else Shard(0)) if d > 0 else None
@@ -598,6 +603,10 @@ def train(rank, world, args):
             fully_shard(block, mesh=mesh, reshard_after_forward=bool(args.reshard_after_forward),
                         mp_policy=mp, shard_placement_fn=placement)
         fully_shard(model, mesh=mesh, mp_policy=mp, shard_placement_fn=placement)
+        for unit in list(units) + [model]:  # FSDP2's per-unit reduction settings
+            if args.gradient_divide_factor:
+                unit.set_gradient_divide_factor(args.gradient_divide_factor)
+            unit.set_force_sum_reduction_for_comms(args.force_sum_reduction)
         if args.all_gather is not None:
             int8_all_gather = int8_all_gather_class()(args.all_gather)
             for unit in [*units, model]:
@@ -648,7 +657,9 @@ def train(rank, world, args):
         loss_sum = 0.0
         for k, (inputs, targets) in enumerate(micro_batches):
             sync = k == accum - 1 or args.accum_mode == "sync"
-            if args.mode == "fsdp2":
+            if args.mode == "fsdp2" and args.accum_mode == "no-all-reduce":
+                train_model.set_requires_all_reduce(k == accum - 1)
+            elif args.mode == "fsdp2":
                 train_model.set_requires_gradient_sync(sync)
             x = inputs[rank * rows:(rank + 1) * rows].to(device)
             y = targets[rank * rows:(rank + 1) * rows].to(device)
@@ -783,10 +794,22 @@ def main():
     p.add_argument("--growth-factor", type=float, default=2.0)
     p.add_argument("--backoff-factor", type=float, default=0.5)
     p.add_argument("--growth-interval", type=int, default=2000)
-    p.add_argument("--accum-mode", choices=["no-sync", "sync"], default="no-sync",
+    p.add_argument("--accum-mode", choices=["no-sync", "sync", "no-all-reduce"],
+                   default="no-sync",
                    help="with K > 1 micro-batches per step in --batches: no-sync reduces "
                         "gradients only after the last (FSDP2 set_requires_gradient_sync(False) "
-                        "/ DDP no_sync before it); sync after every one")
+                        "/ DDP no_sync before it); sync after every one; no-all-reduce (HSDP, "
+                        "--replicate): reduce-scatters after every one and all-reduces across "
+                        "replicas after the last (FSDP2 set_requires_all_reduce(False) before it)")
+    p.add_argument("--replicate", type=int, default=1,
+                   help="fsdp2: HSDP over an (R, W / R) mesh, as fsdp-train --strategy "
+                        "hybrid_shard --replicate R")
+    p.add_argument("--gradient-divide-factor", type=float, default=None,
+                   help="fsdp2: set_gradient_divide_factor(F) on every unit. On gloo a factor "
+                        "other than the shard size needs --force-sum-reduction (PyTorch then "
+                        "sums and divides; without it FSDP2 asks gloo for NCCL's PreMulSum)")
+    p.add_argument("--force-sum-reduction", action="store_true",
+                   help="fsdp2: set_force_sum_reduction_for_comms(True) on every unit")
     p.add_argument("--adamw", choices=["torch", "libtorch"], default="torch",
                    help="torch: torch.optim.AdamW; libtorch: torch::optim::AdamW's arithmetic "
                         "(see LibTorchAdamW)")
@@ -803,6 +826,14 @@ def main():
         p.error("--all-gather int8 is an FSDP2 custom all-gather; use --mode fsdp2")
     if args.mode != "fsdp2" and (args.param_dtype or args.reduce_dtype):
         p.error("--param-dtype/--reduce-dtype are FSDP2's MixedPrecisionPolicy; use --mode fsdp2")
+    if args.mode != "fsdp2" and (args.replicate != 1 or args.gradient_divide_factor or
+                                 args.force_sum_reduction or args.accum_mode == "no-all-reduce"):
+        p.error("--replicate, --gradient-divide-factor, --force-sum-reduction and --accum-mode "
+                "no-all-reduce are FSDP2's; use --mode fsdp2")
+    if args.replicate < 1 or args.nproc % args.replicate:
+        p.error(f"--replicate {args.replicate} does not divide --nproc {args.nproc}")
+    if args.accum_mode == "no-all-reduce" and args.replicate == 1:
+        p.error("--accum-mode no-all-reduce skips the all-reduce across replicas: give --replicate")
     with tempfile.TemporaryDirectory(prefix="fsdp2_reference_") as tmp:
         args.rendezvous_file = os.path.join(tmp, "rendezvous")
         if args.nproc == 1:

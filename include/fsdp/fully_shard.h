@@ -120,6 +120,14 @@ struct FullyShardOptions {
   // Per-parameter Shard(dim) placement (see ShardPlacementFn); not combinable with whole_tensor,
   // whose tensors are not split. (optional) defaults to none: Shard(0) for every parameter.
   TORCH_ARG(ShardPlacementFn, shard_placement_fn) = nullptr;
+  // FSDP2's ignored_params: parameters registered at or under the module that this unit (and any
+  // enclosing unit) leaves alone. They are not sharded, not gathered and their gradients are
+  // not reduced: each rank keeps the full tensor it had and the gradient its own backward
+  // computed (synchronizing them, if wanted, is the caller's business). Checkpoints and export
+  // save them as full tensors (rank 0's value); clip_grad_norm_ refuses them (their gradients
+  // differ per rank, so no global norm exists). Every tensor must be a parameter of the module;
+  // fully_shard throws naming one that is not. (optional) defaults to none.
+  TORCH_ARG(std::vector<at::Tensor>, ignored_params) = {};
 };
 
 // Where a rank's shard of one parameter sits in the global tensor (DTensor-like metadata).
@@ -221,6 +229,44 @@ class FSDPModule {
   // Ready-made: Int8AllGather (comm_hooks.h), ZeRO++'s quantized weight gather.
   void set_custom_all_gather(std::shared_ptr<AllGather> hook);
   void set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook);
+  // Whether this unit gathers its parameters before its backward (FSDP2's
+  // set_unshard_in_backward; this unit only). false is for units whose backward does not read
+  // their parameters, such as an embedding: the all-gather before backward is skipped, and the
+  // gradients are still reduce-scattered. If the parameters were freed after forward
+  // (reshard_after_forward) and autograd saved them for backward, the unit's pre-backward
+  // throws naming the parameter, instead of backward reading freed memory. (optional) defaults
+  // to true. Throws during a backward pass.
+  void set_unshard_in_backward(bool unshard);
+  // HSDP (2-D mesh): whether backward all-reduces the reduce-scattered gradients across
+  // replicas (FSDP2's set_requires_all_reduce; recurse: also every unit under this module).
+  // false still reduce-scatters every backward but keeps the result in a sharded buffer of
+  // this unit (the parameters get no gradient from it yet); the next backward with true adds it
+  // to its own reduce-scattered gradients and all-reduces the sum. Gradient accumulation that
+  // talks only within the shard group until the last micro-batch. No effect on a 1-D mesh, as
+  // in FSDP2. (optional) defaults to true. Throws during a backward pass.
+  void set_requires_all_reduce(bool all_reduce, bool recurse = true);
+  // FSDP2's set_gradient_divide_factor (this unit only): the sharded gradient is the sum of
+  // the data-parallel ranks' gradients divided by factor, instead of their mean (factor =
+  // shard size x replicate size). Where the division happens follows FSDP2's rules, see
+  // src/runtime/gradient_reduction.h. factor must be finite and > 0. Throws during a backward
+  // pass.
+  void set_gradient_divide_factor(double factor);
+  // FSDP2's set_force_sum_reduction_for_comms (this unit only): every gradient collective sums
+  // (ReduceOp::kSum) and the division is a separate scaling of the input or output, instead
+  // of the collectives averaging. (optional) defaults to false. Throws during a backward pass.
+  void set_force_sum_reduction_for_comms(bool enable);
+  // FSDP2's set_all_reduce_hook (this unit only): hook(reduced) runs on every rank after the
+  // gradient reduction, before the sharded gradients are assigned: on a 1-D mesh with the
+  // reduce-scatter's output, on a 2-D mesh with the output of the all-reduce across replicas.
+  // It may modify the tensor in place (its shape and dtype must stay): for example all-reduce
+  // it over a group of its own. The tensor holds the unit's padded shards of every trainable
+  // parameter, in registration order, in the reduce dtype, before any post-divide (with
+  // force-sum on, a hook that reduces must sum, as FSDP then divides by the whole factor).
+  // FSDP2 takes an optional CUDA stream to run the hook on; here the hook runs on the host
+  // thread after the reduction has completed (on a device, after the host waited for it), so
+  // there is no stream to choose. An empty function removes the hook. Throws during a
+  // backward pass.
+  void set_all_reduce_hook(std::function<void(at::Tensor&)> hook);
 
   // On the root: reports every stream op the tree issues from now on to recorder (not owned; it
   // must outlive the recording), or stops with nullptr. For tests and debugging: the ops a step

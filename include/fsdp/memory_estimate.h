@@ -51,14 +51,18 @@ enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard, 
 // How gradients of the micro-batches of one step are accumulated (fsdp-train --accum-mode):
 // reduce after every backward (kSync); keep full gradients until the last backward reduces
 // their sum (kNoSync: set_requires_gradient_sync(false)); and also keep every unit gathered
-// from the first forward to the last backward (kNoReshard).
-enum class AccumulationMode { kSync, kNoSync, kNoReshard };
+// from the first forward to the last backward (kNoReshard); with a replicate dimension,
+// reduce-scatter after every backward but all-reduce across replicas only after the last
+// (kNoAllReduce: set_requires_all_reduce(false); estimated as kSync, with the all-reduce bytes
+// of the last pass only; fsdp-plan still times an all-reduce per pass).
+enum class AccumulationMode { kSync, kNoSync, kNoReshard, kNoAllReduce };
 
 // "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "whole_tensor"; throws listing
 // them otherwise.
 ShardingStrategy parse_sharding_strategy(const std::string& name);
 std::string to_string(ShardingStrategy strategy);
-// "sync", "no-sync", "no-reshard" (fsdp-train's --accum-mode); throws listing them otherwise.
+// "sync", "no-sync", "no-reshard", "no-all-reduce" (fsdp-train's --accum-mode); throws listing
+// them otherwise.
 AccumulationMode parse_accumulation_mode(const std::string& name);
 
 // One FSDP unit as the estimator sees it. Byte counts are for one rank's micro-batch, in the

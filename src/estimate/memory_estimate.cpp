@@ -265,7 +265,9 @@ class StepModel {
     const int passes = o_.grad_accum();
     for (int k = 0; k < passes; ++k) {
       const bool last = k == passes - 1;
-      const bool sync = last || o_.accumulation() == AccumulationMode::kSync;
+      const bool sync = last || o_.accumulation() == AccumulationMode::kSync ||
+                        o_.accumulation() == AccumulationMode::kNoAllReduce;
+      all_reduce_this_pass_ = last || o_.accumulation() != AccumulationMode::kNoAllReduce;
       const bool keep = o_.accumulation() == AccumulationMode::kNoReshard;
       forward(reshard_after_forward_ && !keep);
       backward(sync, !keep || last);
@@ -513,7 +515,7 @@ class StepModel {
     // The reduce-scatter's input, then (HSDP) the reduced shard across replicas; with one rank
     // per shard group (DDP), the all-reduce of the packed gradients in place.
     if (shard_ > 1) reduce_scatter_bytes_ += input;
-    if (replicate_ > 1) all_reduce_bytes_ += shard_ == 1 ? input : output;
+    if (replicate_ > 1 && all_reduce_this_pass_) all_reduce_bytes_ += shard_ == 1 ? input : output;
     if (shard_ > 1) issued_since_compute_.push_back({ring_temporaries(u), kShardGroup});
     while (pending_.size() > 2) finish_oldest();
   }
@@ -597,6 +599,7 @@ class StepModel {
   int post_forward_size_ = 0;  // hpZ group size, when 1 < N < shard_
   bool whole_tensor_ = false;  // inter-tensor ZeRO-3 over shard_ > 1 ranks
   int64_t all_gather_bytes_ = 0, reduce_scatter_bytes_ = 0, all_reduce_bytes_ = 0;
+  bool all_reduce_this_pass_ = true;  // kNoAllReduce: only the step's last backward all-reduces
   int64_t broadcast_bytes_ = 0, reduce_bytes_ = 0;
   UnitSizes root_;
   std::vector<UnitSizes> units_;
@@ -640,7 +643,9 @@ AccumulationMode parse_accumulation_mode(const std::string& name) {
   if (name == "sync") return AccumulationMode::kSync;
   if (name == "no-sync") return AccumulationMode::kNoSync;
   if (name == "no-reshard") return AccumulationMode::kNoReshard;
-  TORCH_CHECK(false, "unknown accumulation mode '", name, "'; valid: sync, no-sync, no-reshard");
+  if (name == "no-all-reduce") return AccumulationMode::kNoAllReduce;
+  TORCH_CHECK(false, "unknown accumulation mode '", name,
+              "'; valid: sync, no-sync, no-reshard, no-all-reduce");
 }
 
 int64_t padded_shard_rows(int64_t dim0, int shard_size) {

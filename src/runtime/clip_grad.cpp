@@ -5,6 +5,8 @@
 // With one rank the all-reduce is skipped, so the result is LibTorch's, bit for bit.
 #include <fsdp/clip_grad.h>
 
+#include "runtime/param_group.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
@@ -34,8 +36,16 @@ at::Tensor global_norm_tensor(const std::vector<at::Tensor>& grads, const Device
 
 std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& parameters) {
   std::vector<at::Tensor> grads;
-  for (const auto& p : parameters) {
-    if (p.grad().defined()) grads.push_back(p.grad());
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const at::Tensor& p = parameters[i];
+    if (!p.grad().defined()) continue;
+    // Its gradient is this rank's own (never reduced) and its value whole on every rank, so
+    // neither summing it over ranks nor counting it once gives the model's norm.
+    TORCH_CHECK(!detail::is_ignored_parameter(p), "clip_grad_norm_: parameters[", i, "] (shape ",
+                p.sizes(),
+                ") is in a unit's FullyShardOptions::ignored_params, whose gradients are per "
+                "rank; clip it separately, or leave it out of the list");
+    grads.push_back(p.grad());
   }
   return grads;
 }

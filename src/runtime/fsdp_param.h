@@ -64,6 +64,9 @@ class FSDPParam {
   // Points the parameter back at its shard and frees the unsharded storage.
   void reshard();
   bool is_unsharded() const { return unsharded_now_; }
+  // While sharded: whether a tensor besides this FSDPParam still refers to the freed unsharded
+  // storage (a view autograd saved in forward, which backward would read).
+  bool unsharded_storage_referenced() const { return unsharded_.storage().use_count() > 1; }
   // Unsharded by unshard_single_rank: the parameter is its own shard, no bytes of its own.
   bool aliases_shard() const { return aliases_shard_; }
 

@@ -145,6 +145,28 @@ FSDPParam make_param(const std::string& name, const at::Tensor& tensor, const De
                    compute);
 }
 
+// FullyShardOptions::ignored_params, each checked to be a parameter of module (FSDP2 skips one
+// that is not silently; a typo would then shard what the caller meant to keep whole).
+std::unordered_set<const c10::TensorImpl*> ignored_parameters(const torch::nn::Module& module,
+                                                              const FullyShardOptions& options) {
+  std::unordered_set<const c10::TensorImpl*> in_module;
+  for (const auto& item : unique_named_parameters(module)) {
+    in_module.insert(item.second.unsafeGetTensorImpl());
+  }
+  std::unordered_set<const c10::TensorImpl*> ignored;
+  const auto& tensors = options.ignored_params();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TORCH_CHECK(tensors[i].defined(), "fully_shard: ignored_params[", i, "] of module '",
+                module.name(), "' is an undefined tensor");
+    TORCH_CHECK(in_module.count(tensors[i].unsafeGetTensorImpl()) != 0,
+                "fully_shard: ignored_params[", i, "] (shape ", tensors[i].sizes(), ", ",
+                tensors[i].scalar_type(), ") is not a parameter of module '", module.name(),
+                "' or of its submodules");
+    ignored.insert(tensors[i].unsafeGetTensorImpl());
+  }
+  return ignored;
+}
+
 }  // namespace
 
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const DeviceMesh& mesh,
@@ -174,11 +196,13 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const D
                 " acts as true, 1 as false)");
   }
 
-  std::unordered_set<const c10::TensorImpl*> claimed;
+  // Parameters a nested unit manages or ignores, and those this unit ignores, stay out.
+  std::unordered_set<const c10::TensorImpl*> claimed = ignored_parameters(*module, options);
   for (const auto& item : module->named_modules()) {
     if (item.key().empty()) continue;
     if (ParamGroup* group = detail::param_group_of(*item.value())) {
       for (const auto& p : group->params()) claimed.insert(p.param().unsafeGetTensorImpl());
+      for (const auto& t : group->ignored_params()) claimed.insert(t.unsafeGetTensorImpl());
     }
   }
 
@@ -305,6 +329,19 @@ void FSDPModule::set_custom_all_gather(std::shared_ptr<AllGather> hook) {
 }
 void FSDPModule::set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook) {
   group_->set_custom_reduce_scatter(std::move(hook));
+}
+void FSDPModule::set_unshard_in_backward(bool unshard) { group_->set_unshard_in_backward(unshard); }
+void FSDPModule::set_requires_all_reduce(bool all_reduce, bool recurse) {
+  for_units(*group_, recurse, [&](ParamGroup& g) { g.set_requires_all_reduce(all_reduce); });
+}
+void FSDPModule::set_gradient_divide_factor(double factor) {
+  group_->set_gradient_divide_factor(factor);
+}
+void FSDPModule::set_force_sum_reduction_for_comms(bool enable) {
+  group_->set_force_sum_reduction_for_comms(enable);
+}
+void FSDPModule::set_all_reduce_hook(std::function<void(at::Tensor&)> hook) {
+  group_->set_all_reduce_hook(std::move(hook));
 }
 void FSDPModule::set_schedule_recorder(ScheduleRecorder* recorder) {
   group_->set_schedule_recorder(recorder);

@@ -16,8 +16,10 @@
 //
 // Gradient flow of one unit in backward: autograd accumulates full gradients into the
 // (unsharded) parameters; post_backward copies them into one flat [W, S] buffer (S = the
-// unit's padded shard numel over trainable parameters), reduce-scatters it, divides by W and
-// hands each parameter a sharded gradient that is a view of the [S] output. A sharded gradient
+// unit's padded shard numel over trainable parameters), reduce-scatters it (and, HSDP,
+// all-reduces the [S] output across replicas), scales it by FSDP2's divide rules
+// (gradient_reduction.h: by default the collectives average) and hands each parameter a sharded
+// gradient that is a view of the [S] output. A sharded gradient
 // left from an earlier backward (accumulation without zero_grad) is stashed in pre_backward,
 // because AccumulateGrad would otherwise try to add a full gradient to it, and added back in
 // post_backward.
@@ -32,6 +34,9 @@
 #include <c10/util/strides.h>
 
 #include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <unordered_set>
 
 namespace fsdp::detail {
 namespace {
@@ -73,7 +78,20 @@ bool is_legal(ShardedState from, ShardedState to) {
   return false;
 }
 
+// FullyShardOptions::ignored_params of every live unit. The units hold the tensors, so an
+// address here cannot be reused by another tensor while registered.
+std::mutex ignored_mutex;
+std::unordered_multiset<const c10::TensorImpl*>& ignored_registry() {
+  static std::unordered_multiset<const c10::TensorImpl*> registry;
+  return registry;
+}
+
 }  // namespace
+
+bool is_ignored_parameter(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(ignored_mutex);
+  return ignored_registry().count(t.unsafeGetTensorImpl()) != 0;
+}
 
 const char* to_string(TrainingState state) {
   switch (state) {
@@ -134,6 +152,18 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
     if (size > 1 && size < mesh_.shard_size() && !params_.empty()) {
       post_forward_group_ = mesh_.post_forward_group(size);
     }
+  }
+  std::lock_guard<std::mutex> lock(ignored_mutex);
+  for (const auto& t : options_.ignored_params()) {
+    ignored_registry().insert(t.unsafeGetTensorImpl());
+  }
+}
+
+ParamGroup::~ParamGroup() {
+  std::lock_guard<std::mutex> lock(ignored_mutex);
+  for (const auto& t : options_.ignored_params()) {
+    const auto it = ignored_registry().find(t.unsafeGetTensorImpl());
+    if (it != ignored_registry().end()) ignored_registry().erase(it);
   }
 }
 
@@ -224,6 +254,42 @@ void ParamGroup::set_is_last_backward(bool last) {
   own_root_.set_is_last_backward(last);
 }
 
+void ParamGroup::set_unshard_in_backward(bool unshard) {
+  check_not_in_backward(unshard ? "set_unshard_in_backward(true)"
+                                : "set_unshard_in_backward(false)");
+  unshard_in_backward_ = unshard;
+}
+
+void ParamGroup::set_requires_all_reduce(bool all_reduce) {
+  check_not_in_backward(all_reduce ? "set_requires_all_reduce(true)"
+                                   : "set_requires_all_reduce(false)");
+  requires_all_reduce_ = all_reduce;
+}
+
+void ParamGroup::set_gradient_divide_factor(double factor) {
+  check_not_in_backward("set_gradient_divide_factor");
+  TORCH_CHECK(std::isfinite(factor) && factor > 0, "fsdp: set_gradient_divide_factor(", factor,
+              ") on unit '", label_,
+              "': the factor divides the summed gradients and must be finite and > 0");
+  gradient_divide_factor_ = factor;
+}
+
+void ParamGroup::set_force_sum_reduction_for_comms(bool enable) {
+  check_not_in_backward(enable ? "set_force_sum_reduction_for_comms(true)"
+                               : "set_force_sum_reduction_for_comms(false)");
+  force_sum_reduction_ = enable;
+}
+
+void ParamGroup::set_all_reduce_hook(std::function<void(at::Tensor&)> hook) {
+  check_not_in_backward("set_all_reduce_hook");
+  all_reduce_hook_ = std::move(hook);
+}
+
+GradientReduction ParamGroup::reduction_plan() const {
+  return plan_gradient_reduction(mesh_.shard_size(), mesh_.replicate_size(), reduce_dtype_,
+                                 gradient_divide_factor_, force_sum_reduction_);
+}
+
 void ParamGroup::rethrow_with_context(const char* what, const std::exception& e) const {
   TORCH_CHECK(false, "fsdp: ", what, " of unit '", label_, "' on rank ", mesh_.shard_rank(), " of ",
               mesh_.shard_size(), " failed: ", error_message(e));
@@ -275,7 +341,9 @@ void ParamGroup::prefetch_forward() {
 
 void ParamGroup::prefetch_backward() {
   if (!backward_prefetch_.empty()) {
-    for (ParamGroup* unit : backward_prefetch_) unit->issue_unshard();
+    for (ParamGroup* unit : backward_prefetch_) {
+      if (unit->unshard_in_backward_) unit->issue_unshard();
+    }
     return;
   }
   const int count = tree().implicit_prefetch();
@@ -284,7 +352,9 @@ void ParamGroup::prefetch_backward() {
   for (int k = 1; k <= count && forward_index_ - k >= 0; ++k) {
     ParamGroup* unit = order[forward_index_ - k];
     // Only units whose backward is still to come; the root gathers once, in forward.
-    if (unit->training_state_ == TrainingState::kAwaitingBackward) unit->issue_unshard();
+    if (unit->training_state_ == TrainingState::kAwaitingBackward && unit->unshard_in_backward_) {
+      unit->issue_unshard();
+    }
   }
 }
 
@@ -348,9 +418,16 @@ void ParamGroup::pre_backward() {
   // A later output's hook, or no forward.
   if (training_state_ != TrainingState::kAwaitingBackward) return;
   tree().queue_end_of_backward();
-  issue_unshard();
-  prefetch_backward();
-  wait_unshard();
+  // An all-gather already in flight is completed even without unshard_in_backward (FSDP2).
+  if (unshard_in_backward_ || sharded_state_ == ShardedState::kUnsharded ||
+      sharded_state_ == ShardedState::kGathering) {
+    issue_unshard();
+    prefetch_backward();
+    wait_unshard();
+  } else {
+    skip_unshard_for_backward();
+    prefetch_backward();
+  }
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
     p.stashed_grad = p.param().grad();
@@ -358,6 +435,19 @@ void ParamGroup::pre_backward() {
   }
   set_training_state(TrainingState::kPreBackward);
   compute_begin_ = Tracer::Clock::now();
+}
+
+void ParamGroup::skip_unshard_for_backward() {
+  drop_post_forward_piece();  // hpZ: nothing will gather from it
+  for (const auto& p : params_) {
+    // FSDP2 checks nothing here and backward would read freed memory; the saved view is
+    // visible as a second reference to the freed storage.
+    TORCH_CHECK(!p.unsharded_storage_referenced(), "fsdp: unit '", label_,
+                "' has set_unshard_in_backward(false), but its backward reads parameter '",
+                p.name(),
+                "': autograd saved it in forward, and its values were freed after forward. Keep "
+                "set_unshard_in_backward(true) for this unit (or reshard_after_forward false)");
+  }
 }
 
 void ParamGroup::post_backward() {
@@ -390,6 +480,17 @@ void ParamGroup::post_backward() {
     keep_unsynced_grads(grads);
   } else if (mesh_.shard_size() == 1 && mesh_.replicate_group() == nullptr) {
     assign_single_rank_grads(grads);
+  } else if (mesh_.shard_size() == 1 && !requires_all_reduce_) {
+    // Replicas only and no all-reduce: nothing to communicate; the packed gradients join the
+    // partial sum (FSDP2 copies them to the reduce output and keeps that).
+    PendingReduce local;
+    StreamEvent packed;
+    local.input = pack_reduce_input(grads, packed);
+    const double pre_scale = reduction_plan().pre_scale;
+    if (pre_scale != 1.0) local.input.mul_(pre_scale);
+    local.params = std::move(grads.params);
+    local.previous = std::move(grads.previous);
+    keep_partial_reduce(local.input, local);
   } else {
     root_->add_reduce(whole_tensor() ? issue_owner_reduces(std::move(grads))
                                      : issue_reduce(std::move(grads)));
@@ -456,13 +557,39 @@ void ParamGroup::keep_unsynced_grads(UnitGrads& grads) {
 void ParamGroup::assign_single_rank_grads(UnitGrads& grads) {
   // One rank: the full gradient is the sharded gradient; nothing to copy or reduce. (Rounding
   // through the reduce dtype is kept, as a one-rank reduction in it would do.)
+  // A divide factor or hook applies as to a one-rank reduction: the hook sees the unit's
+  // gradients packed into one flat tensor.
   const at::ScalarType master_dtype = flat_shards_.scalar_type();
+  const GradientReduction plan = reduction_plan();
+  for (auto& full : grads.full) {
+    if (!full.defined()) continue;
+    full = full.to(reduce_dtype_);
+    if (plan.pre_scale != 1.0) full = full.mul(plan.pre_scale);
+  }
+  if (all_reduce_hook_) {
+    std::vector<at::Tensor> flat;
+    for (size_t i = 0; i < grads.params.size(); ++i) {
+      flat.push_back(grads.full[i].defined() ? grads.full[i].reshape({-1})
+                                             : at::zeros({grads.params[i]->padded_numel()},
+                                                         device_options(reduce_dtype_)));
+    }
+    at::Tensor packed = at::cat(flat);
+    run_all_reduce_hook(packed);
+    int64_t offset = 0;
+    for (size_t i = 0; i < grads.params.size(); ++i) {
+      const int64_t numel = grads.params[i]->padded_numel();
+      grads.full[i] = packed.narrow(0, offset, numel);
+      offset += numel;
+    }
+  }
   for (size_t i = 0; i < grads.params.size(); ++i) {
     FSDPParam& p = *grads.params[i];
     const auto shape = p.layout().padded_shape(p.global_shape());
     at::Tensor full;
     if (grads.full[i].defined()) {
-      full = grads.full[i].to(reduce_dtype_).to(master_dtype);
+      full = grads.full[i];
+      if (plan.post_divide != 1.0) full = full.div(plan.post_divide);
+      full = full.to(master_dtype);
       if (offload_to_host_) full = full.to(at::kCPU);
     }
     at::Tensor grad = full.defined() ? alias_of(full.contiguous(), 0, shape)
@@ -507,7 +634,11 @@ PendingReduce ParamGroup::issue_reduce(UnitGrads grads) {
   reduce.input = pack_reduce_input(grads, reduce.packed);
   reduce.params = std::move(grads.params);
   reduce.previous = std::move(grads.previous);
-  reduce.replicate_after = replicas != nullptr && world > 1;
+  const GradientReduction plan = reduction_plan();
+  reduce.keep_partial = replicas != nullptr && !requires_all_reduce_;
+  reduce.replicate_after = replicas != nullptr && world > 1 && requires_all_reduce_;
+  reduce.all_reduce_op = plan.all_reduce_op;
+  reduce.post_divide = plan.post_divide;
   mesh_.stats().add_comm_buffers(reduce.input.nbytes());
   reduce.issued = Tracer::Clock::now();
   const CollectiveLabel collective_label(label_);
@@ -520,8 +651,14 @@ PendingReduce ParamGroup::issue_reduce(UnitGrads grads) {
       DeviceStreams::Op op(streams, ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce, label_);
       op.wait(reduce.packed).reads("rs_in").writes("rs_in");
       reduce.output = reduce.input;
+      if (plan.pre_scale != 1.0) reduce.output.mul_(plan.pre_scale);
+      if (partial_reduce_output_.defined()) {
+        reduce.output.add_(partial_reduce_output_);
+        mesh_.stats().add_comm_buffers(-partial_reduce_output_.nbytes());
+        partial_reduce_output_ = at::Tensor();
+      }
       reduce.op = "all-reduce";
-      reduce.work = replicas->all_reduce(reduce.output, ReduceOp::kSum);
+      reduce.work = replicas->all_reduce(reduce.output, plan.all_reduce_op);
       order_stream_after(reduce.work);
       reduce.reduced = op.record("reduced");
     } else {
@@ -530,8 +667,10 @@ PendingReduce ParamGroup::issue_reduce(UnitGrads grads) {
       op.wait(reduce.packed).reads("rs_in").writes("rs_out");
       reduce.output = allocate_reduce_buffer(reduce_scatter_hook_.get(), grads.reduce_numel,
                                              device_options(reduce_dtype_), label_);
+      if (plan.pre_scale != 1.0) reduce.input.mul_(plan.pre_scale);
       reduce.work = start_reduce_scatter(reduce_scatter_hook_.get(), mesh_.shard_group(),
-                                         reduce.output, reduce.input, ReduceOp::kSum, label_);
+                                         reduce.output, reduce.input, plan.reduce_scatter_op,
+                                         label_);
       order_stream_after(reduce.work);
       reduce.reduced = op.record("reduced");
     }
@@ -555,16 +694,25 @@ void ParamGroup::finish_reduce(PendingReduce& reduce) {
   // In program order the reduction has completed: free its input now, as ever. With streams the
   // input (allocated on compute) is freed once compute has waited on the reduction.
   if (streams.in_program_order()) reduce.input = at::Tensor();
-  const StreamEvent ready = reduce.replicate_after
-                                ? all_reduce_across_replicas(reduce.output, reduce.reduced)
-                                : reduce.reduced;
+  if (reduce.keep_partial) {
+    // On a device the host waits for the reduce-scatter before compute adds its output.
+    if (!streams.in_program_order()) wait_for(reduce.work, "reduction of gradients");
+    keep_partial_reduce(reduce.output, reduce);
+    return;
+  }
+  const StreamEvent ready =
+      reduce.replicate_after
+          ? all_reduce_across_replicas(reduce.output, reduce.reduced, reduce.all_reduce_op)
+          : reduce.reduced;
   const bool scattered = mesh_.shard_size() > 1;
   StreamEvent finished;
   {
     DeviceStreams::Op op(streams, ScheduleStream::kCompute, ScheduleOpKind::kFinishReduce, label_);
     op.wait(ready).reads(scattered ? "rs_out" : "rs_in").writes("sharded_grad").frees("rs_in");
     reduce.input = at::Tensor();
-    reduce.output.div_(mesh_.shard_size() * mesh_.replicate_size());
+    // The hook sees the reduced (all-reduced) gradients on compute, after the wait on ready.
+    if (all_reduce_hook_) run_all_reduce_hook(reduce.output);
+    if (reduce.post_divide != 1.0) reduce.output.div_(reduce.post_divide);
     // Sharded gradients live in the master (sharded parameter) dtype, and with offload on the
     // host. The copy to the host overlaps unless a gradient is accumulated into on the host
     // (FSDP2's rule); end of backward waits for it.
@@ -587,14 +735,20 @@ void ParamGroup::finish_reduce(PendingReduce& reduce) {
 }
 
 StreamEvent ParamGroup::all_reduce_across_replicas(const at::Tensor& reduced,
-                                                   const StreamEvent& after) {
+                                                   const StreamEvent& after, ReduceOp op_kind) {
   // HSDP: this rank's reduced shard, summed over the replicas holding the same shard.
   const auto issued = Tracer::Clock::now();
   const CollectiveLabel collective_label(label_);
   DeviceStreams& streams = tree().streams();
   DeviceStreams::Op op(streams, ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce, label_);
   op.wait(after).reads("rs_out").writes("rs_out");
-  WorkHandle across = mesh_.replicate_group()->all_reduce(reduced, ReduceOp::kSum);
+  if (partial_reduce_output_.defined()) {
+    // set_requires_all_reduce: the sum of earlier backward passes' reduce-scattered gradients.
+    reduced.add_(partial_reduce_output_);
+    mesh_.stats().add_comm_buffers(-partial_reduce_output_.nbytes());
+    partial_reduce_output_ = at::Tensor();
+  }
+  WorkHandle across = mesh_.replicate_group()->all_reduce(reduced, op_kind);
   if (streams.in_program_order()) {
     wait_for(across, "all-reduce of gradients across replicas");
   } else {
@@ -607,6 +761,31 @@ StreamEvent ParamGroup::all_reduce_across_replicas(const at::Tensor& reduced,
   mesh_.tracer().complete("comm", "all-reduce", issued, across->finished_at(), label_,
                           reduced.nbytes(), "comm");
   return op.record("all_reduced");
+}
+
+void ParamGroup::keep_partial_reduce(const at::Tensor& reduced, const PendingReduce& reduce) {
+  if (partial_reduce_output_.defined()) {
+    partial_reduce_output_.add_(reduced);
+  } else {
+    partial_reduce_output_ = reduced;  // a buffer of this reduction's own
+    mesh_.stats().add_comm_buffers(partial_reduce_output_.nbytes());
+  }
+  for (size_t i = 0; i < reduce.params.size(); ++i) {
+    reduce.params[i]->param().mutable_grad() = reduce.previous[i];
+  }
+}
+
+void ParamGroup::run_all_reduce_hook(at::Tensor& reduced) const {
+  const auto sizes = reduced.sizes().vec();
+  const auto dtype = reduced.scalar_type();
+  all_reduce_hook_(reduced);
+  TORCH_CHECK(reduced.defined() && reduced.sizes().vec() == sizes &&
+                  reduced.scalar_type() == dtype && reduced.device() == mesh_.device(),
+              "fsdp: the all-reduce hook of unit '", label_, "' must leave its tensor ", sizes, " ",
+              dtype, " on ", mesh_.device(), " as it was (modify it in place), got ",
+              reduced.defined()
+                  ? c10::str(reduced.sizes(), " ", reduced.scalar_type(), " on ", reduced.device())
+                  : std::string("an undefined tensor"));
 }
 
 void ParamGroup::assign_sharded_grads(const at::Tensor& reduced, const PendingReduce& reduce) {

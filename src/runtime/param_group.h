@@ -44,6 +44,7 @@
 #pragma once
 
 #include "runtime/fsdp_param.h"
+#include "runtime/gradient_reduction.h"
 #include "runtime/hooks.h"
 #include "runtime/root_state.h"
 
@@ -51,7 +52,9 @@
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +63,10 @@ namespace fsdp::detail {
 enum class TrainingState { kIdle, kForward, kAwaitingBackward, kPreBackward };
 enum class ShardedState { kSharded, kGathering, kUnsharded, kPostForwardPiece };
 
+// Whether t is in some live unit's FullyShardOptions::ignored_params (clip_grad_norm_ refuses
+// them: their gradients are per rank).
+bool is_ignored_parameter(const at::Tensor& t);
+
 const char* to_string(TrainingState state);
 const char* to_string(ShardedState state);
 
@@ -67,6 +74,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
  public:
   ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params, DeviceMesh mesh,
              FullyShardOptions options);
+  ~ParamGroup();
+  ParamGroup(const ParamGroup&) = delete;
+  ParamGroup& operator=(const ParamGroup&) = delete;
 
   // Hooks, called by ForwardScope and autograd (hooks.cpp).
   void pre_forward();
@@ -111,6 +121,15 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook);
   // On the root: whether the next backward is the last before the optimizer step.
   void set_is_last_backward(bool last);
+  // FSDP2's reduction settings of this unit (see FSDPModule). Throw if a backward pass is
+  // running, the factor also if it is not finite and > 0.
+  void set_unshard_in_backward(bool unshard);
+  void set_requires_all_reduce(bool all_reduce);
+  void set_gradient_divide_factor(double factor);
+  void set_force_sum_reduction_for_comms(bool enable);
+  void set_all_reduce_hook(std::function<void(at::Tensor&)> hook);
+  // FullyShardOptions::ignored_params, which no enclosing unit may claim either.
+  const std::vector<at::Tensor>& ignored_params() const { return options_.ignored_params(); }
   // Every unit at or under this unit's module, in pre-order.
   std::vector<ParamGroup*> units_under() const;
 
@@ -222,9 +241,21 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void assign_single_rank_grads(UnitGrads& grads);
   at::Tensor pack_reduce_input(UnitGrads& grads, StreamEvent& packed);
   PendingReduce issue_reduce(UnitGrads grads);
+  // The scaling and ops of this unit's next reduction (gradient_reduction.h).
+  GradientReduction reduction_plan() const;
+  // set_unshard_in_backward(false): pre-backward without the gather. Throws if autograd saved a
+  // parameter whose values were freed after forward.
+  void skip_unshard_for_backward();
   // Finish-reduce steps.
-  // HSDP: all-reduces reduced across replicas once `after` is recorded; returns the event after.
-  StreamEvent all_reduce_across_replicas(const at::Tensor& reduced, const StreamEvent& after);
+  // HSDP: all-reduces reduced (plus the partial sum, if any) across replicas once `after` is
+  // recorded; returns the event after.
+  StreamEvent all_reduce_across_replicas(const at::Tensor& reduced, const StreamEvent& after,
+                                         ReduceOp op);
+  // set_requires_all_reduce(false): adds a reduced output to partial_reduce_output_ and gives
+  // the parameters back the sharded gradients they had.
+  void keep_partial_reduce(const at::Tensor& reduced, const PendingReduce& reduce);
+  // Runs the all-reduce hook on the reduced gradients, checking it kept their shape and dtype.
+  void run_all_reduce_hook(at::Tensor& reduced) const;
   static void assign_sharded_grads(const at::Tensor& reduced, const PendingReduce& reduce);
 
   // Whole-tensor placement (param_group_whole_tensor.cpp). The unit's tensors grouped by
@@ -265,6 +296,15 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   at::ScalarType reduce_dtype_;   // gradient reduction
   bool requires_gradient_sync_ = true;
   bool reshard_after_backward_ = true;
+  // FSDP2's reduction settings (FSDPModule's setters).
+  bool unshard_in_backward_ = true;
+  bool requires_all_reduce_ = true;
+  std::optional<double> gradient_divide_factor_;
+  bool force_sum_reduction_ = false;
+  std::function<void(at::Tensor&)> all_reduce_hook_;
+  // HSDP: reduce-scattered gradients of backward passes that did not all-reduce, summed, in the
+  // reduce dtype (undefined when there are none); added in by the next one that does.
+  at::Tensor partial_reduce_output_;
   at::Tensor flat_shards_;        // every parameter's padded shard, concatenated
   bool offload_to_host_ = false;  // flat_shards_ (and so gradients) on the host, mesh on a device
   // The phase ("fwd", "bwd") of the gather whose values the unsharded parameters hold; null

@@ -174,6 +174,8 @@ PendingReduce ParamGroup::issue_owner_reduces(UnitGrads grads) {
   mesh_.stats().add_comm_buffers(reduce.input.nbytes());
   reduce.params = std::move(grads.params);
   reduce.previous = std::move(grads.previous);
+  // Summed to the owner, then divided (by W, or the unit's gradient divide factor).
+  reduce.post_divide = gradient_divide_factor_.value_or(mesh_.shard_size());
   reduce.issued = Tracer::Clock::now();
   const CollectiveLabel collective_label(label_);
   std::vector<WorkHandle> works;

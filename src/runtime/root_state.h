@@ -49,6 +49,11 @@ struct PendingReduce {
   Tracer::Clock::time_point issued;
   const char* op = "reduce-scatter";  // what work is, for the trace
   bool replicate_after = false;       // HSDP: all-reduce output across replicas once work is done
+  ReduceOp all_reduce_op = ReduceOp::kSum;  // ... with this op
+  // HSDP with set_requires_all_reduce(false): add output to the unit's partial sum instead of
+  // all-reducing it and assigning gradients.
+  bool keep_partial = false;
+  double post_divide = 1.0;  // divides the output before it becomes the sharded gradients
 };
 
 class RootState {

@@ -377,6 +377,14 @@ INSTANTIATE_TEST_SUITE_P(
                     MemoryEstimateOptions().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat)},
         TrainerCase{"no_sync_accumulation", 2, "--grad-accum 2 --accum-mode no-sync",
                     MemoryEstimateOptions().accumulation(AccumulationMode::kNoSync), 2},
+        TrainerCase{
+            "hsdp_no_all_reduce_accumulation", 4,
+            "--strategy hybrid_shard --replicate 2 --grad-accum 2 --accum-mode no-all-reduce",
+            MemoryEstimateOptions()
+                .strategy(ShardingStrategy::kHybridShard)
+                .replicate(2)
+                .accumulation(AccumulationMode::kNoAllReduce),
+            2},
         // Llama (grouped-query attention, untied lm_head) through the same interface.
         TrainerCase{"llama_full_shard", 2, "", MemoryEstimateOptions(), 1, false, 8, "llama-tiny"},
         TrainerCase{"llama_checkpointed", 2, "--activation-checkpoint", MemoryEstimateOptions(), 1,

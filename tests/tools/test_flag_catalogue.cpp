@@ -125,6 +125,13 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--grad-accum", "--grad-accum -2"},
     {"fsdp-train", "--grad-accum", "--global-batch 4 --grad-accum 3"},
     {"fsdp-train", "--accum-mode", "--accum-mode later"},
+    {"fsdp-train", "--accum-mode", "--grad-accum 2 --accum-mode no-all-reduce"},  // needs replicas
+    {"fsdp-train", "--gradient-divide-factor", "--gradient-divide-factor -1"},
+    {"fsdp-train", "--gradient-divide-factor", "--gradient-divide-factor nan"},
+    {"fsdp-train", "--gradient-divide-factor", "--gradient-divide-factor inf"},
+    {"fsdp-train", "--gradient-divide-factor", "--gradient-divide-factor 2 --no-fsdp"},
+    {"fsdp-train", "--force-sum-reduction", "--force-sum-reduction=maybe"},
+    {"fsdp-train", "--force-sum-reduction", "--force-sum-reduction --no-fsdp"},
     {"fsdp-train", "--prefetch", "--prefetch 2"},
     {"fsdp-train", "--prefetch", "--prefetch -1"},
     {"fsdp-train", "--wrap-policy", "--wrap-policy blocks"},

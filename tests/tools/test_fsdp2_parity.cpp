@@ -267,8 +267,10 @@ void run_case(const Case& c) {
 
 constexpr double kFp32 = 1e-5;
 constexpr double kBf16 = 1e-2;
-// fp16 gradients reduced in fp16: FSDP2 divides each rank's by W before the sum (to keep it in
-// fp16's range), fsdp-train the sum, so they round apart in fp16; measured 9.6e-4 at W = 2.
+// fp16 gradients reduced in fp16. Both sides divide each rank's by a power of two before the sum
+// and the rest after it (FSDP2's divide rules); they still round apart in fp16 (gloo's
+// emulated reduce-scatter against our ring, which adds in fp32): measured 1.5e-5 on the grad
+// norm and 4.5e-4 on the parameters at W = 2 (9.6e-4 when fsdp-train summed, then divided).
 constexpr double kFp16 = 5e-3;
 // int8 all-gathers (qwZ): see Int8AllGatherW2.
 constexpr double kInt8 = 10 * kFp32;
@@ -384,6 +386,43 @@ TEST(Fsdp2Parity, GradAccumNoSyncW4) {
 TEST(Fsdp2Parity, Int8AllGatherW2) {
   run_case({"int8_w2", 2, "--all-gather int8", "--mode fsdp2 --all-gather int8", kInt8, "tiny",
             false, /*same_all_gather_bytes=*/true});
+}
+// HSDP over a 2 x 2 mesh (FSDP2 with a 2-D mesh): reduce-scatter within the shard group, then
+// all-reduce across replicas, both averaging.
+TEST(Fsdp2Parity, HybridShardW4) {
+  run_case(
+      {"hsdp_w4", 4, "--strategy hybrid_shard --replicate 2", "--mode fsdp2 --replicate 2", kFp32});
+}
+// HSDP accumulation that talks only within the shard group until the last micro-batch:
+// set_requires_all_reduce(false) before it, reduce-scattered sums kept per unit, all-reduced once.
+TEST(Fsdp2Parity, HybridShardNoAllReduceAccumW4) {
+  run_case({"hsdp_no_all_reduce", 4,
+            "--strategy hybrid_shard --replicate 2 --grad-accum 2 --accum-mode no-all-reduce",
+            "--mode fsdp2 --replicate 2 --accum-mode no-all-reduce", kFp32});
+}
+
+// FSDP2's divide settings. A factor changes the gradients' scale (the norm each step shows it):
+// the sum over ranks divided by F instead of their mean.
+// Force-sum: every collective sums and the division is separate.
+TEST(Fsdp2Parity, ForceSumReductionW2) {
+  run_case({"force_sum", 2, "--force-sum-reduction", "--mode fsdp2 --force-sum-reduction", kFp32});
+}
+TEST(Fsdp2Parity, ForceSumWithDivideFactorW2) {
+  run_case({"force_sum_factor3", 2, "--force-sum-reduction --gradient-divide-factor 3",
+            "--mode fsdp2 --force-sum-reduction --gradient-divide-factor 3", kFp32});
+}
+// A factor equal to the shard size on an HSDP mesh: FSDP2's reduce-scatter averages and its
+// all-reduce across replicas sums, so the gradients are twice the mean (factor 2 of 4 ranks).
+TEST(Fsdp2Parity, HybridShardDivideFactorEqualToShardSizeW4) {
+  run_case({"hsdp_factor2", 4, "--strategy hybrid_shard --replicate 2 --gradient-divide-factor 2",
+            "--mode fsdp2 --replicate 2 --gradient-divide-factor 2", kFp32});
+}
+// Any other factor without force-sum is, in FSDP2, a reduce-scatter with NCCL's PreMulSum(1/F),
+// which gloo does not have; fsdp-train multiplies the input by 1/F and sums. The same sum over
+// ranks divided by F is what PyTorch computes with force-sum on, so that is the reference.
+TEST(Fsdp2Parity, DivideFactorW2) {
+  run_case({"factor3", 2, "--gradient-divide-factor 3",
+            "--mode fsdp2 --force-sum-reduction --gradient-divide-factor 3", kFp32});
 }
 
 // NO_SHARD: replicated parameters, gradients all-reduced, against PyTorch DDP.

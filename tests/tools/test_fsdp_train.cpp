@@ -183,6 +183,9 @@ TEST(FsdpTrain, StrategiesAndAccumulationModesMatchTheReference) {
                                              "--strategy hybrid_shard --replicate 2",
                                              "--grad-accum 2 --accum-mode no-sync",
                                              "--grad-accum 2 --accum-mode no-reshard",
+                                             "--strategy hybrid_shard --replicate 2 --grad-accum 2 "
+                                             "--accum-mode no-all-reduce",
+                                             "--force-sum-reduction",
                                              "--reshard-after-forward 2"};
   for (const std::string& variant : variants) {
     const std::string metrics = temp_path("strategy.jsonl");
@@ -211,7 +214,11 @@ TEST(FsdpTrain, BadTrainingModeFlagsAreNamed) {
       {"--nproc 2 --strategy zero4",
        "--strategy must be full_shard, shard_grad_op, no_shard, hybrid_shard or whole_tensor"},
       {"--nproc 2 --accum-mode later",
-       "--accum-mode must be sync, no-sync or no-reshard, got 'later'"},
+       "--accum-mode must be sync, no-sync, no-reshard or no-all-reduce, got 'later'"},
+      {"--nproc 2 --grad-accum 2 --accum-mode no-all-reduce",
+       "--accum-mode no-all-reduce skips the all-reduce across replicas, which only --strategy "
+       "hybrid_shard and no_shard have, not full_shard"},
+      {"--nproc 2 --gradient-divide-factor -1", "--gradient-divide-factor"},
       {"--nproc 4 --reshard-after-forward 3",
        "--reshard-after-forward 3 (a group size) does not divide the shard group of 4 ranks"},
       {"--nproc 4 --strategy hybrid_shard --replicate 2 --reshard-after-forward 4",

@@ -99,8 +99,9 @@ inline void add_mode_flags(CLI::App& app, ModelFlags& f) {
                  "Forward/backward passes per step, each on 1/K of the rank's batch")
       ->check(integer_at_least(1))
       ->capture_default_str();
-  app.add_option("--accum-mode", f.accum_mode, "sync, no-sync or no-reshard (see fsdp-train)")
-      ->check(CLI::IsMember({"sync", "no-sync", "no-reshard"}))
+  app.add_option("--accum-mode", f.accum_mode,
+                 "sync, no-sync, no-reshard or no-all-reduce (see fsdp-train)")
+      ->check(CLI::IsMember({"sync", "no-sync", "no-reshard", "no-all-reduce"}))
       ->capture_default_str();
   app.add_flag("--no-fsdp", f.no_fsdp, "Plain single-process training (fsdp-train --no-fsdp)");
 }

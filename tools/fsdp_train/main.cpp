@@ -157,8 +157,17 @@ void add_mode_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
   app.add_option(
          "--accum-mode", o.accum_mode,
          "sync: reduce every micro-batch; no-sync: reduce once per step; no-reshard: also keep "
-         "parameters gathered across micro-batches")
+         "parameters gathered across micro-batches; no-all-reduce (hybrid_shard, no_shard): "
+         "reduce-scatter every micro-batch, all-reduce across replicas once per step")
       ->capture_default_str();
+  app.add_option("--gradient-divide-factor", o.gradient_divide_factor,
+                 "Divide the summed gradients by F instead of averaging them over the "
+                 "data-parallel ranks (FSDP2's set_gradient_divide_factor; 0: unset)")
+      ->check(fsdp::tools::finite_in(0, 1e300))
+      ->capture_default_str();
+  app.add_flag("--force-sum-reduction", o.force_sum_reduction,
+               "Every gradient collective sums, the division a separate scaling (FSDP2's "
+               "set_force_sum_reduction_for_comms)");
   app.add_option("--wrap-policy", o.wrap_policy,
                  "FSDP units: block (each transformer block, sharded as it is built) or "
                  "min-params:N (FSDP1's size-based auto-wrap: a module owning at least N "

@@ -350,8 +350,19 @@ void validate_all_gather(const TrainerOptions& o, int shard_group) {
 
 // --strategy, --accum-mode and the settings that depend on them.
 void validate_sharding(const TrainerOptions& o, int world) {
-  TORCH_CHECK(o.accum_mode == "sync" || o.accum_mode == "no-sync" || o.accum_mode == "no-reshard",
-              "--accum-mode must be sync, no-sync or no-reshard, got '", o.accum_mode, "'");
+  TORCH_CHECK(o.accum_mode == "sync" || o.accum_mode == "no-sync" || o.accum_mode == "no-reshard" ||
+                  o.accum_mode == "no-all-reduce",
+              "--accum-mode must be sync, no-sync, no-reshard or no-all-reduce, got '",
+              o.accum_mode, "'");
+  TORCH_CHECK(
+      o.accum_mode != "no-all-reduce" || o.strategy == "hybrid_shard" || o.strategy == "no_shard",
+      "--accum-mode no-all-reduce skips the all-reduce across replicas, which only "
+      "--strategy hybrid_shard and no_shard have, not ",
+      o.strategy);
+  TORCH_CHECK(o.gradient_divide_factor == 0 ||
+                  (std::isfinite(o.gradient_divide_factor) && o.gradient_divide_factor > 0),
+              "--gradient-divide-factor must be finite and > 0, got ", o.gradient_divide_factor);
+
   TORCH_CHECK(o.strategy == "full_shard" || o.strategy == "shard_grad_op" ||
                   o.strategy == "no_shard" || o.strategy == "hybrid_shard" ||
                   o.strategy == "whole_tensor",
@@ -453,6 +464,9 @@ void validate(const TrainerOptions& o, int world) {
               "--device cuda: no CUDA device is visible to this process");
   TORCH_CHECK(!o.offload || !o.no_fsdp,
               "--offload keeps FSDP's sharded state in host memory; --no-fsdp has none");
+  TORCH_CHECK((o.gradient_divide_factor == 0 && !o.force_sum_reduction) || !o.no_fsdp,
+              o.force_sum_reduction ? "--force-sum-reduction" : "--gradient-divide-factor",
+              " sets how FSDP reduces gradients; --no-fsdp reduces none");
   if (!o.data_path.empty() || !o.val_data_path.empty()) {
     load_datasets(o, spec->vocab_size());  // fails early on a missing or short file
   }
@@ -685,6 +699,10 @@ void build_model(Run& run) {
     if (const auto block = parse_all_gather(o.all_gather)) {
       const auto int8 = std::make_shared<Int8AllGather>(*block);
       for (FSDPModule& unit : fsdp_modules_under(*run.model)) unit.set_custom_all_gather(int8);
+    }
+    for (FSDPModule unit : fsdp_modules_under(*run.model)) {
+      if (o.gradient_divide_factor > 0) unit.set_gradient_divide_factor(o.gradient_divide_factor);
+      unit.set_force_sum_reduction_for_comms(o.force_sum_reduction);
     }
     run.units = static_cast<int64_t>(fsdp_modules_under(*run.model).size());
     run.tracer = &run.mesh->tracer();
@@ -959,9 +977,14 @@ int64_t activation_bytes_since(const Run& run, const StepProbe& probe) {
 }
 
 // Under --accum-mode no-sync / no-reshard only the last micro-batch's backward reduces; with
-// no-reshard every unit stays gathered from the first forward to the last backward.
+// no-reshard every unit stays gathered from the first forward to the last backward; with
+// no-all-reduce every backward reduce-scatters and only the last all-reduces across replicas.
 void set_accumulation_state(Run& run, bool last_micro_batch) {
   if (!run.root || run.accumulation == AccumulationMode::kSync) return;
+  if (run.accumulation == AccumulationMode::kNoAllReduce) {
+    run.root->set_requires_all_reduce(last_micro_batch);
+    return;
+  }
   run.root->set_requires_gradient_sync(last_micro_batch);
   if (run.accumulation == AccumulationMode::kNoReshard) {
     run.root->set_reshard_after_forward(false);

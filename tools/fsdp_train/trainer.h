@@ -59,7 +59,11 @@ struct TrainerOptions {
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;
   int grad_accum = 1;               // micro-batches per optimizer step
-  std::string accum_mode = "sync";  // sync | no-sync | no-reshard (see README)
+  std::string accum_mode = "sync";  // sync | no-sync | no-reshard | no-all-reduce (see README)
+  // FSDP2's set_gradient_divide_factor on every unit (0: unset, the data-parallel size) and
+  // set_force_sum_reduction_for_comms.
+  double gradient_divide_factor = 0;
+  bool force_sum_reduction = false;
   // Which modules are FSDP units (parse_wrap_policy): "block", the model's units (each
   // transformer block, sharded as it is built), or "min-params:N", FSDP1's size-based auto-wrap
   // over the whole built model (fsdp/wrap_policy.h). The root is always a unit.
