@@ -216,6 +216,10 @@ std::vector<ParamGroup*> ParamGroup::units_under() const {
   return units;
 }
 
+void ParamGroup::check_not_in_backward(const char* setter, bool value) const {
+  check_not_in_backward((std::string(setter) + (value ? "(true)" : "(false)")).c_str());
+}
+
 void ParamGroup::check_not_in_backward(const char* setting) const {
   // From the root's training forward to the end of its backward, units act on these settings
   // at different times; a change in between would leave ranks or units disagreeing.
@@ -225,20 +229,17 @@ void ParamGroup::check_not_in_backward(const char* setting) const {
 }
 
 void ParamGroup::set_requires_gradient_sync(bool sync) {
-  check_not_in_backward(sync ? "set_requires_gradient_sync(true)"
-                             : "set_requires_gradient_sync(false)");
+  check_not_in_backward("set_requires_gradient_sync", sync);
   requires_gradient_sync_ = sync;
 }
 
 void ParamGroup::set_reshard_after_backward(bool reshard) {
-  check_not_in_backward(reshard ? "set_reshard_after_backward(true)"
-                                : "set_reshard_after_backward(false)");
+  check_not_in_backward("set_reshard_after_backward", reshard);
   reshard_after_backward_ = reshard;
 }
 
 void ParamGroup::set_reshard_after_forward(bool reshard) {
-  check_not_in_backward(reshard ? "set_reshard_after_forward(true)"
-                                : "set_reshard_after_forward(false)");
+  check_not_in_backward("set_reshard_after_forward", reshard);
   options_.reshard_after_forward(reshard);
   post_forward_group_ = nullptr;  // a bool replaces an int given to fully_shard
 }
@@ -250,19 +251,17 @@ void ParamGroup::set_schedule_recorder(ScheduleRecorder* recorder) {
 }
 
 void ParamGroup::set_is_last_backward(bool last) {
-  check_not_in_backward(last ? "set_is_last_backward(true)" : "set_is_last_backward(false)");
+  check_not_in_backward("set_is_last_backward", last);
   own_root_.set_is_last_backward(last);
 }
 
 void ParamGroup::set_unshard_in_backward(bool unshard) {
-  check_not_in_backward(unshard ? "set_unshard_in_backward(true)"
-                                : "set_unshard_in_backward(false)");
+  check_not_in_backward("set_unshard_in_backward", unshard);
   unshard_in_backward_ = unshard;
 }
 
 void ParamGroup::set_requires_all_reduce(bool all_reduce) {
-  check_not_in_backward(all_reduce ? "set_requires_all_reduce(true)"
-                                   : "set_requires_all_reduce(false)");
+  check_not_in_backward("set_requires_all_reduce", all_reduce);
   requires_all_reduce_ = all_reduce;
 }
 
@@ -275,8 +274,7 @@ void ParamGroup::set_gradient_divide_factor(double factor) {
 }
 
 void ParamGroup::set_force_sum_reduction_for_comms(bool enable) {
-  check_not_in_backward(enable ? "set_force_sum_reduction_for_comms(true)"
-                               : "set_force_sum_reduction_for_comms(false)");
+  check_not_in_backward("set_force_sum_reduction_for_comms", enable);
   force_sum_reduction_ = enable;
 }
 
@@ -668,9 +666,9 @@ PendingReduce ParamGroup::issue_reduce(UnitGrads grads) {
       reduce.output = allocate_reduce_buffer(reduce_scatter_hook_.get(), grads.reduce_numel,
                                              device_options(reduce_dtype_), label_);
       if (plan.pre_scale != 1.0) reduce.input.mul_(plan.pre_scale);
-      reduce.work = start_reduce_scatter(reduce_scatter_hook_.get(), mesh_.shard_group(),
-                                         reduce.output, reduce.input, plan.reduce_scatter_op,
-                                         label_);
+      reduce.work =
+          start_reduce_scatter(reduce_scatter_hook_.get(), mesh_.shard_group(), reduce.output,
+                               reduce.input, plan.reduce_scatter_op, label_);
       order_stream_after(reduce.work);
       reduce.reduced = op.record("reduced");
     }

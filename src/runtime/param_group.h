@@ -284,6 +284,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // Blocks on work, counting the wait as exposed communication; rethrows with context.
   void wait_for(const WorkHandle& work, const char* what);
   void check_not_in_backward(const char* setting) const;
+  // The same for a bool setter, named with its value ("setter(true)").
+  void check_not_in_backward(const char* setter, bool value) const;
   [[noreturn]] void rethrow_with_context(const char* what, const std::exception& e) const;
 
   torch::nn::Module* module_;  // not owned: the module owns this group
