@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <models/gpt2/gpt2_memory.h>
 #include <torch/nn/modules/linear.h>
 
@@ -376,6 +377,36 @@ TEST_F(ShardPlacementCheckpoint, Shard1AtW3ResumesAsShard1InHsdp2x2) {
   // Shard(1) over 3 ranks pads 32 columns to 33; HSDP's replicas hold the same slices.
   resume_across("hsdp", "--nproc 3 --shard-dim 1",
                 "--nproc 4 --strategy hybrid_shard --replicate 2 --shard-dim 1");
+}
+
+// fsdp-estimate --shard-dim predicts what fsdp-train --shard-dim measures per rank, byte for
+// byte. At W = 3 tiny's 32 columns pad to 33 along dim 1, a different padding from dim 0's, so
+// a flag that fell back to Shard(0) would miss the counts.
+TEST(ShardPlacementEstimate, FsdpEstimateFlagMatchesTheTrainersBytes) {
+  const std::string flags = " --model tiny --global-batch 6 --seq-len 16 --shard-dim 1";
+  const std::string metrics = temp_path("shard_dim_estimate.jsonl");
+  const CommandResult trained =
+      run_command(fsdp_train_binary() + " --nproc 3 --steps 2 --quiet --metrics " + metrics + flags);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const CommandResult estimated =
+      run_command(program_path("fsdp-estimate") + " --world-size 3" + flags, 60);
+  ASSERT_EQ(estimated.exit_code, 0) << estimated.output;
+  const auto estimate =
+      nlohmann::json::parse(estimated.output.substr(estimated.output.find('{')));
+  const auto ranks = read_json_lines(metrics).back()["ranks"];
+  ASSERT_EQ(ranks.size(), 3u);
+  for (const auto& rank : ranks) {
+    for (const char* key : {"param_bytes", "grad_bytes", "optim_bytes", "all_gather_bytes",
+                            "reduce_scatter_bytes", "peak_unsharded_bytes"}) {
+      EXPECT_EQ(rank[key], estimate[key]) << key;
+    }
+  }
+  const CommandResult dim0 = run_command(
+      program_path("fsdp-estimate") + " --world-size 3 --model tiny --global-batch 6 --seq-len 16",
+      60);
+  ASSERT_EQ(dim0.exit_code, 0) << dim0.output;
+  EXPECT_NE(nlohmann::json::parse(dim0.output.substr(dim0.output.find('{')))["param_bytes"],
+            estimate["param_bytes"]);
 }
 
 // --- errors ---

@@ -193,6 +193,8 @@ const BadFlag kCatalogue[] = {
     {"fsdp-estimate", "--strategy", "--strategy zero4"},
     {"fsdp-estimate", "--evenness-priority", "--strategy whole_tensor --evenness-priority -1"},
     {"fsdp-estimate", "--evenness-priority", "--evenness-priority 0.5"},  // needs whole_tensor
+    {"fsdp-estimate", "--shard-dim", "--shard-dim -1"},
+    {"fsdp-estimate", "--shard-dim", "--strategy whole_tensor --shard-dim 1"},
     {"fsdp-estimate", "--replicate", "--replicate 0"},
     {"fsdp-estimate", "--replicate", "--world-size 4 --strategy hybrid_shard --replicate 3"},
     {"fsdp-estimate", "--param-dtype", "--param-dtype int8"},
@@ -221,6 +223,8 @@ const BadFlag kCatalogue[] = {
     {"fsdp-plan", "--world-size", "--world-size 0"},
     {"fsdp-plan", "--strategy", "--strategy zero4"},
     {"fsdp-plan", "--replicate", "--replicate 0"},
+    {"fsdp-plan", "--shard-dim", "--shard-dim -1"},
+    {"fsdp-plan", "--shard-dim", FSDP_PLAN_HARDWARE_FLAG " --strategy whole_tensor --shard-dim 1"},
     {"fsdp-plan", "--replicate", FSDP_PLAN_HARDWARE_FLAG " --world-size 4 --strategy hybrid_shard --replicate 3"},
     {"fsdp-plan", "--param-dtype", FSDP_PLAN_HARDWARE_FLAG " --param-dtype int8"},
     {"fsdp-plan", "--reduce-dtype", FSDP_PLAN_HARDWARE_FLAG " --reduce-dtype x"},

@@ -33,6 +33,7 @@ struct ModelFlags {
   std::string accum_mode = "sync";
   std::string strategy = "full_shard", param_dtype, reduce_dtype, master_dtype = "fp32";
   double evenness_priority = 1.0;
+  int64_t shard_dim = 0;
   int64_t global_batch = 16, seq_len = 64;
   bool activation_checkpoint = false, no_fsdp = false;
   int reshard_after_forward = 1;
@@ -68,6 +69,10 @@ inline void add_mode_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--evenness-priority", f.evenness_priority,
                  "whole_tensor: the partition's evenness priority, as fsdp-train's")
       ->check(finite_in(0, 1))
+      ->capture_default_str();
+  app.add_option("--shard-dim", f.shard_dim,
+                 "Shard parameters with more than D dims along dim D, as fsdp-train's")
+      ->check(integer_at_least(0))
       ->capture_default_str();
   app.add_option("--replicate", f.replicate, "Replicas for hybrid_shard (divides the world size)")
       ->check(integer_at_least(1))
@@ -133,6 +138,7 @@ inline fsdp::MemoryEstimateOptions estimate_options(const ModelFlags& f) {
       .grad_accum(f.grad_accum)
       .accumulation(fsdp::parse_accumulation_mode(f.accum_mode))
       .evenness_priority(f.evenness_priority)
+      .shard_dim(f.shard_dim)
       .reshard_after_forward_size(f.reshard_after_forward == 0   ? 1
                                   : f.reshard_after_forward == 1 ? 0
                                                                  : f.reshard_after_forward)
@@ -141,6 +147,8 @@ inline fsdp::MemoryEstimateOptions estimate_options(const ModelFlags& f) {
               "--replicate ", f.replicate, " needs --strategy hybrid_shard");
   TORCH_CHECK(f.evenness_priority == 1 || f.strategy == "whole_tensor", "--evenness-priority ",
               f.evenness_priority, " applies to --strategy whole_tensor only, not ", f.strategy);
+  TORCH_CHECK(f.shard_dim == 0 || f.strategy != "whole_tensor", "--shard-dim ", f.shard_dim,
+              " splits tensors along a dim, but --strategy whole_tensor keeps each tensor whole");
   TORCH_CHECK(f.world % f.replicate == 0, "--replicate ", f.replicate,
               " does not divide --world-size ", f.world);
   const int shard_group = f.strategy == "hybrid_shard" ? f.world / f.replicate
@@ -192,6 +200,7 @@ inline nlohmann::json settings_json(const ModelFlags& f, const fsdp::models::Mod
       {"world_size", f.world},
       {"strategy", f.no_fsdp ? std::string("none") : f.strategy},
       {"replicate", f.replicate},
+      {"shard_dim", f.shard_dim},
       {"reshard_after_forward", f.reshard_after_forward},
       {"param_dtype", param_dtype},
       {"reduce_dtype", f.reduce_dtype.empty() ? param_dtype : f.reduce_dtype},
