@@ -17,9 +17,9 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <models/gpt2/gpt2_memory.h>
 #include <torch/nn/modules/linear.h>
+#include <nlohmann/json.hpp>
 
 namespace fsdp::test {
 namespace {
@@ -385,14 +385,13 @@ TEST_F(ShardPlacementCheckpoint, Shard1AtW3ResumesAsShard1InHsdp2x2) {
 TEST(ShardPlacementEstimate, FsdpEstimateFlagMatchesTheTrainersBytes) {
   const std::string flags = " --model tiny --global-batch 6 --seq-len 16 --shard-dim 1";
   const std::string metrics = temp_path("shard_dim_estimate.jsonl");
-  const CommandResult trained =
-      run_command(fsdp_train_binary() + " --nproc 3 --steps 2 --quiet --metrics " + metrics + flags);
+  const CommandResult trained = run_command(
+      fsdp_train_binary() + " --nproc 3 --steps 2 --quiet --metrics " + metrics + flags);
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   const CommandResult estimated =
       run_command(program_path("fsdp-estimate") + " --world-size 3" + flags, 60);
   ASSERT_EQ(estimated.exit_code, 0) << estimated.output;
-  const auto estimate =
-      nlohmann::json::parse(estimated.output.substr(estimated.output.find('{')));
+  const auto estimate = nlohmann::json::parse(estimated.output.substr(estimated.output.find('{')));
   const auto ranks = read_json_lines(metrics).back()["ranks"];
   ASSERT_EQ(ranks.size(), 3u);
   for (const auto& rank : ranks) {
