@@ -125,6 +125,8 @@ struct Case {
   // Whether every step's all-gather payload (rank 0's) must equal FSDP2's (counted by the
   // reference's wrapper around dist.all_gather_into_tensor).
   bool same_all_gather_bytes = false;
+  // The final parameters' bound where it differs from `tolerance` (negative: the same).
+  double param_tolerance = -1;
 };
 
 // How fsdp-train starts c's ranks: --no-fsdp, --nproc W, or W ranks of an mpirun job (which
@@ -248,7 +250,8 @@ void run_case(const Case& c) {
       y = at::cat({y.slice(0, 0, n_embd), y.slice(0, 2 * n_embd)});
     }
     const double diff = (x - y).abs().max().item<double>() / scale;
-    EXPECT_LE(diff, c.tolerance) << name << ": max |ours - PyTorch| / max |PyTorch| = " << diff;
+    EXPECT_LE(diff, c.param_tolerance < 0 ? c.tolerance : c.param_tolerance)
+        << name << ": max |ours - PyTorch| / max |PyTorch| = " << diff;
     if (diff >= d.params) {
       d.params = diff;
       d.worst_param = name;
@@ -272,8 +275,6 @@ constexpr double kBf16 = 1e-2;
 // emulated reduce-scatter against our ring, which adds in fp32): measured 1.5e-5 on the grad
 // norm and 4.5e-4 on the parameters at W = 2 (9.6e-4 when fsdp-train summed, then divided).
 constexpr double kFp16 = 5e-3;
-// int8 all-gathers (qwZ): see Int8AllGatherW2.
-constexpr double kInt8 = 10 * kFp32;
 
 TEST(Fsdp2Parity, NoFsdpMatchesPyTorchSingleProcess) {
   run_case({"single", 0, "", "--mode single", kFp32});
@@ -376,16 +377,20 @@ TEST(Fsdp2Parity, GradAccumNoSyncW4) {
 // fp32 scale each), fsdp-train's Int8AllGather against the same quantizer written as an FSDP2
 // custom AllGather (set_custom_all_gather) in the reference. Both quantize the same per-rank
 // all-gather input (each parameter's padded shard, in registration order) with the same rule,
-// so they gather the same values, and the runs differ only as the fp32 W = 2 case does
-// (measured: loss 5e-8, parameters 6e-7 apart). The tolerance leaves 10x the fp32 one for a
-// master that the two runs' float rounding puts on either side of an int8 rounding boundary
-// (one level is 1/127 of its block's largest magnitude). A quantizer that differs fails it by
-// far: the reference with blocks of 128 instead of 256 ends 2e-4 apart in loss, 5e-3 in
-// gradient norm and over 1e-1 in parameters. Both move the same bytes: int8 values and fp32
-// scales, about a quarter of fp32's.
+// so they gather the same values while the masters agree to the bit, and the losses and
+// gradient norms are held to the fp32 bound at every step. The masters drift apart by float
+// rounding as in the fp32 W = 2 case, and once one of them crosses an int8 rounding boundary on
+// one side only, the two runs gather weights one level (1/127 of the block's largest magnitude)
+// apart there, and AdamW turns that into larger moves of elements whose gradients are small.
+// Measured over 10 steps: on an earlier session's VM no crossing (parameters 6e-7 apart); on an AMD
+// EPYC VM losses equal to the bit through step 8, then a crossing, and parameters 1.04e-4 apart
+// (loss 1.7e-7, gradient norm 1.4e-6). The parameters are held to 1e-3, ten times that. A quantizer
+// that differs fails by far: the reference with blocks of 128 instead of 256 ends 2e-4 apart in
+// loss, 5e-3 in gradient norm and over 1e-1 in parameters. Both move the same bytes: int8 values
+// and fp32 scales, about a quarter of fp32's.
 TEST(Fsdp2Parity, Int8AllGatherW2) {
-  run_case({"int8_w2", 2, "--all-gather int8", "--mode fsdp2 --all-gather int8", kInt8, "tiny",
-            false, /*same_all_gather_bytes=*/true});
+  run_case({"int8_w2", 2, "--all-gather int8", "--mode fsdp2 --all-gather int8", kFp32, "tiny",
+            false, /*same_all_gather_bytes=*/true, /*param_tolerance=*/1e-3});
 }
 // HSDP over a 2 x 2 mesh (FSDP2 with a 2-D mesh): reduce-scatter within the shard group, then
 // all-reduce across replicas, both averaging.
