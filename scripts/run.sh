@@ -24,7 +24,7 @@ case "$mode" in train|test|build) ;; *) echo "usage: $0 train|test|build [args..
 
 DEBIAN_PACKAGES=(cmake g++ make python3 python3-venv python3-pip libgtest-dev libgmock-dev
                  libbenchmark-dev libgloo-dev libcli11-dev nlohmann-json3-dev libxxhash-dev time
-                 libpcre2-dev libutf8proc-dev fortunes libopenmpi-dev openmpi-bin)
+                 libpcre2-dev libutf8proc-dev fortunes libopenmpi-dev openmpi-bin ccache)
 VENV="$ROOT/.venv"
 PYTHON="$VENV/bin/python3"   # absolute: tests run from build/ and are handed this path
 
@@ -71,8 +71,11 @@ else
   prefix="$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
 fi
 
-echo "== building (LibTorch from $prefix)"
+# The compiler cache, shared by every clone: see [Note: one compiler cache for every clone].
+FSDP_CCACHE_ROOT="$ROOT" . scripts/lib/ccache_env.sh
+echo "== building (LibTorch from $prefix${FSDP_CCACHE:+, through ccache})"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_CXX_COMPILER_LAUNCHER="${FSDP_CCACHE:-}" -DCMAKE_C_COMPILER_LAUNCHER="${FSDP_CCACHE:-}" \
   -DFSDP_PYTHON="$PYTHON" >/dev/null
 if [ "$mode" = train ]; then
   cmake --build build -j"$(nproc)" --target fsdp-train

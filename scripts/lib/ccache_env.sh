@@ -1,0 +1,26 @@
+# Sourced by every script that compiles (run.sh, sanitize.sh, check_example.sh, the fuzz build,
+# bench/gpu/run.sh): routes the compilers through Debian's ccache when it is installed.
+#
+# [Note: one compiler cache for every clone]
+# CI builds a fresh clone in a new folder each time, twice (normal and ASan). With
+# CCACHE_BASEDIR set to the clone's root, ccache rewrites the absolute paths under it to
+# relative ones before hashing, so a clone in another folder hits the objects an earlier clone
+# compiled. CCACHE_NOHASHDIR keeps the working directory out of the hash for builds with -g
+# (RelWithDebInfo, ASan); their debug info then names paths relative to the build folder,
+# which is what a sanitizer report prints anyway. The cache itself lives in ccache's default
+# place (~/.cache/ccache) unless CCACHE_DIR says otherwise, shared by all clones of one user.
+#
+# Usage: FSDP_CCACHE_ROOT=<clone root> . scripts/lib/ccache_env.sh
+# Sets CMAKE_C_COMPILER_LAUNCHER / CMAKE_CXX_COMPILER_LAUNCHER (CMake reads them from the
+# environment on first configure) and FSDP_CCACHE=ccache, or leaves both unset with no ccache.
+# FSDP_NO_CCACHE=1 turns it off.
+if [ "${FSDP_NO_CCACHE:-0}" != 1 ] && command -v ccache >/dev/null 2>&1; then
+  export CCACHE_BASEDIR="${FSDP_CCACHE_ROOT:?FSDP_CCACHE_ROOT must name the clone root}"
+  export CCACHE_NOHASHDIR=1
+  export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-8G}"
+  export CMAKE_C_COMPILER_LAUNCHER=ccache
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache
+  export FSDP_CCACHE=ccache
+else
+  unset CMAKE_C_COMPILER_LAUNCHER CMAKE_CXX_COMPILER_LAUNCHER FSDP_CCACHE
+fi
