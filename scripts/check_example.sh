@@ -6,8 +6,10 @@ cd "$(dirname "$0")/.."
 prefix="$PWD/build/install"
 cmake --install build --prefix "$prefix" >/dev/null
 torch_prefix="$(.venv/bin/python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+# The compiler cache: see [Note: one compiler cache for every clone].
+FSDP_CCACHE_ROOT="$PWD" . scripts/lib/ccache_env.sh
 cmake -S examples/minimal -B build/example -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$prefix;$torch_prefix" >/dev/null
+  -DCMAKE_CXX_COMPILER_LAUNCHER="${FSDP_CCACHE:-}" -DCMAKE_PREFIX_PATH="$prefix;$torch_prefix" >/dev/null
 cmake --build build/example -j"$(nproc)" >/dev/null
 out="$(OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc-per-node 2 --no-python build/example/fsdp_minimal)"
 echo "$out"

@@ -56,8 +56,11 @@ else
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPP/tsan.supp"
 fi
 
-echo "== configuring $build ($flags)"
+# The compiler cache: see [Note: one compiler cache for every clone].
+FSDP_CCACHE_ROOT="$ROOT" . scripts/lib/ccache_env.sh
+echo "== configuring $build ($flags${FSDP_CCACHE:+, through ccache})"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_CXX_COMPILER_LAUNCHER="${FSDP_CCACHE:-}" -DCMAKE_C_COMPILER_LAUNCHER="${FSDP_CCACHE:-}" \
   -DFSDP_PYTHON="$PYTHON" -DFSDP_BUILD_BENCH=OFF \
   -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" \
   -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null

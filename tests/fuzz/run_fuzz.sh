@@ -30,18 +30,29 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-rm -rf "$work" && mkdir -p "$work"
-for target in safetensors index; do
-  clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -Iinclude -Isrc tests/fuzz/fuzz_$target.cpp src/checkpoint/format.cpp -lxxhash \
-    -o "$work/fuzz_$target"
+rm -rf "$work" && mkdir -p "$work/obj"
+# Each source compiled once, through the shared compiler cache (see
+# [Note: one compiler cache for every clone]), then each target linked with libFuzzer's main.
+FSDP_CCACHE_ROOT="$PWD" . scripts/lib/ccache_env.sh
+sanitizers="address,undefined -fno-sanitize-recover=undefined"
+compile() {  # compile SOURCE: prints the object's path
+  local obj="$work/obj/$(echo "$1" | tr / _).o"
+  ${FSDP_CCACHE:-} clang++ -std=c++17 -O1 -g -fsanitize=fuzzer-no-link,$sanitizers -Iinclude -Isrc \
+    -Itests -c "$1" -o "$obj" && echo "$obj"
+}
+export -f compile; export work sanitizers FSDP_CCACHE
+sources=(src/checkpoint/format.cpp src/data/*.cpp tests/fuzz/fuzz_*.cpp)
+printf '%s\n' "${sources[@]}" | xargs -P "$(nproc)" -I{} bash -c 'compile {}' >/dev/null
+obj() { for f in "$@"; do echo "$work/obj/$(echo "$f" | tr / _).o"; done; }
+link() {  # link TARGET LIBS... from its entry point and the sources it tests
+  local target="$1"; shift
+  # shellcheck disable=SC2046  # the object list, split on purpose
+  clang++ -fsanitize=fuzzer,$sanitizers $(obj tests/fuzz/fuzz_$target.cpp) "$@" -o "$work/fuzz_$target"
   mkdir -p "$work/corpus_$target"
-done
+}
+for target in safetensors index; do link $target $(obj src/checkpoint/format.cpp) -lxxhash; done
 for target in tokenizer_json tokenizer_encode token_shard; do
-  clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -Iinclude -Isrc -Itests tests/fuzz/fuzz_$target.cpp src/data/*.cpp -lpcre2-8 -lutf8proc \
-    -o "$work/fuzz_$target"
-  mkdir -p "$work/corpus_$target"
+  link $target $(obj src/data/*.cpp) -lpcre2-8 -lutf8proc
 done
 
 # Seeds.
