@@ -12,6 +12,7 @@
 //   that shards each block keeps at most one full block alive during construction.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <fsdp/activation_checkpoint.h>
 #include <fsdp/runtime/forward.h>

@@ -12,6 +12,7 @@
 //   the same sequence of float32 operations as transformers' rope functions), cos/sin cast to
 //   the compute dtype, rotate_half.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <fsdp/activation_checkpoint.h>
 #include <fsdp/runtime/forward.h>

@@ -20,6 +20,7 @@
 #include "checkpoint/file_util.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <nlohmann/json.hpp>

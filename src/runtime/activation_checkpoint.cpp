@@ -15,6 +15,7 @@
 //   returned. The recomputed graph is freed when the nested backward returns.
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <fsdp/activation_checkpoint.h>
 #include <torch/autograd.h>

@@ -8,6 +8,7 @@
 #include "runtime/param_group.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 

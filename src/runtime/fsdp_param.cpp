@@ -7,6 +7,7 @@
 #include "runtime/fsdp_param.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <fsdp/runtime/storage.h>
 

@@ -10,6 +10,7 @@
 
 #include <fsdp/runtime/whole_tensor.h>
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>

@@ -30,6 +30,7 @@
 #include <fsdp/util/error.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/strides.h>
 

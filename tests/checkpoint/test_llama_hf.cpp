@@ -14,6 +14,7 @@
 #include "support/test_support.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

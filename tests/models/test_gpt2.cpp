@@ -2,6 +2,7 @@
 // deterministic, order-independent initialization that deferred (unit-by-unit) construction
 // and rank threads rely on. Everything here runs unsharded; fsdp::forward is a plain call.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 #include <models/gpt2/gpt2.h>
 

@@ -9,6 +9,7 @@
 #include <models/llama/llama_memory.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>

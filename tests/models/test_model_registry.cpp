@@ -6,6 +6,7 @@
 #include <models/model.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 

@@ -2,6 +2,7 @@
 // it, in one process bit for bit and under FSDP within float tolerance; gradients for
 // parameters whose inputs need none; replayed randomness; and the bytes autograd keeps.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <fsdp/activation_checkpoint.h>
 #include <fsdp/comm/rendezvous.h>
 #include <fsdp/fully_shard.h>

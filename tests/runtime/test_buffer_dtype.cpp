@@ -10,6 +10,7 @@
 #include <fsdp/fully_shard.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>

@@ -15,6 +15,7 @@
 #include <fsdp/runtime/whole_tensor.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
 

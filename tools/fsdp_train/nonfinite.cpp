@@ -5,6 +5,7 @@
 #include <fsdp_train/nonfinite.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 

@@ -37,6 +37,7 @@
 #include <models/model.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/nn/utils/clip_grad.h>
