@@ -767,7 +767,7 @@ def _rank_main(rank, world, args):
         os._exit(1)  # no waiting on peers that may be stuck in a collective
 
 
-def main():
+def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mode", choices=["fsdp2", "ddp", "single"], default="fsdp2")
     p.add_argument("--nproc", type=int, default=1, help="ranks (single: must be 1)")
@@ -819,7 +819,12 @@ def main():
                    help="fp (default) or int8[:BLOCK]: every unit's all-gather through an FSDP2 "
                         "custom AllGather that quantizes blockwise, as fsdp-train --all-gather")
     p.add_argument("--quiet", action="store_true")
-    args = p.parse_args()
+    return p
+
+
+def parse(p, argv):
+    """The arguments of one run, checked; p.error (SystemExit 2) on a bad combination."""
+    args = p.parse_args(argv)
     if args.mode == "single" and args.nproc != 1:
         p.error("--mode single runs one process; use --nproc 1")
     if args.mode != "fsdp2" and args.all_gather is not None:
@@ -834,9 +839,15 @@ def main():
         p.error(f"--replicate {args.replicate} does not divide --nproc {args.nproc}")
     if args.accum_mode == "no-all-reduce" and args.replicate == 1:
         p.error("--accum-mode no-all-reduce skips the all-reduce across replicas: give --replicate")
+    return args
+
+
+def run(args, isolated):
+    """One run: its ranks forked (CPU) or spawned (CUDA). With isolated, a one-rank run is forked
+    too, so that nothing it sets (threads, the process group, random state) reaches the next."""
     with tempfile.TemporaryDirectory(prefix="fsdp2_reference_") as tmp:
         args.rendezvous_file = os.path.join(tmp, "rendezvous")
-        if args.nproc == 1:
+        if args.nproc == 1 and not (isolated and args.device == "cpu"):
             train(0, 1, args)
             return
         import torch.multiprocessing as mp
@@ -848,6 +859,58 @@ def main():
             import torch.distributed.fsdp  # noqa: F401  (imported once, before the fork)
         mp.start_processes(_rank_main, args=(args.nproc, args), nprocs=args.nproc, join=True,
                            start_method="fork" if args.device == "cpu" else "spawn")
+
+
+def run_captured(fn):
+    """Runs fn with this process's stdout and stderr (and so its forked ranks') going to a file;
+    returns (whether it succeeded, what it printed)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        try:
+            fn()
+            ok = True
+        except BaseException:  # a rank's failure (ProcessRaisedException), SystemExit from p.error
+            traceback.print_exc()
+            ok = False
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+        out.seek(0)
+        return ok, out.read().decode(errors="replace")
+
+
+def run_jobs(p, path):
+    """--jobs FILE: a JSON list of command lines (strings, shell-quoted), each one run as if it
+    were this script's arguments, one after the other in this process, so Python and torch start
+    once (tests/support/reference_cache.h). Writes FILE.status: per job, ok and its output.
+    Exits 1 if any job failed, after running every one."""
+    import shlex
+    with open(path) as f:
+        jobs = json.load(f)
+    status = []
+    for job in jobs:
+        ok, output = run_captured(lambda: run(parse(p, shlex.split(job)), isolated=True))
+        status.append({"ok": ok, "output": output})
+        if not ok:
+            sys.stderr.write(f"fsdp2_reference.py: job {job!r} failed:\n{output}\n")
+    with open(path + ".status", "w") as f:
+        json.dump(status, f)
+    sys.exit(0 if all(s["ok"] for s in status) else 1)
+
+
+def main():
+    p = parser()
+    if len(sys.argv) == 3 and sys.argv[1] == "--jobs":
+        run_jobs(p, sys.argv[2])
+    run(parse(p, sys.argv[1:]), isolated=False)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdio>
+#include "support/command.h"
 
 namespace fsdp::data {
 namespace {
@@ -94,14 +95,8 @@ TEST(TokenCorpus, BadInputNamesFileAndLine) {
 
 // Runs fsdp-tokenize with args; returns (exit status, stderr).
 std::pair<int, std::string> run_tokenize(const std::string& args) {
-  const std::string cmd = std::string(FSDP_TOKENIZE_BIN) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  const test::CommandResult r = test::run_command(std::string(FSDP_TOKENIZE_BIN) + " " + args, 120);
+  return {r.exit_code, r.output};
 }
 
 TEST(FsdpTokenize, WritesTheShardTheLibraryGives) {

@@ -214,7 +214,7 @@ TEST(TokenizerDifferential, SameIdsAsHuggingFaceTokenizers) {
   const std::string cmd = "timeout -s KILL 600 '" + python() + "' '" + FSDP_SOURCE_DIR +
                           "/tests/data/tokenizer_reference.py' '" + out_dir + "' > '" + out_dir +
                           ".log' 2>&1";
-  std::filesystem::create_directories(out_dir);
+  test::make_directories(out_dir);
   const int rc = std::system(cmd.c_str());
   ASSERT_EQ(rc, 0) << "the reference script failed (" << cmd << "):\n"
                    << read_bytes(out_dir + ".log") << "\nIt needs Python's tokenizers in "

@@ -312,7 +312,7 @@ TEST_P(LargeRootMemory, PeakIsWithin2PercentOfTheMeasured) {
   constexpr int64_t kSeqLen = 16;  // few tokens: the logits stay far below wte's size
   // tokenizer_config.json (naming the EOS that separates documents) must sit beside it.
   const std::string dir = temp_path("large_root_" + c.name);
-  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  ASSERT_TRUE(make_directories(dir)) << dir;
   write_file(dir + "/tokenizer.json", gpt2_sized_tokenizer().dump());
   write_file(dir + "/tokenizer_config.json", R"({"eos_token": "<|endoftext|>"})");
   std::string text;

@@ -4,6 +4,7 @@
 // accumulation), set_all_reduce_hook (a hand-made HSDP), set_unshard_in_backward and
 // ignored_params; and the errors for bad settings.
 #include "runtime/gradient_reduction.h"
+#include "support/files.h"
 #include "support/gpt_case.h"
 #include "support/harness.h"
 #include "support/test_support.h"
@@ -530,8 +531,7 @@ TEST(IgnoredParams, StayWholeUnreducedAndSaved) {
     checkpoint::load_sharded(dir, *fresh, nullptr, group.get());
     EXPECT_TRUE(at::equal(fresh->head->bias, model->head->bias));
   });
-  const int removed = std::system(("rm -rf '" + dir + "'").c_str());
-  (void)removed;
+  remove_all(dir);
   const auto saved = checkpoint::load_safetensors(file);
   EmbedHead reference;
   ASSERT_TRUE(saved.count("head.bias"));

@@ -309,9 +309,13 @@ TEST(ShardPlacement, MemoryEstimateCountsTheShard1Padding) {
 // --- checkpoints and export across placements and world sizes (fsdp-train processes) ---
 
 // 8 steps on 12 sequences (W = 1 to 4 split them evenly), with AdamW state in the checkpoint.
-// Uninterrupted Shard(0) runs at W = 2, 3 and 4 end within 4.1e-6 of the single process here
-// (float32 rounding amplified by AdamW; seed 3 reaches 1.3e-5 at W = 3), so 1e-5 holds the
-// resumed runs to the same agreement, while a misplaced slice would be off by ~1e-2.
+// Uninterrupted Shard(0) runs end near the single process by float32 rounding that AdamW
+// amplifies in elements with near-zero gradients: within 4.1e-6 at W = 2, 3 and 4 on an earlier
+// VM (seed 3 reached 1.3e-5 at W = 3), and 1.69e-5 at W = 3 with seed 4 on an Intel Xeon VM
+// (2.2e-6 at W = 2), where the resumed runs that start at W = 3 inherit exactly that. So
+// kResumeBound = 5e-5 holds the resumed runs to the agreement of an uninterrupted run, while a
+// misplaced slice would be off by ~1e-2, 200 times more.
+constexpr double kResumeBound = 5e-5;
 const std::string kTrain = " --quiet --global-batch 12 --seq-len 16 --seed 4 --lr 1e-3";
 
 std::string train(const std::string& flags, int steps = 8) {
@@ -341,7 +345,7 @@ class ShardPlacementCheckpoint : public ::testing::Test {
         run_command(train(second + " --resume " + d + "/ckpt --export " + d + "/8.safetensors"));
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
     const double diff = max_abs_difference(*dir_ + "/ref.safetensors", d + "/8.safetensors");
-    EXPECT_LE(diff, 1e-5) << first << " then " << second;
+    EXPECT_LE(diff, kResumeBound) << first << " then " << second;
     std::cerr << "[shard placement] " << first << " -> " << second
               << ": max |weights - single process| after 8 steps " << diff << "\n";
   }

@@ -1,12 +1,14 @@
-// Small helpers for the checkpoint tests: fresh temporary directories and raw file bytes (to
-// truncate and corrupt files on purpose). POSIX calls, not std::filesystem: libtorch.so exports
-// a clashing copy of parts of std::filesystem (see src/checkpoint/file_util.h).
+// Small helpers for the checkpoint tests: models, fresh temporary directories and raw file bytes
+// (to truncate and corrupt files on purpose), over support/files.h's POSIX calls (see its
+// [Note: no std::filesystem near LibTorch]).
 #pragma once
 
 #include <fsdp/checkpoint/safetensors.h>
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
 #include <models/gpt2/gpt2.h>
+
+#include "support/files.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -54,39 +56,6 @@ inline double max_abs_difference(const std::string& a, const std::string& b) {
   return worst;
 }
 
-inline bool exists(const std::string& path) {
-  struct stat st;
-  return ::lstat(path.c_str(), &st) == 0;
-}
-
-inline int64_t file_size(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
-}
-
-inline std::vector<std::string> list_dir(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (const dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != "..") names.push_back(name);
-    }
-    ::closedir(d);
-  }
-  return names;
-}
-
-inline void remove_all(const std::string& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) return;
-  if (S_ISDIR(st.st_mode)) {
-    for (const auto& name : list_dir(path)) remove_all(path + "/" + name);
-    ::rmdir(path.c_str());
-  } else {
-    ::unlink(path.c_str());
-  }
-}
-
 // An empty directory under the test temp dir, unique per name and process.
 inline std::string temp_dir(const std::string& name) {
   std::string base = ::testing::TempDir();
@@ -95,16 +64,6 @@ inline std::string temp_dir(const std::string& name) {
   remove_all(dir);
   ::mkdir(dir.c_str(), 0755);
   return dir;
-}
-
-inline std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-inline void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 // Copies the regular files of a flat directory into a new directory to.

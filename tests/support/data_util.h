@@ -4,9 +4,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/files.h"
+
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -80,13 +81,10 @@ inline nlohmann::json tiny_tokenizer() {
 class TempDir {
  public:
   TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "fsdp_data_XXXXXX").string();
+    std::string tmpl = temp_root() + "/fsdp_data_XXXXXX";
     path_ = ::mkdtemp(tmpl.data());
   }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
+  ~TempDir() { remove_all(path_); }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
   const std::string& path() const { return path_; }
 

@@ -21,22 +21,6 @@
 
 namespace fsdp::test {
 
-CommandResult run_command(const std::string& command, int limit_s) {
-  const std::string cmd = "timeout -s KILL " + std::to_string(limit_s) + " " + command + " 2>&1";
-  CommandResult r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) {
-    r.output = "cannot start: " + cmd;
-    return r;
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
 std::string program_path(const std::string& name) {
   const char* dir = std::getenv("FSDP_BIN_DIR");
   return (dir != nullptr && *dir != '\0' ? std::string(dir) : std::string(".")) + "/" + name;

@@ -4,6 +4,9 @@
 
 #include <fsdp/comm/rendezvous.h>
 
+#include "support/command.h"
+#include "support/reference_cache.h"
+
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json_fwd.hpp>
 
@@ -26,17 +29,6 @@ std::vector<std::string> run_threads(int n, const std::function<void(int)>& fn);
 
 // The message of what fn throws, or "" if it returns normally.
 std::string error_message(const std::function<void()>& fn);
-
-// What a shell command printed (stdout and stderr, interleaved) and its exit status (128 + the
-// signal's number if a signal ended it).
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-// Runs command through the shell, killed after limit_s seconds so that a hang fails the test
-// instead of stalling the suite.
-CommandResult run_command(const std::string& command, int limit_s = 240);
 
 // A program of this build (fsdp-train, fsdp-estimate, ...): $FSDP_BIN_DIR/name, or ./name
 // (ctest runs the test binaries in the build directory, where the programs are).

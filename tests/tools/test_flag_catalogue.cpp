@@ -1,17 +1,30 @@
 // Every flag of every program, given bad values: negative, zero, NaN, infinite, huge, the wrong
-// type, a missing file, a directory where a file belongs and the reverse. Each run must exit
-// non-zero within seconds (before any training starts) with a message that names the flag.
+// type, a missing file, a directory where a file belongs and the reverse. Each must be refused
+// before any work starts, with a message that names the flag.
 //
-// The catalogue is checked against each program's --help: a flag added to a program without a
-// bad-value case here fails FlagCatalogue.CoversEveryFlag, so the walk stays complete.
+// The catalogue runs in process: each case goes through the program's own parse and checks
+// (tools/common/program.h's parse_and_check, which its main() runs too), so the message is the
+// one a user sees. A few cases per program also run as real processes, to prove the exit status,
+// that nothing starts and that it happens within seconds. The catalogue is checked against each
+// program's --help: a flag added without a bad-value case here fails
+// FlagCatalogueProcesses.CoversEveryFlag, so the walk stays complete.
 #include "support/test_support.h"
+
+#include <common/program.h>
+#include <fsdp_comm_bench/cli.h>
+#include <fsdp_estimate/cli.h>
+#include <fsdp_plan/cli.h>
+#include <fsdp_tokenize/cli.h>
+#include <fsdp_train/cli.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cctype>
 #include <chrono>
+#include <functional>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -288,42 +301,114 @@ const BadFlag kCatalogue[] = {
 };
 // clang-format on
 
-void PrintTo(const BadFlag& c, std::ostream* out) { *out << c.program << " " << c.args; }
+// The program's command line object, as its main() makes it.
+std::unique_ptr<tools::ProgramCli> make_cli(const std::string& program) {
+  static const std::map<std::string, std::function<std::unique_ptr<tools::ProgramCli>()>> made = {
+      {"fsdp-train", tools::make_train_cli},
+      {"fsdp-estimate", tools::make_estimate_cli},
+      {"fsdp-plan", tools::make_plan_cli},
+      {"fsdp-tokenize", tools::make_tokenize_cli},
+      {"fsdp-comm-bench", tools::make_comm_bench_cli}};
+  const auto it = made.find(program);
+  if (it == made.end()) throw std::runtime_error("no program " + program);
+  return it->second();
+}
 
-std::string case_name(const ::testing::TestParamInfo<BadFlag>& info) {
-  std::string name = std::string(info.param.program) + "_" + std::to_string(info.index);
-  for (char& c : name) {
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+// A command line as the shell splits it: words, and '...' quoting (the catalogue's only quotes).
+std::vector<std::string> shell_words(const std::string& line) {
+  std::vector<std::string> words;
+  std::string word;
+  bool quoted = false, any = false;
+  for (char ch : line) {
+    if (ch == '\'') {
+      quoted = !quoted;
+      any = true;
+    } else if (ch == ' ' && !quoted) {
+      if (any) words.push_back(word);
+      word.clear();
+      any = false;
+    } else {
+      word += ch;
+      any = true;
+    }
   }
-  return name;
+  if (any) words.push_back(word);
+  return words;
 }
 
-class FlagCatalogue : public ::testing::TestWithParam<BadFlag> {};
-
-TEST_P(FlagCatalogue, RefusedAtOnceNamingTheFlag) {
-  const BadFlag& c = GetParam();
-  const auto start = std::chrono::steady_clock::now();
-  const CommandResult r = run_command(program_path(c.program) + " " + c.args, 60);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_NE(r.exit_code, 0) << c.program << " " << c.args << " was accepted:\n" << r.output;
-  EXPECT_THAT(r.output, HasSubstr(c.flag)) << c.program << " " << c.args;
-  EXPECT_LT(seconds, kWithinSeconds) << c.program << " " << c.args;
-  // A message for a person, not a crash or a stack trace.
-  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("Exception raised from")));
-  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("terminate called")));
-  EXPECT_LT(r.exit_code, 128) << "killed by a signal: " << r.output;
+// A refusal for a person: non-zero status below 128, the flag named, no crash or stack trace.
+void expect_refused(const BadFlag& c, int exit_code, const std::string& output) {
+  EXPECT_NE(exit_code, 0) << c.program << " " << c.args << " was accepted:\n" << output;
+  EXPECT_THAT(output, HasSubstr(c.flag)) << c.program << " " << c.args;
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("Exception raised from")));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("terminate called")));
+  EXPECT_LT(exit_code, 128) << "killed by a signal: " << output;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllPrograms, FlagCatalogue, ::testing::ValuesIn(kCatalogue), case_name);
+// The control: a good command line passes the same parse and checks (so a harness that
+// refused everything could not pass the catalogue).
+TEST(FlagCatalogue, GoodCommandLinesPassInProcess) {
+  const std::pair<const char*, const char*> kGood[] = {
+      {"fsdp-train", "--steps 1 --nproc 2"},
+      {"fsdp-train", "--no-fsdp --steps 1 --activation-checkpoint"},
+      {"fsdp-estimate", "--world-size 4 --strategy hybrid_shard --replicate 2"},
+      {"fsdp-plan", FSDP_PLAN_HARDWARE_FLAG " --world-size 2 --sweep"},
+      {"fsdp-comm-bench", "--min-bytes 1K --max-bytes 1M"}};
+  for (const auto& [program, args] : kGood) {
+    auto cli = make_cli(program);
+    const tools::CheckOutcome outcome = tools::parse_and_check(*cli, shell_words(args));
+    EXPECT_EQ(outcome.exit_code, 0) << program << " " << args << ":\n" << outcome.output;
+    EXPECT_EQ(outcome.output, "") << program << " " << args;
+  }
+}
 
-// The flags a program's --help lists (CLI11 prints each option's names first on its line).
-std::set<std::string> flags_in_help(const std::string& program) {
-  const CommandResult r = run_command(program_path(program) + " --help", 60);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
+// Every case, in process: the program's parse and checks, as its main() runs them.
+TEST(FlagCatalogue, EveryBadValueIsRefusedNamingTheFlag) {
+  for (const BadFlag& c : kCatalogue) {
+    SCOPED_TRACE(std::string(c.program) + " " + c.args);
+    auto cli = make_cli(c.program);
+    const tools::CheckOutcome outcome = tools::parse_and_check(*cli, shell_words(c.args));
+    expect_refused(c, outcome.exit_code, outcome.output);
+  }
+}
+
+// Some cases as real processes: the exit status a shell sees, within seconds, before any rank
+// or work starts. One per kind of failure and program: CLI11's parse (a bad value, a missing
+// file), the checks after it (flags against each other, the machine), and for fsdp-train the
+// check of a launch's ranks.
+TEST(FlagCatalogueProcesses, ProgramsExitAtOnceNamingTheFlag) {
+  const BadFlag kAsProcesses[] = {
+      {"fsdp-train", "--lr", "--lr nan"},
+      {"fsdp-train", "--data", "--data /nonexistent/corpus.txt"},
+      {"fsdp-train", "--global-batch", "--global-batch 3"},
+      {"fsdp-train", "--nproc", "--nproc 500 --global-batch 500"},
+      {"fsdp-train", "--no-fsdp", "--no-fsdp --nproc 2"},
+      {"fsdp-estimate", "--world-size", "--world-size 0"},
+      {"fsdp-estimate", "--replicate", "--replicate 2"},
+      {"fsdp-plan", "--hardware", "--hardware /etc/hostname"},
+      {"fsdp-plan", "--output", "--calibrate"},
+      {"fsdp-tokenize", "--tokenizer",
+       "--tokenizer /etc/hostname --output /tmp/fsdp_flag_x.bin /etc/hostname"},
+      {"fsdp-tokenize", "input", "--tokenizer /etc/hostname --output /tmp/x.bin"},
+      {"fsdp-comm-bench", "--min-bytes", "--min-bytes 4X"},
+      {"fsdp-comm-bench", "--max-bytes", "--min-bytes 1M --max-bytes 1K"},
+  };
+  for (const BadFlag& c : kAsProcesses) {
+    SCOPED_TRACE(std::string(c.program) + " " + c.args);
+    const auto start = std::chrono::steady_clock::now();
+    const CommandResult r = run_command(program_path(c.program) + " " + c.args, 60);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    expect_refused(c, r.exit_code, r.output);
+    EXPECT_LT(seconds, kWithinSeconds);
+  }
+}
+
+// The flags a --help text lists (CLI11 prints each option's names first on its line).
+std::set<std::string> flags_in_help(const std::string& help) {
   std::set<std::string> flags;
   const std::regex option_line(R"(^\s+(-[-a-zA-Z0-9,]+))");
-  std::istringstream lines(r.output);
+  std::istringstream lines(help);
   for (std::string line; std::getline(lines, line);) {
     std::smatch m;
     if (!std::regex_search(line, m, option_line)) continue;
@@ -335,11 +420,15 @@ std::set<std::string> flags_in_help(const std::string& program) {
   return flags;
 }
 
-TEST(FlagCatalogueTest, CoversEveryFlag) {
+// Each program's --help (a process: exit status 0) lists flags that all have a case in the
+// catalogue.
+TEST(FlagCatalogueProcesses, CoversEveryFlag) {
   std::map<std::string, std::set<std::string>> covered;
   for (const BadFlag& c : kCatalogue) covered[c.program].insert(c.flag);
   for (const auto& [program, cases] : covered) {
-    const std::set<std::string> flags = flags_in_help(program);
+    const CommandResult r = run_command(program_path(program) + " --help", 60);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const std::set<std::string> flags = flags_in_help(r.output);
     EXPECT_GT(flags.size(), 5u) << program << "'s --help was not understood";
     for (const std::string& flag : flags) {
       if (flag == "--help") continue;

@@ -2,6 +2,7 @@
 // the model the tokenizer's vocabulary and a sharded run reproduces the --no-fsdp reference;
 // llm.c .bin shards train without a tokenizer, and an id beyond the model's vocabulary is
 // refused naming the shard.
+#include "support/files.h"
 #include "support/test_support.h"
 
 #include <fsdp/data/token_shard.h>
@@ -93,7 +94,7 @@ std::string tiny_tokenizer_json() {
 
 TEST(FsdpTrainData, TokenizedJsonLinesMatchTheReference) {
   const std::string dir = temp_path("tok");
-  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  ASSERT_TRUE(test::make_directories(dir)) << dir;
   write_file(dir + "/tokenizer.json", tiny_tokenizer_json());
   write_file(dir + "/tokenizer_config.json", R"({"eos_token": "<|endoftext|>"})");
   std::string docs, val;
@@ -139,7 +140,7 @@ TEST(FsdpTrainData, TokenizedJsonLinesMatchTheReference) {
 
 TEST(FsdpTrainData, ShardsTrainWithoutATokenizerAndOutOfVocabularyIdsAreNamed) {
   const std::string dir = temp_path("shards");
-  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  ASSERT_TRUE(test::make_directories(dir)) << dir;
   std::vector<uint32_t> a, b;
   for (uint32_t i = 0; i < 400; ++i) a.push_back((i * 7) % 50);
   for (uint32_t i = 0; i < 400; ++i) b.push_back((i * 11) % 50 + 100);

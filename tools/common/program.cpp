@@ -1,0 +1,73 @@
+// run_program and parse_and_check: one path through CLI11's parse and the checks, so the
+// program and the in-process flag catalogue print the same thing.
+#include <common/program.h>
+
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+namespace fsdp::tools {
+
+std::string ProgramCli::error_line(const std::exception& e) const {
+  return std::string(name()) + ": error: " + e.what();
+}
+
+namespace {
+
+// Parses args (after the program's name) into app; on CLI11's error (or --help) fills `outcome`
+// with what CLI11_PARSE would print and return, and returns false.
+bool parse(CLI::App& app, const std::vector<std::string>& args, CheckOutcome& outcome) {
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them reversed
+  try {
+    app.parse(reversed);
+    return true;
+  } catch (const CLI::ParseError& e) {
+    std::ostringstream out, err;
+    outcome.exit_code = app.exit(e, out, err);
+    outcome.output = out.str() + err.str();
+    return false;
+  }
+}
+
+// Calls fn; an exception becomes {1, cli.error_line(e) + "\n"}.
+template <typename Fn>
+CheckOutcome reporting(const ProgramCli& cli, Fn&& fn) {
+  try {
+    return {fn(), ""};
+  } catch (const std::exception& e) {
+    return {1, cli.error_line(e) + "\n"};
+  }
+}
+
+}  // namespace
+
+int run_program(ProgramCli& cli, int argc, char** argv) {
+  CLI::App app{cli.description()};
+  cli.add_flags(app);
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  CheckOutcome outcome;
+  if (!parse(app, args, outcome)) {
+    // CLI11 prints --help's text to stdout and errors to stderr.
+    std::fputs(outcome.output.c_str(), outcome.exit_code == 0 ? stdout : stderr);
+    return outcome.exit_code;
+  }
+  outcome = reporting(cli, [&] {
+    cli.check(app);
+    return cli.run(app, args);
+  });
+  std::fputs(outcome.output.c_str(), stderr);
+  return outcome.exit_code;
+}
+
+CheckOutcome parse_and_check(ProgramCli& cli, const std::vector<std::string>& args) {
+  CLI::App app{cli.description()};
+  cli.add_flags(app);
+  CheckOutcome outcome;
+  if (!parse(app, args, outcome)) return outcome;
+  return reporting(cli, [&] {
+    cli.check(app);
+    return 0;
+  });
+}
+
+}  // namespace fsdp::tools
