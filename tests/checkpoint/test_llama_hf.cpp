@@ -74,12 +74,11 @@ std::map<std::string, at::Tensor> sharded_tensors(const std::string& dir) {
 }
 
 TEST(LlamaHuggingFace, TransformersLoadsOurExportsAndWeLoadTheirShardedCheckpoints) {
-  const CommandResult probe =
-      run_command(python() + " -c 'import transformers, safetensors, torch'", 120);
-  ASSERT_EQ(probe.exit_code, 0)
-      << "the Hugging Face interop test needs transformers and safetensors in " << python()
-      << " (set FSDP_PYTHON or -DFSDP_PYTHON to another interpreter):\n"
-      << probe.output;
+  for (const char* package : {"transformers", "safetensors", "torch"}) {
+    ASSERT_NE(test::installed_version(python(), package), "")
+        << "the Hugging Face interop test needs " << package << " in " << python()
+        << " (set FSDP_PYTHON or -DFSDP_PYTHON to another interpreter)";
+  }
 
   const std::string dir = temp_dir("llama_hf");
   const std::string ours = dir + "/ours", ours_tied = dir + "/ours_tied";
@@ -118,10 +117,12 @@ TEST(LlamaHuggingFace, TransformersLoadsOurExportsAndWeLoadTheirShardedCheckpoin
                       {"logits", logits_of(config, path, input_ids)}});  // the directory
   }
 
-  const CommandResult checked =
-      run_command(python() + " " FSDP_SOURCE_DIR "/tests/checkpoint/llama_interop.py " + ours +
-                      " " + ours_tied + " " + theirs + " " + theirs_tied,
-                  300);
+  // transformers' side, cached by our files' bytes (support/reference_cache.h).
+  const test::ReferenceResult checked =
+      test::run_reference(python(), {FSDP_SOURCE_DIR "/tests/checkpoint/llama_interop.py",
+                                     ours + " " + ours_tied + " " + theirs + " " + theirs_tied,
+                                     {ours, ours_tied},
+                                     {theirs, theirs_tied}});
   ASSERT_EQ(checked.exit_code, 0) << checked.output;
   std::cout << checked.output;
   EXPECT_THAT(checked.output, HasSubstr("ours loads with no missing or unexpected keys"));

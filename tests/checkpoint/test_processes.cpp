@@ -194,13 +194,12 @@ at::Tensor logits_of(const std::string& model_file, const at::Tensor& input_ids)
 }
 
 TEST(CheckpointProcesses, TransformersLoadsOurExportAndWeLoadTheirs) {
-  const CommandResult probe =
-      run_command(python() + " -c 'import transformers, safetensors, torch'", 120);
-  ASSERT_EQ(probe.exit_code, 0)
-      << "the Hugging Face interop test needs transformers and safetensors in " << python()
-      << " (set FSDP_PYTHON to another interpreter, or run: " << python()
-      << " -m pip install transformers safetensors; scripts/run.sh test installs them):\n"
-      << probe.output;
+  for (const char* package : {"transformers", "safetensors", "torch"}) {
+    ASSERT_NE(test::installed_version(python(), package), "")
+        << "the Hugging Face interop test needs " << package << " in " << python()
+        << " (set FSDP_PYTHON to another interpreter, or run: " << python()
+        << " -m pip install transformers safetensors; scripts/run.sh test installs them)";
+  }
 
   const std::string dir = temp_dir("hf");
   const std::string ours = dir + "/ours", theirs = dir + "/theirs";
@@ -214,8 +213,10 @@ TEST(CheckpointProcesses, TransformersLoadsOurExportAndWeLoadTheirs) {
       ours + "/expected.safetensors",
       {{"input_ids", input_ids}, {"logits", logits_of(ours + "/model.safetensors", input_ids)}});
 
-  const CommandResult checked = run_command(
-      python() + " " FSDP_SOURCE_DIR "/tests/checkpoint/hf_interop.py " + ours + " " + theirs, 300);
+  // transformers' side, cached by our export's bytes (support/reference_cache.h).
+  const test::ReferenceResult checked = test::run_reference(
+      python(),
+      {FSDP_SOURCE_DIR "/tests/checkpoint/hf_interop.py", ours + " " + theirs, {ours}, {theirs}});
   ASSERT_EQ(checked.exit_code, 0) << checked.output;
   EXPECT_THAT(checked.output, HasSubstr("no missing or unexpected keys"));
 

@@ -52,6 +52,14 @@ foreach(line IN LISTS lines)
   string(SUBSTRING "${labels}" 1 -1 labels)
   string(REPLACE "," ";" labels "${labels}")
   list(REMOVE_DUPLICATES labels)
+  # ctest starts tests in descending COST when it has no timings of an earlier run (a fresh
+  # clone): the slow suites first, so that no long one starts last and runs alone.
+  set(cost 1)
+  if("slow" IN_LIST labels)
+    set(cost 1000)
+  elseif("multiprocess" IN_LIST labels)
+    set(cost 100)
+  endif()
   set(env "FSDP_BIN_DIR=${BIN_DIR}")
   if("quick" IN_LIST labels)
     string(APPEND env ";FSDP_TEST_NO_PROCESSES=1")
@@ -59,6 +67,6 @@ foreach(line IN LISTS lines)
   string(APPEND content
          "add_test([=[${suite}]=] \"${BINARY}\" [=[--gtest_filter=${suite}.*]=])\n"
          "set_tests_properties([=[${suite}]=] PROPERTIES LABELS [=[${labels}]=] TIMEOUT 900 "
-         "SKIP_RETURN_CODE 77 ENVIRONMENT [=[${env}]=])\n")
+         "SKIP_RETURN_CODE 77 COST ${cost} ENVIRONMENT [=[${env}]=])\n")
 endforeach()
 file(WRITE "${OUT}" "${content}")

@@ -6,6 +6,7 @@
 
 #include "data/normalize.h"
 #include "support/data_util.h"
+#include "support/reference_cache.h"
 
 #include <gtest/gtest.h>
 
@@ -211,16 +212,18 @@ TEST(Tokenizer, NfcComposesReordersAndKeepsNulBytes) {
 
 TEST(TokenizerDifferential, SameIdsAsHuggingFaceTokenizers) {
   const std::string out_dir = std::string(FSDP_DATA_TEST_DIR) + "/tokenizer_reference";
-  const std::string cmd = "timeout -s KILL 600 '" + python() + "' '" + FSDP_SOURCE_DIR +
-                          "/tests/data/tokenizer_reference.py' '" + out_dir + "' > '" + out_dir +
-                          ".log' 2>&1";
-  test::make_directories(out_dir);
-  const int rc = std::system(cmd.c_str());
-  ASSERT_EQ(rc, 0) << "the reference script failed (" << cmd << "):\n"
-                   << read_bytes(out_dir + ".log") << "\nIt needs Python's tokenizers in "
-                   << python() << ": install it with `" << python()
-                   << " -m pip install tokenizers==0.23.3` (or set FSDP_PYTHON to a "
-                      "python that has it), and Debian's fortunes (`apt-get install fortunes`).";
+  // tokenizers' side, cached by the fortunes' and the code's bytes (support/reference_cache.h).
+  test::ReferenceRun run{
+      FSDP_SOURCE_DIR "/tests/data/tokenizer_reference.py", out_dir, {}, {out_dir}};
+  run.lists_inputs = true;
+  run.limit_s = 600;
+  const test::ReferenceResult r = test::run_reference(python(), run);
+  ASSERT_EQ(r.exit_code, 0) << "the reference script failed:\n"
+                            << r.output << "\nIt needs Python's tokenizers in " << python()
+                            << ": install it with `" << python()
+                            << " -m pip install tokenizers==0.23.3` (or set FSDP_PYTHON to a "
+                               "python that has it), and Debian's fortunes (`apt-get install "
+                               "fortunes`).";
 
   const std::array<const char*, 13> categories = {
       "fortunes",    "code",         "digits",  "whitespace",   "emoji",          "cjk",

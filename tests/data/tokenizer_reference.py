@@ -12,6 +12,8 @@ Needs Python's `tokenizers` (pip install tokenizers==0.23.3) and Debian's `fortu
                           encode(doc.decode("utf-8", "replace"), add_special_tokens=False)
   OUT_DIR/summary.json    document and byte counts per category
 
+With --list-inputs it prints the files it would read and exits.
+
 Tokenizers (all byte-level BPE, as GPT-2, Llama 3 and Qwen2 ship):
   gpt2         ByteLevel pre-tokenizer with GPT-2's regex, merges as ["a", "b"] pairs,
                special <|endoftext|>, added (non-special, normalized) "<|sep|>" and " Fortune"
@@ -57,12 +59,24 @@ CATEGORIES = ["fortunes", "code", "digits", "whitespace", "emoji", "cjk", "scrip
               "contractions", "special", "invalid_utf8", "random_unicode", "mixed", "unnormalized"]
 
 
-def fortune_texts():
+def fortune_files():
     files = sorted(f for f in glob.glob(os.path.join(FORTUNES, "*"))
                    if not f.endswith((".dat", ".u8")) and os.path.isfile(f))
     if not files:
         sys.exit(f"no fortunes in {FORTUNES}; install them with `apt-get install fortunes`")
-    return [open(f, "rb").read() for f in files]
+    return files
+
+
+def fortune_texts():
+    return [open(f, "rb").read() for f in fortune_files()]
+
+
+def code_files(repo):
+    code = []
+    for pattern in ("src/**/*.cpp", "src/**/*.h", "include/**/*.h", "tools/**/*.cpp", "tests/**/*.py",
+                    "scripts/*.sh", "bench/*.sh", "models/**/*.cpp"):
+        code += glob.glob(os.path.join(repo, pattern), recursive=True)
+    return sorted(set(code))
 
 
 def train(texts, name):
@@ -247,11 +261,7 @@ def build_docs(repo, rng):
     for text in fortune_texts():
         for piece in text.split(b"\n%\n"):
             docs.append(("fortunes", piece))
-    code = []
-    for pattern in ("src/**/*.cpp", "src/**/*.h", "include/**/*.h", "tools/**/*.cpp", "tests/**/*.py",
-                    "scripts/*.sh", "bench/*.sh", "models/**/*.cpp"):
-        code += glob.glob(os.path.join(repo, pattern), recursive=True)
-    for path in sorted(set(code)):
+    for path in code_files(repo):
         docs.append(("code", open(path, "rb").read()))
     docs += list(synthetic(rng))
     # Mixed: concatenations of random slices of everything above.
@@ -265,7 +275,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
     ap.add_argument("--repo", default=os.path.join(os.path.dirname(__file__), "..", ".."))
+    ap.add_argument("--list-inputs", action="store_true",
+                    help="print every file this run reads (the fortunes, the repo's code), one a "
+                         "line, and exit: the test's result cache keys the run by their bytes")
     args = ap.parse_args()
+    if args.list_inputs:
+        print("\n".join(fortune_files() + code_files(args.repo)))
+        return
     os.makedirs(args.out_dir, exist_ok=True)
     rng = random.Random(20240520)
     texts = fortune_texts()

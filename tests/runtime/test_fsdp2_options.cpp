@@ -68,7 +68,7 @@ print(json.dumps(out))
 )PY";
   const std::string path = temp_path("divide_rules.py");
   { std::ofstream(path) << script; }
-  const CommandResult r = run_command(reference_python() + " " + path, 120);
+  const ReferenceResult r = run_reference(reference_python(), {path, "", {}, {}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto cases = nlohmann::json::parse(r.output.substr(r.output.find('[')));
   ASSERT_GT(cases.size(), 300u);

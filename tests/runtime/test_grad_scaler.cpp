@@ -56,10 +56,9 @@ const std::vector<nlohmann::json>& reference() {
                                  {"steps", kSteps}};
     const std::string path = test::temp_path("grad_scaler_spec.json");
     std::ofstream(path) << spec.dump();
-    const test::CommandResult r =
-        test::run_command(test::reference_python() +
-                              " " FSDP_SOURCE_DIR "/tests/runtime/grad_scaler_reference.py " + path,
-                          120);
+    const test::ReferenceResult r = test::run_reference(
+        test::reference_python(),
+        {FSDP_SOURCE_DIR "/tests/runtime/grad_scaler_reference.py", path, {path}, {}});
     EXPECT_EQ(r.exit_code, 0) << r.output;
     std::vector<nlohmann::json> parsed;
     std::istringstream in(r.output);

@@ -4,16 +4,17 @@
 // A cached result may stand in for a run only if the run could not have printed anything else.
 // The key therefore holds, each part length-prefixed so that no two parts can run together:
 // - a format version (bump it when what is stored changes);
-// - the bytes of the script and of every other .py file beside it (what it may import);
+// - the bytes of the script;
 // - the arguments, with each input and output path replaced by its role (<in0>, <out1>);
-// - the bytes of each input file, in order;
+// - the bytes of each input, in order (a directory's files by relative name, sorted), then of
+//   each file the script lists with --list-inputs, in its order;
 // - the Python environment: sys.version, the interpreter's real path, and the name and version
 //   of every installed distribution (torch, transformers, tokenizers, numpy, ...);
 // - the machine: the CPU's model name and instruction-set flags, the number of online CPUs, and
 //   the thread variables OMP_NUM_THREADS and MKL_NUM_THREADS (these choose the kernels and the
 //   reduction orders of a float result).
-// Anything the key does not hold must not change the result; that is why a reference script
-// takes every file it reads as an argument.
+// Anything the key does not hold must not change the result; that is why every file a reference
+// reads is an input, named by the test or listed by the script.
 #include "support/reference_cache.h"
 
 #include "support/command.h"
@@ -22,6 +23,7 @@
 #include <xxhash.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -44,7 +46,7 @@
 namespace fsdp::test {
 namespace {
 
-constexpr char kFormat[] = "fsdp-reference-cache 1";
+constexpr char kFormat[] = "fsdp-reference-cache 2";
 
 std::string read_file(const std::string& path) {
   if (!exists(path)) throw std::runtime_error("reference cache: cannot read " + path);
@@ -140,20 +142,67 @@ std::string normalized_args(const ReferenceRun& run) {
   return args;
 }
 
-// The script and every .py file beside it, in name order.
-void add_scripts(KeyHasher& key, const std::string& script) {
-  key.add(read_file(script));
-  const std::string dir = directory_of(script);
-  std::vector<std::string> siblings;
-  for (const auto& name : list_dir(dir)) {
-    const bool python = name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0;
-    if (python && dir + "/" + name != script) siblings.push_back(name);
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The files under dir, as paths relative to it, sorted.
+std::vector<std::string> files_under(const std::string& dir, const std::string& prefix = "") {
+  std::vector<std::string> files;
+  for (const auto& name : list_dir(dir + (prefix.empty() ? "" : "/" + prefix))) {
+    const std::string relative = prefix.empty() ? name : prefix + "/" + name;
+    if (is_directory(dir + "/" + relative)) {
+      for (auto& f : files_under(dir, relative)) files.push_back(std::move(f));
+    } else {
+      files.push_back(relative);
+    }
   }
-  std::sort(siblings.begin(), siblings.end());
-  for (const auto& name : siblings) {
-    key.add(name);
-    key.add(read_file(dir + "/" + name));
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// A file's bytes, or a directory's files (relative name, bytes).
+void add_input(KeyHasher& key, const std::string& path) {
+  if (!is_directory(path)) {
+    key.add(read_file(path));
+    return;
   }
+  for (const auto& relative : files_under(path)) {
+    key.add(relative);
+    key.add(read_file(path + "/" + relative));
+  }
+}
+
+// What the script says it reads besides its arguments (ReferenceRun::lists_inputs).
+std::vector<std::string> listed_inputs(const std::string& python, const ReferenceRun& run) {
+  const CommandResult r =
+      run_command("'" + python + "' '" + run.script + "' --list-inputs " + run.args, 60);
+  if (r.exit_code != 0) {
+    throw std::runtime_error("reference cache: " + run.script + " --list-inputs failed:\n" +
+                             r.output);
+  }
+  std::vector<std::string> paths;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty()) paths.push_back(line);
+  }
+  return paths;
+}
+
+// Copies a file, or a directory with everything under it, to `to`; returns whether all of it was.
+bool copy_tree(const std::string& from, const std::string& to) {
+  if (!is_directory(from)) {
+    make_directories(directory_of(to));
+    return write_bytes(to, read_bytes(from));
+  }
+  bool copied = make_directories(to);
+  for (const auto& relative : files_under(from)) {
+    const std::string target = to + "/" + relative;
+    copied = copied && make_directories(directory_of(target)) &&
+             write_bytes(target, read_bytes(from + "/" + relative));
+  }
+  return copied;
 }
 
 // "" when the cache is off.
@@ -171,8 +220,8 @@ bool restore(const std::string& dir, const ReferenceRun& run, ReferenceResult& r
     if (!exists(dir + "/" + output_name(i))) return false;
   }
   for (size_t i = 0; i < run.outputs.size(); ++i) {
-    make_directories(directory_of(run.outputs[i]));
-    if (!write_bytes(run.outputs[i], read_bytes(dir + "/" + output_name(i)))) {
+    remove_all(run.outputs[i]);
+    if (!copy_tree(dir + "/" + output_name(i), run.outputs[i])) {
       throw std::runtime_error("reference cache: cannot write " + run.outputs[i]);
     }
   }
@@ -192,7 +241,7 @@ void store(const std::string& dir, const ReferenceRun& run, const std::string& o
       dir + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   bool written = make_directories(tmp);
   for (size_t i = 0; i < run.outputs.size(); ++i) {
-    written = written && write_bytes(tmp + "/" + output_name(i), read_bytes(run.outputs[i]));
+    written = written && copy_tree(run.outputs[i], tmp + "/" + output_name(i));
   }
   written = written && write_bytes(tmp + "/output.txt", output);
   // rename(2) fails when another writer stored the same key first: theirs stays.
@@ -213,9 +262,14 @@ std::string quoted(const std::string& s) { return "'" + s + "'"; }
 std::string reference_key(const std::string& python, const ReferenceRun& run) {
   KeyHasher key;
   key.add(kFormat);
-  add_scripts(key, run.script);
+  key.add(read_file(run.script));
   key.add(normalized_args(run));
-  for (const auto& in : run.inputs) key.add(read_file(in));
+  for (const auto& in : run.inputs) add_input(key, in);
+  if (run.lists_inputs) {
+    // By content, in the order listed (the order the script reads them): a path names a
+    // place that differs between clones, not what the script sees.
+    for (const auto& in : listed_inputs(python, run)) add_input(key, in);
+  }
   key.add(environment_fingerprint(python));
   return key.hex();
 }

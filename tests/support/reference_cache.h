@@ -23,13 +23,19 @@ namespace fsdp::test {
 // One run of a Python reference script.
 struct ReferenceRun {
   std::string script;  // absolute path of the .py file
-  // The arguments after the script, as one shell string. Every file in it must be listed in
-  // `inputs` or `outputs`: the key replaces their paths by their roles, so a temporary
+  // The arguments after the script, as one shell string. Every file or directory in it must be
+  // listed in `inputs` or `outputs`: the key replaces their paths by their roles, so a temporary
   // directory that differs per run does not change the key.
   std::string args;
-  std::vector<std::string> inputs;   // files the script reads (their bytes are in the key)
-  std::vector<std::string> outputs;  // files the script writes (restored from the cache)
-  int limit_s = 300;                 // the run is killed after this many seconds
+  // Files and directories the script reads: their bytes (a directory's: every file under it,
+  // with its relative name) are in the key. Python modules it imports from this tree too.
+  std::vector<std::string> inputs;
+  // Files and directories the script writes: restored from the cache, a directory whole.
+  std::vector<std::string> outputs;
+  // The script also reads files it finds itself (a glob over a system directory): it prints
+  // them, one path a line, when run with --list-inputs before `args`, and they join the key.
+  bool lists_inputs = false;
+  int limit_s = 300;  // the run is killed after this many seconds
 };
 
 struct ReferenceResult {

@@ -494,27 +494,28 @@ const Case kLlamaBf16ParamDtypeFp32ReduceW4{
     kBf16,
     "llama-tiny"};
 
-// The cases above, in groups of five to seven: each group one test, its reference one launch.
-TEST(Fsdp2Parity, Fp32FullShardMatchesFsdp2AndOneProcess) {
+// The cases above, in groups of two to seven: each group a suite of its own (so ctest runs the
+// groups side by side), its reference one launch.
+TEST(Fsdp2ParityFullShard, Fp32MatchesFsdp2AndOneProcess) {
   run_cases({kNoFsdpMatchesPyTorchSingleProcess, kFullShardW1, kFullShardW2, kFullShardW4,
              kDecayAllW2, kNoReshardAfterForwardW2, kNoReshardAfterForwardW4});
 }
-TEST(Fsdp2Parity, ShardDim1AccumulationAndInt8AllGather) {
+TEST(Fsdp2ParityPlacementAndAccumulation, ShardDim1AccumulationAndInt8AllGather) {
   run_cases({kShardDim1W2, kShardDim1NoReshardAfterForwardW4, kGradAccumNoSyncW2,
              kGradAccumNoSyncW4, kInt8AllGatherW2});
 }
-TEST(Fsdp2Parity, MixedPrecisionBf16AndFp16) {
+TEST(Fsdp2ParityMixedPrecision, Bf16AndFp16MatchFsdp2) {
   run_cases({kBitIdenticalAtW1Fp32, kBitIdenticalAtW1Bf16, kBf16ParamDtypeW2,
              kBf16ParamDtypeFp32ReduceW4, kFp16GradScalerBitIdenticalAtW1, kFp16GradScalerW2,
              kFp16GradScalerFp32ReduceW4});
 }
-TEST(Fsdp2Parity, HybridShardAndDivideFactors) {
+TEST(Fsdp2ParityHybridShard, HybridShardAndDivideFactorsMatchFsdp2) {
   run_cases({kHybridShardW4, kHybridShardNoAllReduceAccumW4,
              kHybridShardDivideFactorEqualToShardSizeW4, kForceSumReductionW2,
              kForceSumWithDivideFactorW2, kDivideFactorW2});
 }
-TEST(Fsdp2Parity, NoShardMatchesDdp) { run_cases({kNoShardMatchesDdpW2, kNoShardMatchesDdpW4}); }
-TEST(Fsdp2Parity, Llama) {
+TEST(Fsdp2ParityDdp, NoShardMatchesDdp) { run_cases({kNoShardMatchesDdpW2, kNoShardMatchesDdpW4}); }
+TEST(Fsdp2ParityLlama, Fp32AndBf16MatchFsdp2) {
   run_cases({kLlamaBitIdenticalAtW1Fp32, kLlamaFullShardW2, kLlamaFullShardW4,
              kLlamaBf16ParamDtypeW2, kLlamaBitIdenticalAtW1Bf16, kLlamaBf16ParamDtypeFp32ReduceW4});
 }
@@ -534,7 +535,7 @@ const Case kOverMpiLlamaBf16ParamDtypeW2{"mpi_llama_bf16",
                                          kBf16,
                                          "llama-tiny",
                                          true};
-TEST(Fsdp2Parity, OverMpi) {
+TEST(Fsdp2ParityOverMpi, MpiBackendMatchesFsdp2AndDdp) {
   run_cases({kOverMpiFullShardW2, kOverMpiFullShardW4, kOverMpiNoShardMatchesDdpW4,
              kOverMpiLlamaBf16ParamDtypeW2});
 }
