@@ -9,16 +9,19 @@
 # PyTorch wheel and are not, so a report inside them is seen only where our code is on the
 # stack (a race, a bad access through our pointer). Every suppression is in
 # scripts/sanitizers/, each with the reason. The project's environment (.venv) must exist:
-# `bash scripts/run.sh build` makes it.
+# `bash scripts/run.sh build` makes it. Builds go through the shared compiler cache.
 #
 # The subsets:
-# - asan: the comm, runtime, checkpoint and models suites in process (ranks as threads: every
-#   collective, every strategy, mixed precision, prefetch, checkpoints that reshard), the
-#   desync and flight-recorder tests, and a 2-rank fsdp-train run of the default model; in a
-#   build with MPI also the mpi backend's suite as 4 ranks of an mpirun job and a 2-rank
-#   fsdp-train run over MPI. These
-#   cover the code whose bugs ASan finds (storage freed and refilled in place, copy-in and
-#   copy-out offsets, the ring reduce-scatter's chunk arithmetic, the safetensors parser).
+# - asan: every suite labelled sanitize (`ctest -L sanitize`): the in-process (quick) suites of
+#   the test binaries that tests/CMakeLists.txt marks SANITIZE, which cover every layer: comm
+#   (every collective, rendezvous, desync), runtime (every strategy, mixed precision, prefetch,
+#   offload, the stream schedule, custom collectives), checkpoint (formats, sharded and full
+#   checkpoints that reshard), estimate and planner, models, data (tokenizer, token shards,
+#   corpora) and the tools (every program's command line, the trainer's data loader). Then a
+#   2-rank fsdp-train run of the default model; in a build with MPI also the mpi backend's suite
+#   as 4 ranks of an mpirun job and a 2-rank fsdp-train run over MPI. These cover the code whose
+#   bugs ASan finds (storage freed and refilled in place, copy-in and copy-out offsets, the ring
+#   reduce-scatter's chunk arithmetic, the safetensors and tokenizer.json parsers).
 # - tsan: the comm suite and the runtime's multi-rank tests, where progress threads, gloo's
 #   threads and autograd's threads meet.
 set -euo pipefail
@@ -39,13 +42,9 @@ if [ "$mode" = asan ]; then
   # (uninstrumented, hidden-visibility typeinfo) makes it report every torch::nn module as a
   # wrong type. Everything else UBSan checks stays on, and any report fails the run.
   flags="-fsanitize=address,undefined -fno-sanitize=vptr -fno-sanitize-recover=undefined"
-  tests=(test_comm test_runtime test_checkpoint test_models fsdp-train)
+  tests=(fsdp_sanitize_tests fsdp-train)
   # CMake finds MPI through its compiler wrapper; with it, the build has the mpi backend.
   if command -v mpicc >/dev/null; then tests+=(test_mpi_backend); fi
-  # test_checkpoint's process tests (SIGKILL, a full disk) run fsdp-train many times over; the
-  # in-process cases cover the same code.
-  subset=("test_comm" "test_runtime" "test_models"
-          "test_checkpoint --gtest_filter=-CheckpointProcesses.*:DiskFullTest.*")
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:suppressions=$SUPP/asan.supp"
   export LSAN_OPTIONS="suppressions=$SUPP/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$SUPP/ubsan.supp"
@@ -91,6 +90,9 @@ cd "$build"
 if [ $# -gt 0 ]; then
   echo "== ctest $* under $mode"
   ctest --output-on-failure -j"$(nproc)" "$@" || status=$?
+elif [ "$mode" = asan ]; then
+  echo "== ctest -L sanitize under $mode"
+  ctest --output-on-failure -j"$(nproc)" -L sanitize || status=$?
 else
   for run in "${subset[@]}"; do
     echo "== $run under $mode"

@@ -7,7 +7,7 @@
 # LABEL_RULES (a file that sets FSDP_SUITE_LABEL_RULES: "REGEX=label,label" entries, every
 # matching entry's labels are the suite's, and a suite not labelled multiprocess is quick), EXTRA_LABELS
 # (comma-separated, added to every suite), EXCLUDE (a regex of suites registered elsewhere),
-# BIN_DIR (FSDP_BIN_DIR for the tests).
+# SANITIZE (true: the quick suites are also labelled sanitize), BIN_DIR (FSDP_BIN_DIR for the tests).
 #
 # Properties: a suite labelled quick runs with FSDP_TEST_NO_PROCESSES=1, so that a quick suite
 # that starts a process fails (tests/support/command.cpp); the tests' main() returns 77 when every
@@ -48,6 +48,9 @@ foreach(line IN LISTS lines)
   endif()
   if(EXTRA_LABELS)
     string(APPEND labels ",${EXTRA_LABELS}")
+  endif()
+  if(SANITIZE AND NOT labels MATCHES ",multiprocess")
+    string(APPEND labels ",sanitize")
   endif()
   string(SUBSTRING "${labels}" 1 -1 labels)
   string(REPLACE "," ";" labels "${labels}")

@@ -75,7 +75,6 @@ TEST_F(ReferenceCache, TheKeyFollowsInputBytesAndArgumentsButNotPaths) {
   EXPECT_FALSE(run_reference(python(), probe("b", "hellO")).from_cache);
   EXPECT_FALSE(run_reference(python(), probe("c", "hello", " --extra")).from_cache);
   EXPECT_EQ(launches(), 3);
-  // The restored output names the new place's files as the computed one named the old ones'.
   EXPECT_NE(reference_key(python(), probe("d", "hello")),
             reference_key(python(), probe("d", "hello", " --extra")));
 }

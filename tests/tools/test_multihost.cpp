@@ -250,7 +250,11 @@ TEST(MultiHostTest, ARankKilledOnOneHostEndsTheOtherHostNamingIt) {
   const auto after = seconds_after(marker, outcomes);
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(outcomes[r].exit_code, 0) << all_output(outcomes);
-    EXPECT_LT(after[r], timeout_s + 5) << "rank " << r << "\n" << all_output(outcomes);
+    // Within the timeout, twice over: a rank notices within one timeout, and then stops itself
+    // and its launcher's group; on a loaded 2-core machine that took more than the timeout +
+    // 5 s this bound was once. A rank that waited for anything else (the default 300 s, a hang)
+    // is far outside it.
+    EXPECT_LT(after[r], 2 * timeout_s) << "rank " << r << "\n" << all_output(outcomes);
   }
   // Rank 0 names the collective, and rank 3 among the ranks that never reported theirs (rank 1,
   // blocked behind rank 0 in the ring, reports only once rank 0 has gone). Its flight record is
@@ -291,7 +295,11 @@ TEST(MultiHostTest, ACutLinkEndsEveryRankWithinTheTimeout) {
   const auto after = seconds_after(marker, outcomes);
   for (int r = 0; r < 4; ++r) {
     EXPECT_NE(outcomes[r].exit_code, 0) << all_output(outcomes);
-    EXPECT_LT(after[r], timeout_s + 5) << "rank " << r << "\n" << all_output(outcomes);
+    // Within the timeout, twice over: a rank notices within one timeout, and then stops itself
+    // and its launcher's group; on a loaded 2-core machine that took more than the timeout +
+    // 5 s this bound was once. A rank that waited for anything else (the default 300 s, a hang)
+    // is far outside it.
+    EXPECT_LT(after[r], 2 * timeout_s) << "rank " << r << "\n" << all_output(outcomes);
     EXPECT_THAT(outcomes[r].output, AnyOf(HasSubstr("timed out"), HasSubstr("rank ")))
         << all_output(outcomes);
   }
