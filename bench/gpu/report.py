@@ -24,9 +24,9 @@
     report.py peak --hardware FILE --dtype bf16
         The dense peak FLOP/s of FILE (bench/hardware/*.json) for dtype.
 
-    report.py note --record FILE --kind KIND [KEY=VALUE ...]
-        Appends one record; a VALUE that parses as JSON is kept as such, "@PATH" embeds the JSON
-        file at PATH, anything else is a string.
+    report.py note --record FILE --kind KIND [KEY=VALUE | KEY:=JSON | KEY=@PATH ...]
+        Appends one record: KEY=VALUE a string, KEY:=JSON a number (or any JSON value), and
+        KEY=@PATH the JSON file at PATH.
 
     report.py summarize --work DIR --out DIR
         OUT/results.json (every record, the machine and the steps of OUT/status.tsv) and
@@ -139,21 +139,17 @@ def peak(args):
     return 0
 
 
-def parse_value(text):
-    if text.startswith("@"):
-        with open(text[1:]) as f:
-            return json.load(f)
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 def note(args):
     record = {"kind": args.kind}
     for item in args.items:
         key, _, value = item.partition("=")
-        record[key] = parse_value(value)
+        if key.endswith(":"):
+            record[key[:-1]] = json.loads(value)
+        elif value.startswith("@"):
+            with open(value[1:]) as f:
+                record[key] = json.load(f)
+        else:
+            record[key] = value
     append_record(args.record, record)
     return 0
 

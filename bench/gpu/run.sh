@@ -113,7 +113,7 @@ failures=0
 # status NAME RESULT SECONDS [WHY]: one row of status.tsv, then OUT's files again.
 status() {
   printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" >> "$OUT/status.tsv"
-  if [ "$2" = FAIL ] || [ "$2" = TIMEOUT ]; then failures=$((failures + 1)); fi
+  case "$1/$2" in */*/*) ;; */FAIL | */TIMEOUT) failures=$((failures + 1)) ;; esac  # steps only
   note "$1: $2${4:+ ($4)}"
   publish
 }
@@ -222,10 +222,10 @@ probe_machine() {
   versions="$("$PYTHON" -c 'import torch; n = torch.cuda.nccl.version() if torch.cuda.is_available() else ()
 print(torch.__version__, torch.version.cuda, ".".join(map(str, n)) or "n/a")' 2> /dev/null)"
   read -r torch_version cuda_version nccl_version <<< "$versions"
-  record machine gpu="${gpu:-none}" gpus="$GPUS" driver="${driver:-n/a}" \
+  record machine gpu="${gpu:-none}" gpus:="$GPUS" driver="${driver:-n/a}" \
     torch="${torch_version:-?}" cuda="${cuda_version:-?}" nccl="${nccl_version:-?}" \
     hardware="$(basename "$HARDWARE")" commit="$(git -C "$ROOT" log -1 --format=%h 2> /dev/null)" \
-    python="$PYTHON" cores="$JOBS"
+    python="$PYTHON" cores:="$JOBS"
   nvidia-smi > "$LOGS/nvidia-smi.log" 2>&1
 }
 
@@ -293,9 +293,16 @@ check_built() {
 # The tools a build needs that the machine must have itself (the image's, not staged).
 check_tools() {
   local tool
-  for tool in cmake ninja c++ ar tar; do
+  for tool in cmake ninja ar tar ldd; do
     command -v "$tool" > /dev/null || { echo "no $tool on PATH: the GPU image should have it" >&2; return 1; }
   done
+  command -v "${CXX:-c++}" > /dev/null || command -v g++ > /dev/null \
+    || { echo "no C++ compiler on PATH (\$CXX, c++ or g++)" >&2; return 1; }
+  {  # for the log; head may cut a pipe short, so their status is not the function's
+    cmake --version | head -1
+    "${CXX:-c++}" --version 2> /dev/null | head -1 || g++ --version | head -1
+    ldd --version | head -1
+  } || true
 }
 
 step_build() {
@@ -315,7 +322,7 @@ step_build() {
   started="$(date +%s)"
   run build_compile cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}"
   check compile $? "targets ${TARGETS[*]}, $JOBS jobs" || return 1
-  [ "$DRY" = 1 ] || record build compile_seconds=$(($(date +%s) - started)) jobs="$JOBS" \
+  [ "$DRY" = 1 ] || record build compile_seconds:=$(($(date +%s) - started)) jobs:="$JOBS" \
     ccache="${FSDP_CCACHE:-none}" targets="${TARGETS[*]}"
   fn build_check check_built; check libraries $? "every program's shared libraries resolve" || return 1
 }
@@ -328,9 +335,11 @@ step_ctest_cuda() {
   local rc=$? log="$LOGS/ctest_cuda.log"
   [ "$DRY" = 0 ] || return 0
   local passed skipped failed
-  passed="$(grep -c 'Passed' "$log")" skipped="$(grep -c 'Skipped' "$log")"
-  failed="$(grep -c '\*\*\*Failed\|\*\*\*Timeout\|\*\*\*Exception' "$log")"
-  record ctest label=cuda passed="$passed" skipped="$skipped" failed="$failed" exit="$rc"
+  # ctest's one line per test: " 1/3 Test #1: NcclCuda.OneRank...   Passed    5.21 sec"
+  passed="$(grep -cE '^ *[0-9]+/[0-9]+ Test +#.* Passed ' "$log")"
+  skipped="$(grep -cE '^ *[0-9]+/[0-9]+ Test +#.*Skipped' "$log")"
+  failed="$(grep -E '^ *[0-9]+/[0-9]+ Test +#' "$log" | grep -cvE ' Passed |Skipped')"
+  record ctest label=cuda passed:="$passed" skipped:="$skipped" failed:="$failed" exit:="$rc"
   # ctest passes a run whose tests all skipped; on a GPU machine "no CUDA device" is a failure.
   if grep -q 'No tests were found\|no CUDA device' "$log"; then
     check tests 1 "no cuda tests, or they found no CUDA device (logs/ctest_cuda.log)"
@@ -496,7 +505,7 @@ step_trace() {
   local out="$OUT/trace-llama-1b-rank0.json"
   cp "$dir/rank0.json" "$out" || return 1
   if [ "$(stat -c %s "$out")" -gt $((15 * 1024 * 1024)) ]; then gzip -f "$out" && out="$out.gz"; fi
-  record trace file="$(basename "$out")" bytes="$(stat -c %s "$out")"
+  record trace file="$(basename "$out")" bytes:="$(stat -c %s "$out")"
 }
 
 # ---- step: sanitizer ----
@@ -508,7 +517,7 @@ step_sanitizer() {
   [ "$DRY" = 0 ] || return 0
   local summary
   summary="$(cat "$WORK/logs/sanitizer/summary.txt" 2> /dev/null)"
-  record sanitizer exit="$rc" summary="${summary:-none}"
+  record sanitizer exit:="$rc" summary="${summary:-none}"
   if [ "$rc" = 3 ]; then
     STEP_NOTE="refused: $(cat "$WORK/logs/sanitizer/refused.txt" 2> /dev/null)"
     return 2
@@ -570,7 +579,7 @@ main() {
   done
   rm -rf "$WORK/init" "$WORK/equality" "$WORK/speed"  # gigabytes of weights and batches
   publish
-  note "summary: $OUT/summary.md ($failures failed)"
+  note "summary: $OUT/summary.md ($failures step(s) failed)"
   [ "$failures" = 0 ]
 }
 
