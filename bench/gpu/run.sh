@@ -458,7 +458,7 @@ speed_pair() {
   export_init "$model"; check "init_$model" $? || return 1
   local flops peak
   flops="$("$BUILD/fsdp-plan" --model "$model" --nproc 1 --global-batch "$batch" --seq-len "$seq" \
-    --param-dtype bf16 --json 2> "$LOGS/plan_$model.log" \
+    --param-dtype bf16 --hardware "$HARDWARE" --json 2> "$LOGS/plan_$model.log" \
     | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["model_flops_per_step"])' \
     2>> "$LOGS/plan_$model.log" || echo 0)"
   peak="$("$PYTHON" "$REPORT" peak --hardware "$HARDWARE" --dtype bf16 2>> "$LOGS/plan_$model.log" || echo 0)"
