@@ -17,7 +17,7 @@
 # 4. prints the build's wall time and what the compiler cache did.
 # Exit status: run.sh's (0: the build passed). OUT holds run.sh's files (summary.md first).
 #
-# [Note: the rehearsal's compiler cache]
+# [Note: the rehearsal compiler cache]
 # run.sh builds through ccache when the machine has it (scripts/lib/ccache_env.sh), with the
 # copy's root as ccache's base directory, so paths inside the copy are hashed relative to it.
 # The one path outside it is LibTorch's, in the python's site-packages: a venv (CI's is in a new
@@ -66,7 +66,8 @@ hidden_files() {
     done | sort -u
 }
 
-# The sandbox, as a script for unshare: $1 the list of files to hide, $2 the scratch folder.
+# The sandbox, as a script for unshare (its arguments: below), expanded there, not here.
+# shellcheck disable=SC2016
 SANDBOX_SCRIPT='
 set -euo pipefail
 hide="$1" scratch="$2" python="$3" tree="$4" out="$5" fixed_venv="$6" limit="$7"
@@ -84,7 +85,7 @@ with open(sys.argv[1]) as f:
 EOF
 mount -t overlay overlay -o "lowerdir=/usr,upperdir=$scratch/upper,workdir=$scratch/work" /usr
 venv="$(dirname "$(dirname "$python")")"
-if [ -f "$venv/pyvenv.cfg" ]; then  # see [Note: the rehearsal'"'"'s compiler cache]
+if [ -f "$venv/pyvenv.cfg" ]; then  # see [Note: the rehearsal compiler cache]
   mount --bind "$(realpath "$venv")" "$fixed_venv"
   python="$fixed_venv/bin/$(basename "$python")"
 fi

@@ -82,7 +82,7 @@ usage() {
 
 # ---- arguments ----
 
-[ $# -ge 1 ] && [ "${1:0:1}" != - ] || usage
+if [ $# -lt 1 ] || [ "${1:0:1}" = - ]; then usage; fi
 OUT="$(realpath -m "$1")"
 shift
 STEPS=("${ALL_STEPS[@]}")
@@ -306,6 +306,7 @@ check_tools() {
 }
 
 step_build() {
+  # shellcheck source=scripts/lib/ccache_env.sh
   FSDP_CCACHE_ROOT="$ROOT" . "$ROOT/scripts/lib/ccache_env.sh"
   # ccache hashes a precompiled header's users only when told the header is safe to trust.
   [ -z "${FSDP_CCACHE:-}" ] || export CCACHE_SLOPPINESS=pch_defines,time_macros
@@ -315,7 +316,7 @@ step_build() {
   check torch $? "$PYTHON: ${torch_prefix##*$'\n'}" || return 1
   [ "$DRY" = 0 ] || torch_prefix="<python3's torch.utils.cmake_prefix_path>"
   fn build_unpack unpack_stage
-  check unpack $? "$(ls "$STAGE"/*.deb 2> /dev/null | wc -l) staged packages into $DEPS" || return 1
+  check unpack $? "$(find "$STAGE" -name '*.deb' | wc -l) staged packages into $DEPS" || return 1
   build_googletest; check googletest $? || return 1
   configure "$torch_prefix"; check configure $? || return 1
   local started
