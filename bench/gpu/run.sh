@@ -308,8 +308,9 @@ check_tools() {
 step_build() {
   # shellcheck source=scripts/lib/ccache_env.sh
   FSDP_CCACHE_ROOT="$ROOT" . "$ROOT/scripts/lib/ccache_env.sh"
-  # ccache hashes a precompiled header's users only when told the header is safe to trust.
-  [ -z "${FSDP_CCACHE:-}" ] || export CCACHE_SLOPPINESS=pch_defines,time_macros
+  # ccache hashes a precompiled header's users only when told the header is safe to trust
+  # (what ccache_env.sh sets, where it does, is kept).
+  [ -z "${FSDP_CCACHE:-}" ] || export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros}"
   fn build_tools check_tools; check tools $? || return 1
   local torch_prefix
   torch_prefix="$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>&1)"
