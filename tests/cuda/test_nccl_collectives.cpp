@@ -2,7 +2,9 @@
 // one rank in this process and on two ranks as two processes, each result compared with the
 // gloo backend's on CPU copies of the same inputs; its counters against gloo's; a CPU tensor
 // refused; a collective one rank never joins timing out with an error that names the rank and
-// the op. Without a CUDA device every test skips, with the reason, and ctest shows it skipped.
+// the op, both when the host waits for it and when only a stream does (the watchdog's message,
+// naming the unit too). Without a CUDA device every test skips, with the reason, and ctest
+// shows it skipped.
 //
 // Two ranks need two processes: NCCL puts one rank per device per host in a communicator. With
 // two or more GPUs rank r uses device r; with one, each process gets its own NCCL_HOSTID (and
@@ -23,6 +25,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -194,6 +197,25 @@ void child_check(bool ok, const std::string& what) {
   std::cerr << "CHILD FAILURE: " << what << std::endl;
 }
 
+// Rank 0's side of a collective rank 1 never joins, waited on through a stream as the runtime
+// does on a device: wait_on_stream() returns at once, and once the deadline (3 s) has passed
+// the watchdog has broken the group with a message naming the unit, which the next call throws.
+void check_stream_wait_timeout(ProcessGroup& group) {
+  at::Tensor t = at::ones({16}, at::TensorOptions(group.device()));
+  const auto start = std::chrono::steady_clock::now();
+  {
+    const CollectiveLabel unit("h.3");
+    group.all_reduce(t, ReduceOp::kSum)->wait_on_stream();
+  }
+  child_check(std::chrono::steady_clock::now() - start < std::chrono::seconds(1),
+              "wait_on_stream() blocked the host");
+  std::this_thread::sleep_for(std::chrono::milliseconds(4000));  // the deadline, and 10 polls
+  const std::string message = error_message([&] { group.barrier()->wait(); });
+  child_check(message.find("all_reduce of unit 'h.3' timed out after 3000 ms waiting for rank 1 "
+                           "(a stream-ordered wait") != std::string::npos,
+              "stream-ordered timeout message: '" + message + "'");
+}
+
 // One rank of the two-process test; returns its exit status. Rank 1 skips the last collective,
 // which rank 0 must then report as timed out.
 int child_main() {
@@ -235,6 +257,7 @@ int child_main() {
   ProcessGroupOptions short_options = options;
   short_options.timeout = std::chrono::seconds(3);
   auto lonely = init_process_group(store, env.rank, env.world_size, short_options);
+  auto lonely_on_stream = init_process_group(store, env.rank, env.world_size, short_options);
   if (env.rank == 0) {
     at::Tensor t = at::ones({16}, at::TensorOptions(lonely->device()));
     const std::string message =
@@ -242,6 +265,7 @@ int child_main() {
     child_check(message.find("fsdp: rank 0 of 2: all_reduce timed out after 3000 ms waiting for "
                              "rank 1") != std::string::npos,
                 "timeout message: '" + message + "'");
+    check_stream_wait_timeout(*lonely_on_stream);
     tcp->set("timeout_checked", std::vector<uint8_t>{1});
     tcp->wait({"rank_1_done"});  // rank 0 hosts the store: it goes last
   } else {

@@ -55,9 +55,10 @@ class Work {
   // Orders the calling thread's current stream after the op, without blocking the host where
   // the backend can (nccl: c10d's stream wait); later work on that stream sees the result. The
   // runtime calls this on a device, where the host must stay free to issue the next unit.
-  // Backends whose ops run on the host (gloo, mpi) have no stream to order: they wait. A hung op
-  // under a stream-ordered wait is ended by the backend's own watchdog, not by wait()'s
-  // deadline (see the nccl backend).
+  // Backends whose ops run on the host (gloo, mpi) have no stream to order: they wait. The nccl
+  // backend holds a stream-ordered op to wait()'s deadline on a thread of its own: past it, the
+  // group breaks with the timeout message (rank, op, unit), which the next call on the group
+  // throws.
   virtual void wait_on_stream() { wait(); }
 
   // When the backend began and finished running the op (for timelines). Valid once

@@ -9,8 +9,11 @@
 // - A Work's deadline is options.timeout from the issue. wait() polls the op's completion
 //   event against it and, when it passes, breaks the group and aborts the communicator, so
 //   that the kernels still waiting for a peer end instead of holding the device. The error
-//   names the rank, the op and the timeout, like the gloo and MPI backends'. c10d's own
-//   watchdog gets a longer timeout (kWatchdogSlack more), so ours speaks first.
+//   names the rank, the op, the unit (the CollectiveLabel at the issue) and the timeout, like
+//   the gloo and MPI backends'. wait_on_stream() leaves the host free, so the group's
+//   StreamWatchdog applies the same deadline to it (see [Note: a deadline for stream-ordered
+//   waits]). c10d's own watchdog gets a longer timeout (kWatchdogSlack more), so ours speaks
+//   first.
 // - The first failure breaks the group for good, as for every backend: later calls throw
 //   quoting it.
 // - Reduce-scatter is NCCL's own (ncclReduceScatter): each rank sends (W-1)/W of the input.
@@ -21,6 +24,7 @@
 
 #include "../bootstrap.h"
 #include "../collective_checks.h"
+#include "../stream_watchdog.h"
 
 #include <fsdp/util/error.h>
 
@@ -29,6 +33,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -50,6 +55,10 @@ constexpr auto kWatchdogSlack = std::chrono::seconds(30);
 // How often wait() looks at an op's completion event once the op has run past kSpinFor.
 constexpr auto kSpinFor = std::chrono::microseconds(100);
 constexpr auto kPollInterval = std::chrono::microseconds(50);
+// How the messages of our timeouts end, after "... waiting for rank R".
+constexpr const char* kWaitAborted = " (the NCCL communicator was aborted)";
+constexpr const char* kStreamWaitAborted =
+    " (a stream-ordered wait; the fsdp watchdog aborted the NCCL communicator)";
 
 // Runs fn, a call into c10d that starts an operation, one at a time per process: c10d's flight
 // recorder is one per process and registers a group on its first collective without a lock
@@ -69,26 +78,25 @@ struct NcclState {
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{0};
+  // Owned by the group (it must not outlive the group's thread-safe teardown); Works reach it
+  // through here to watch their stream-ordered waits.
+  std::weak_ptr<StreamWatchdog> watchdog;
   std::mutex mutex;
   std::string broken;  // The first failure's message; empty while healthy.
 
-  // Records message as the group's first failure (unless there is one) and aborts the
-  // communicator, so that kernels waiting on a peer end. Returns message.
+  // Records message as the group's first failure and aborts the communicator, so that kernels
+  // waiting on a peer end. Returns message, naming the first failure too when there was one
+  // before (then the abort that failed this op is that failure's doing).
   std::string fail(std::string message) {
-    bool first = false;
     {
       std::lock_guard<std::mutex> lock(mutex);
-      if (broken.empty()) {
-        broken = message;
-        first = true;
-      }
+      if (!broken.empty()) return message + "; the group was broken before that by: " + broken;
+      broken = message;
     }
-    if (first) {
-      try {
-        pg->abort();
-      } catch (const std::exception&) {
-        // The abort is best effort; the error the caller gets is the op's.
-      }
+    try {
+      pg->abort();
+    } catch (const std::exception&) {
+      // The abort is best effort; the error the caller gets is the op's.
     }
     return message;
   }
@@ -105,12 +113,13 @@ std::exception_ptr error_at(const std::string& message) {
       c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message));
 }
 
-class NcclWork final : public Work {
+class NcclWork final : public Work, public std::enable_shared_from_this<NcclWork> {
  public:
   NcclWork(std::shared_ptr<NcclState> state, const char* op, c10::intrusive_ptr<c10d::Work> work,
            std::vector<at::Tensor> tensors, std::function<void()> on_success)
       : state_(std::move(state)),
         op_(op),
+        unit_(CollectiveLabel::current()),
         work_(std::move(work)),
         tensors_(std::move(tensors)),
         on_success_(std::move(on_success)),
@@ -125,9 +134,9 @@ class NcclWork final : public Work {
   }
 
   // c10d's wait: the caller's current stream waits for the op's end event; the host goes on
-  // (unless TORCH_NCCL_BLOCKING_WAIT is set). Our deadline is not enforced here, since the host
-  // does not wait: a hung op is ended by c10d's watchdog at the timeout plus kWatchdogSlack,
-  // with c10d's message. A later wait() on this Work still applies the deadline.
+  // (unless TORCH_NCCL_BLOCKING_WAIT is set). The group's watchdog then holds the op to its
+  // deadline (see [Note: a deadline for stream-ordered waits]); a later wait() on this Work
+  // applies the same deadline itself.
   void wait_on_stream() override {
     std::lock_guard<std::mutex> lock(mutex_);
     if (done_) {
@@ -141,10 +150,12 @@ class NcclWork final : public Work {
       finish(error_at(state_->fail(state_->prefix + op_ + " failed: " + error_message(e))));
       std::rethrow_exception(error_);
     }
+    watch_once();
   }
 
+  // Lock-free, so that the watchdog's poll never waits behind a wait() on another thread (which
+  // holds mutex_ until the op ends or its deadline passes): c10d's isCompleted is thread-safe.
   bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mutex_);
     if (done_) return true;
     try {
       return work_->isCompleted();
@@ -173,11 +184,22 @@ class NcclWork final : public Work {
   }
 
   std::exception_ptr timed_out() {
-    const std::string whom =
-        state_->size == 2 ? "rank " + std::to_string(1 - state_->rank) : "another rank";
-    return error_at(state_->fail(state_->prefix + op_ + " timed out after " +
-                                 std::to_string(state_->timeout.count()) + " ms waiting for " +
-                                 whom + " (the NCCL communicator was aborted)"));
+    return error_at(state_->fail(timeout_message(timed_op(), kWaitAborted)));
+  }
+
+  TimedOp timed_op() const {
+    return TimedOp{state_->prefix, op_, unit_, timeout_peer(state_->rank, state_->size),
+                   state_->timeout};
+  }
+
+  // Hands this op to the group's watchdog, the first time only. A group already destroyed has
+  // no watchdog; its communicator was shut down with it.
+  void watch_once() {
+    if (watched_) return;
+    watched_ = true;
+    if (auto watchdog = state_->watchdog.lock()) {
+      watchdog->watch(shared_from_this(), timed_op(), deadline_);
+    }
   }
 
   void finish(std::exception_ptr error) {
@@ -190,12 +212,14 @@ class NcclWork final : public Work {
 
   const std::shared_ptr<NcclState> state_;
   const char* const op_;
+  const std::string unit_;  // The CollectiveLabel at the issue: the FSDP unit, "" outside one.
   const c10::intrusive_ptr<c10d::Work> work_;
   std::vector<at::Tensor> tensors_;
   const std::function<void()> on_success_;
   const Clock::time_point deadline_;
   std::mutex mutex_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};
+  bool watched_ = false;
   std::exception_ptr error_;
 };
 
@@ -230,10 +254,14 @@ class NcclProcessGroup final : public ProcessGroup {
       TORCH_CHECK(false, state_->prefix, "NCCL could not connect the ranks on ", device_,
                   " within ", options.timeout.count(), " ms: ", error_message(e));
     }
+    watchdog_ = make_watchdog(state_);
+    state_->watchdog = watchdog_;
   }
 
-  // A healthy communicator is shut down; a broken one was aborted already.
+  // The watchdog stops first, so that no abort of its races with the shutdown. A healthy
+  // communicator is shut down; a broken one was aborted already.
   ~NcclProcessGroup() override {
+    watchdog_.reset();
     try {
       std::lock_guard<std::mutex> lock(state_->mutex);
       if (state_->broken.empty()) state_->pg->shutdown();
@@ -362,6 +390,18 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
  private:
+  // Its expiry breaks the group with our message, so the next call here throws it, and aborts
+  // the communicator. The host may not call the group again for a while (or at all, after a
+  // last step), so the message goes to stderr at once as well.
+  static std::shared_ptr<StreamWatchdog> make_watchdog(const std::shared_ptr<NcclState>& state) {
+    return std::make_shared<StreamWatchdog>(
+        [state](const std::string& message) {
+          TORCH_WARN(message);
+          state->fail(message);
+        },
+        kStreamWaitAborted);
+  }
+
   static c10d::ReduceOp c10d_op(ReduceOp op) {
     return op == ReduceOp::kAvg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
   }
@@ -383,6 +423,7 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
   const std::shared_ptr<NcclState> state_;
+  std::shared_ptr<StreamWatchdog> watchdog_;     // Shared only so Works can reach it weakly.
   const c10::intrusive_ptr<c10d::Store> store_;  // Where subgroups meet; a TCPStore server
                                                  // must outlive the group.
   const ProcessGroupOptions options_;            // For the groups split from this one.

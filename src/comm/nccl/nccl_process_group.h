@@ -24,7 +24,9 @@ namespace fsdp::detail {
 // Work::wait() of its collectives blocks the calling thread until the op completed on the
 // device, or throws after options.timeout from the issue (naming the rank and the op, and
 // aborting the communicator: the group is broken from then on); after it returns, the caller's
-// current CUDA stream is ordered after the op too.
+// current CUDA stream is ordered after the op too. Work::wait_on_stream() returns at once; the
+// group's watchdog then applies the same deadline, and on expiry breaks the group (the next
+// call throws the timeout message) and aborts the communicator.
 std::shared_ptr<ProcessGroup> make_nccl_process_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                       int rank, int world_size,
                                                       const ProcessGroupOptions& options);
