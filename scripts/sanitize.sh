@@ -57,6 +57,8 @@ fi
 
 # The compiler cache: see [Note: one compiler cache for every clone].
 FSDP_CCACHE_ROOT="$ROOT" . scripts/lib/ccache_env.sh
+# Without the cache, a .gch.sum left from a build with it would vouch for a newer .gch.
+[ -n "${FSDP_CCACHE:-}" ] || find "$build" -name '*.gch.sum' -delete 2>/dev/null || true
 echo "== configuring $build ($flags${FSDP_CCACHE:+, through ccache})"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_CXX_COMPILER_LAUNCHER="${FSDP_CCACHE:-}" -DCMAKE_C_COMPILER_LAUNCHER="${FSDP_CCACHE:-}" \

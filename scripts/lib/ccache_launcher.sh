@@ -9,8 +9,11 @@
 # on every source file that uses it. With sloppiness pch_external_checksum ccache hashes
 # X.gch.sum instead, if it exists. This script writes it from what determines the .gch:
 # the compiler, the command line with the clone's root made relative (as CCACHE_BASEDIR does),
-# and the contents of every header the .d file says the .gch was built from. Two .gch files with
-# equal sums were built from the same inputs by the same compiler, so either serves.
+# and the contents of every header the .d file says the .gch was built from (the clone's root
+# made relative in them too: CMake's generated header names src/pch.h by its absolute path). Two
+# .gch files with equal sums were built from the same inputs by the same compiler, so either
+# serves. (scripts/run.sh deletes the sums when it builds without the cache, so a .gch rebuilt
+# then cannot inherit an old sum.)
 set -uo pipefail
 ccache "$@" || exit $?
 out="" dep="" prev=""
@@ -20,13 +23,21 @@ for a in "$@"; do
 done
 case "$out" in *.gch) ;; *) exit 0 ;; esac
 [ -f "$dep" ] || { echo "ccache_launcher: $out was built without a dependency file (-MF)" >&2; exit 1; }
-base="${CCACHE_BASEDIR:-/nonexistent}"
-{
-  compiler="$(command -v "$1")"
-  "$compiler" --version | head -1
-  for a in "${@:2}"; do printf '%s\n' "${a//$base/.}"; done
-  # The .d file: "target: dep dep \" lines; every dep's content, in order. CMake's generated
-  # header #includes src/pch.h by its absolute path: made relative like the command line.
-  sed -e 's/^[^:]*://' -e 's/\\$//' "$dep" | tr ' ' '\n' | sed '/^$/d' | tr '\n' '\0' |
-    xargs -0 cat | sed "s|$base|.|g"
-} | sha256sum | cut -d' ' -f1 > "$out.sum"
+# The sum (Python: reading ~5,000 headers in one process): the compiler's version, the command
+# line, and the set of the headers' contents. A set, not a list: GCC's dependency file leaves out
+# a header whose twin (same bytes, same size and time: torch ships two python_stub.h) it already
+# read under #pragma once, and which twin it keeps differs between two installs of one wheel.
+python3 - "${CCACHE_BASEDIR:-/nonexistent}" "$dep" "$(command -v "$1")" "${@:2}" > "$out.sum" <<'PY'
+import hashlib, subprocess, sys
+base, dep, compiler, args = sys.argv[1].encode(), sys.argv[2], sys.argv[3], sys.argv[4:]
+text = open(dep).read().replace("\\\n", " ")
+headers = text.split(":", 1)[1].split()
+contents = {hashlib.sha256(open(h, "rb").read().replace(base, b".")).hexdigest() for h in headers}
+total = hashlib.sha256()
+total.update(subprocess.run([compiler, "--version"], capture_output=True).stdout.splitlines()[0])
+for a in args:
+    total.update(a.encode().replace(base, b".") + b"\0")
+for c in sorted(contents):
+    total.update(c.encode())
+print(total.hexdigest())
+PY
