@@ -60,10 +60,13 @@ FSDP_CCACHE_ROOT="$ROOT" . scripts/lib/ccache_env.sh
 # Without the cache, a .gch.sum left from a build with it would vouch for a newer .gch.
 [ -n "${FSDP_CCACHE:-}" ] || find "$build" -name '*.gch.sum' -delete 2>/dev/null || true
 echo "== configuring $build ($flags${FSDP_CCACHE:+, through ccache})"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$prefix" \
+# -O1 -g1 (line tables): the sanitizers' reports keep file:line in every frame, and a cold
+# build takes far less than RelWithDebInfo's -O2 -g, whose full debug info of LibTorch's
+# templates dominates compile and link time. See [Note: one compiler cache for every clone].
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=None -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_CXX_COMPILER_LAUNCHER="${FSDP_CCACHE:-}" -DCMAKE_C_COMPILER_LAUNCHER="${FSDP_CCACHE:-}" \
   -DFSDP_PYTHON="$PYTHON" -DFSDP_BUILD_BENCH=OFF \
-  -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" \
+  -DCMAKE_CXX_FLAGS="$flags -O1 -g1 -fno-omit-frame-pointer" \
   -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
 echo "== building ${tests[*]}"
 cmake --build "$build" -j"$(nproc)" --target "${tests[@]}" fsdp-estimate fsdp-tokenize

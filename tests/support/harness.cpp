@@ -194,7 +194,11 @@ void expect_bit_identical(const TrainRecord& reference, const TrainRecord& rank0
   for (const auto& [key, shard] : rank0.params) {
     const std::string& name = key;
     const at::Tensor& want = reference.params.at(name);
-    EXPECT_TRUE(at::equal(shard.reshape(want.sizes()), want)) << "parameter " << name;
+    const at::Tensor got = shard.reshape(want.sizes());
+    EXPECT_TRUE(at::equal(got, want))
+        << "parameter " << name << ": " << (got != want).sum().item<int64_t>() << " of "
+        << want.numel() << " elements differ, by at most "
+        << (got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>();
   }
 }
 
