@@ -2,7 +2,8 @@
 """Checks that every project include goes to the same layer or one below it.
 
 The layers, bottom up, are those of DESIGN.md: util, comm, mesh, runtime, then checkpoint and
-estimate, then models, then tools (the trainer and the other programs). data (tokenizers and
+estimate, then models, then train (the training pieces: job config, ...), then tools (the
+trainer program and the other programs). data (tokenizers and
 token files) stands apart: it needs nothing but util-like helpers of its own. CMake gives each
 layer its own target linking only the layers below; this check also catches an upward include
 of a header-only piece, which a link would not. Exits 1 listing every violation.
@@ -21,12 +22,13 @@ LAYERS = {
     "mesh": (2, ["include/fsdp/device_mesh.h", "src/device_mesh.cpp"]),
     "runtime": (3, ["include/fsdp/runtime/", "include/fsdp/detail/", "include/fsdp/fully_shard.h",
                     "include/fsdp/clip_grad.h", "include/fsdp/grad_scaler.h",
-                    "include/fsdp/activation_checkpoint.h",
+                    "include/fsdp/activation_checkpoint.h", "include/fsdp/sharding_strategy.h",
                     "src/runtime/"]),
     "checkpoint": (4, ["include/fsdp/checkpoint/", "src/checkpoint/"]),
     "estimate": (4, ["include/fsdp/memory_estimate.h", "src/estimate/"]),
     "models": (5, ["models/"]),
-    "tools": (6, ["tools/"]),
+    "train": (6, ["train/"]),
+    "tools": (7, ["tools/"]),
 }
 # data is a side branch: besides itself it may include nothing of the project.
 ISOLATED = {"data"}

@@ -13,7 +13,8 @@
 # [Note: what is staged, and why no runtime libraries]
 # Headers and static archives only, so the build leaves no shared library behind that the GPU
 # machine would have to find at run time:
-# - gloo (declarations only; its symbols come from libtorch_cpu), CLI11, nlohmann-json: headers;
+# - gloo (declarations only; its symbols come from libtorch_cpu), CLI11, nlohmann-json, toml++
+#   (compiled header-only): headers;
 # - xxhash, PCRE2, utf8proc: headers and the .a archives, linked statically (C code: they
 #   call nothing of libstdc++, and of glibc only symbols older than the floor checked below);
 # - GoogleTest and GoogleMock as source (Debian's `googletest`), built by run.sh with the GPU

@@ -613,41 +613,6 @@ class StepModel {
 
 }  // namespace
 
-ShardingStrategy parse_sharding_strategy(const std::string& name) {
-  if (name == "full_shard") return ShardingStrategy::kFullShard;
-  if (name == "shard_grad_op") return ShardingStrategy::kShardGradOp;
-  if (name == "no_shard") return ShardingStrategy::kNoShard;
-  if (name == "hybrid_shard") return ShardingStrategy::kHybridShard;
-  if (name == "whole_tensor") return ShardingStrategy::kWholeTensor;
-  TORCH_CHECK(false, "unknown sharding strategy '", name,
-              "'; valid: full_shard, shard_grad_op, no_shard, hybrid_shard, whole_tensor");
-}
-
-std::string to_string(ShardingStrategy strategy) {
-  switch (strategy) {
-    case ShardingStrategy::kFullShard:
-      return "full_shard";
-    case ShardingStrategy::kShardGradOp:
-      return "shard_grad_op";
-    case ShardingStrategy::kNoShard:
-      return "no_shard";
-    case ShardingStrategy::kHybridShard:
-      return "hybrid_shard";
-    case ShardingStrategy::kWholeTensor:
-      return "whole_tensor";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unhandled sharding strategy");
-}
-
-AccumulationMode parse_accumulation_mode(const std::string& name) {
-  if (name == "sync") return AccumulationMode::kSync;
-  if (name == "no-sync") return AccumulationMode::kNoSync;
-  if (name == "no-reshard") return AccumulationMode::kNoReshard;
-  if (name == "no-all-reduce") return AccumulationMode::kNoAllReduce;
-  TORCH_CHECK(false, "unknown accumulation mode '", name,
-              "'; valid: sync, no-sync, no-reshard, no-all-reduce");
-}
-
 int64_t padded_shard_rows(int64_t dim0, int shard_size) {
   TORCH_CHECK(shard_size >= 1, "shard size must be at least 1, got ", shard_size);
   return (dim0 + shard_size - 1) / shard_size;

@@ -34,15 +34,15 @@ using ::testing::HasSubstr;
 
 constexpr int kNoFsdp = 0;  // "world size" of the single-process reference
 
-train::TrainerOptions base_options() {
-  train::TrainerOptions o;
-  o.model = "tiny";
-  o.steps = 6;
-  o.global_batch = 12;  // divisible by 1, 2, 3 and 4
-  o.seq_len = 16;
-  o.lr = 3e-3;
-  o.seed = 5;
-  o.quiet = true;
+train::JobConfig base_options() {
+  train::JobConfig o;
+  o.model.name = "tiny";
+  o.training.steps = 6;
+  o.training.global_batch = 12;  // divisible by 1, 2, 3 and 4
+  o.training.seq_len = 16;
+  o.training.lr = 3e-3;
+  o.training.seed = 5;
+  o.metrics.quiet = true;
   return o;
 }
 
@@ -56,11 +56,11 @@ std::string world_name(int world) {
 }
 
 // Trains with o at world (kNoFsdp: the reference) and exports the final model.
-RunResult run(train::TrainerOptions o, int world, const std::string& export_path) {
-  o.export_path = export_path;
+RunResult run(train::JobConfig o, int world, const std::string& export_path) {
+  o.checkpoint.export_path = export_path;
   std::vector<train::StepRecord> steps;
   if (world == kNoFsdp) {
-    o.no_fsdp = true;
+    o.parallelism.no_fsdp = true;
     steps = train::train(o, nullptr).steps;
   } else {
     run_ranks_in_threads(
@@ -86,21 +86,21 @@ struct Layout {
     return world_name(world) + (strategy == "full_shard" ? "" : " " + strategy) +
            (replicate == 1 ? "" : " x" + std::to_string(replicate));
   }
-  train::TrainerOptions apply(train::TrainerOptions o) const {
-    o.strategy = strategy;
-    o.replicate = replicate;
+  train::JobConfig apply(train::JobConfig o) const {
+    o.parallelism.strategy = parse_sharding_strategy(strategy);
+    o.parallelism.replicate = replicate;
     return o;
   }
 };
 
 // Trains the first half, saves, then resumes in a new model and optimizer for the second half.
 RunResult save_then_resume(const Layout& from, const Layout& to, const std::string& dir) {
-  train::TrainerOptions first = from.apply(base_options());
-  first.steps = 3;
-  first.save_dir = dir + "/ckpt";
+  train::JobConfig first = from.apply(base_options());
+  first.training.steps = 3;
+  first.checkpoint.save_dir = dir + "/ckpt";
   run(first, from.world, dir + "/first.safetensors");
-  train::TrainerOptions second = to.apply(base_options());
-  second.resume_dir = dir + "/ckpt";
+  train::JobConfig second = to.apply(base_options());
+  second.checkpoint.resume = dir + "/ckpt";
   return run(second, to.world, dir + "/resumed.safetensors");
 }
 RunResult save_then_resume(int save_world, int resume_world, const std::string& dir) {
@@ -201,11 +201,11 @@ torch::optim::AdamW make_optimizer(const torch::nn::Module& model) {
 
 // A checkpoint of the tiny model after 3 steps at 2 ranks, under dir/ckpt.
 std::string tiny_checkpoint(const std::string& dir) {
-  train::TrainerOptions o = base_options();
-  o.steps = 3;
-  o.save_dir = dir + "/ckpt";
+  train::JobConfig o = base_options();
+  o.training.steps = 3;
+  o.checkpoint.save_dir = dir + "/ckpt";
   run(o, 2, dir + "/export.safetensors");
-  return o.save_dir;
+  return o.checkpoint.save_dir;
 }
 
 TEST(ShardedCheckpoint, LoadFillsEveryRanksRowsAndZeroesPadding) {

@@ -145,7 +145,7 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--gradient-divide-factor", "--gradient-divide-factor 2 --no-fsdp"},
     {"fsdp-train", "--force-sum-reduction", "--force-sum-reduction=maybe"},
     {"fsdp-train", "--force-sum-reduction", "--force-sum-reduction --no-fsdp"},
-    {"fsdp-train", "--prefetch", "--prefetch 2"},
+    {"fsdp-train", "--prefetch", "--prefetch 65"},
     {"fsdp-train", "--prefetch", "--prefetch -1"},
     {"fsdp-train", "--wrap-policy", "--wrap-policy blocks"},
     {"fsdp-train", "--wrap-policy", "--wrap-policy min-params:0"},
@@ -164,6 +164,18 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--export", "--export /"},
     {"fsdp-train", "--export", "--export /etc/hostname/model.safetensors"},
     {"fsdp-train", "--export-dtype", "--export-dtype fp8"},
+    {"fsdp-train", "--export-max-shard-bytes", "--export-max-shard-bytes -1"},
+    {"fsdp-train", "--export-max-shard-bytes", "--export-max-shard-bytes 1e9"},
+    {"fsdp-train", "--vocab-size", "--vocab-size 0"},
+    {"fsdp-train", "--vocab-size", "--vocab-size 100"},  // fewer than the 256 byte ids fed
+    {"fsdp-train", "--n-positions", "--n-positions 0"},
+    {"fsdp-train", "--n-positions", "--n-positions 32"},  // shorter than --seq-len 64
+    {"fsdp-train", "--n-embd", "--n-embd -32"},
+    {"fsdp-train", "--n-layer", "--n-layer many"},
+    {"fsdp-train", "--n-head", "--n-head 5"},  // does not divide n_embd 32
+    {"fsdp-train", "--config", "--config /nonexistent/job.toml"},
+    {"fsdp-train", "--config", "--config /"},
+    {"fsdp-train", "--print-config", "--print-config=maybe"},
     {"fsdp-train", "--init-from", "--init-from /nonexistent/model.safetensors"},
     {"fsdp-train", "--init-from", "--init-from /"},
     {"fsdp-train", "--dump-batches", "--dump-batches /"},

@@ -5,10 +5,6 @@
 // wrong with a path; these do.
 #pragma once
 
-#include <fsdp/comm/rendezvous.h>
-
-#include <c10/util/Exception.h>
-#include <torch/cuda.h>
 #include <CLI/CLI.hpp>
 
 #include <sys/stat.h>
@@ -176,37 +172,6 @@ inline CLI::Validator output_dir(bool created_with_parents = false) {
         return problem.empty() ? "" : "cannot create '" + p + "': " + problem;
       },
       "DIR");
-}
-
-// --backend: auto (what fsdp::default_backend picks for the launch: mpi under mpirun when the
-// build has it, else gloo) or one of this build's backends, checked at parse time.
-inline void add_backend_flag(CLI::App& app, std::string& backend) {
-  std::vector<std::string> choices = fsdp::available_backends();
-  choices.insert(choices.begin(), "auto");
-  app.add_option("--backend", backend,
-                 "Communication backend: auto (mpi under mpirun when built with MPI, else gloo), "
-                 "or one of this build's: gloo and mpi move CPU tensors, nccl CUDA tensors")
-      ->check(CLI::IsMember(choices))
-      ->capture_default_str();
-}
-
-// Refuses --backend nccl when this process sees no CUDA device, naming the count, before any
-// rank starts (each rank would refuse it too, but later and once per rank).
-inline void check_backend_has_device(const std::string& backend) {
-  if (backend != "nccl") return;
-  const int devices = static_cast<int>(torch::cuda::device_count());  // an int8_t: print a number
-  TORCH_CHECK(devices > 0,
-              "--backend nccl moves CUDA tensors, but this machine has no CUDA device "
-              "(torch::cuda::device_count() is ",
-              devices, "); use --backend gloo on the CPU");
-}
-
-// A program about to launch its own local ranks refuses --backend mpi (MPI's ranks are the
-// processes mpirun starts) and --backend nccl without a CUDA device.
-inline void check_backend_launches_locally(const std::string& backend, const char* program) {
-  TORCH_CHECK(backend != "mpi", "--backend mpi needs its ranks started by MPI: run mpirun -np N ",
-              program, " ... (or srun --mpi=pmix), not --nproc");
-  check_backend_has_device(backend);
 }
 
 }  // namespace fsdp::tools

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -53,6 +54,8 @@ int exit_code_of(int status) {
 
 }  // namespace
 
+bool started_by_launch_local_ranks() { return std::getenv(kLocalRankMarker) != nullptr; }
+
 int launch_local_ranks(int nproc, const std::vector<std::string>& args) {
   TORCH_CHECK(nproc >= 1, "--nproc must be at least 1, got ", nproc);
   // Rank 0's store takes over a socket bound here, so no other launcher can take the port
@@ -77,6 +80,7 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args) {
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv(kLocalRankMarker, "1", 1);
       std::vector<char*> argv;
       std::string self = "/proc/self/exe";
       argv.push_back(self.data());

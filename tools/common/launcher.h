@@ -8,6 +8,12 @@
 
 namespace fsdp::tools {
 
+// Set in the environment of the ranks launch_local_ranks starts: such a process is a rank,
+// whatever its settings say of launching (a --config file's [launch] nproc, read again by
+// each rank, must not make the ranks launch ranks of their own).
+inline constexpr const char* kLocalRankMarker = "FSDP_LOCAL_LAUNCH_RANK";
+bool started_by_launch_local_ranks();
+
 // Runs `/proc/self/exe args...` as ranks 0..nproc-1 and waits for all of them. If one fails,
 // the others are stopped (SIGTERM, then SIGKILL after a grace period) and a message naming
 // the rank and how it ended goes to stderr. Returns 0 when every rank exited 0, else the

@@ -39,21 +39,46 @@ CheckOutcome reporting(const ProgramCli& cli, Fn&& fn) {
   }
 }
 
+// Defines cli's flags on app and parses args into it, after the settings of --config's file;
+// false with outcome filled on an error or --help.
+bool define_and_parse(ProgramCli& cli, CLI::App& app, const std::vector<std::string>& args,
+                      CheckOutcome& outcome) {
+  cli.add_flags(app);
+  ConfigFlags* settings = cli.config_flags();
+  if (settings == nullptr) return parse(app, args, outcome);
+  settings->add_config_options();
+  std::vector<std::string> all;
+  outcome = reporting(cli, [&] {
+    all = settings->file_args(args);
+    return 0;
+  });
+  if (outcome.exit_code != 0) return false;
+  all.insert(all.end(), args.begin(), args.end());
+  return parse(app, all, outcome);
+}
+
+// --print-config: the settings, checked, on stdout.
+bool printed_config(ProgramCli& cli) {
+  ConfigFlags* settings = cli.config_flags();
+  if (settings == nullptr || !settings->print_config_asked()) return false;
+  std::fputs(settings->to_toml().c_str(), stdout);
+  return true;
+}
+
 }  // namespace
 
 int run_program(ProgramCli& cli, int argc, char** argv) {
   CLI::App app{cli.description()};
-  cli.add_flags(app);
   const std::vector<std::string> args(argv + 1, argv + argc);
   CheckOutcome outcome;
-  if (!parse(app, args, outcome)) {
+  if (!define_and_parse(cli, app, args, outcome)) {
     // CLI11 prints --help's text to stdout and errors to stderr.
     std::fputs(outcome.output.c_str(), outcome.exit_code == 0 ? stdout : stderr);
     return outcome.exit_code;
   }
   outcome = reporting(cli, [&] {
     cli.check(app);
-    return cli.run(app, args);
+    return printed_config(cli) ? 0 : cli.run(app, args);
   });
   std::fputs(outcome.output.c_str(), stderr);
   return outcome.exit_code;
@@ -61,9 +86,8 @@ int run_program(ProgramCli& cli, int argc, char** argv) {
 
 CheckOutcome parse_and_check(ProgramCli& cli, const std::vector<std::string>& args) {
   CLI::App app{cli.description()};
-  cli.add_flags(app);
   CheckOutcome outcome;
-  if (!parse(app, args, outcome)) return outcome;
+  if (!define_and_parse(cli, app, args, outcome)) return outcome;
   return reporting(cli, [&] {
     cli.check(app);
     return 0;

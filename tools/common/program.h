@@ -5,6 +5,8 @@
 // per case. No LibTorch here: fsdp-tokenize does not link it.
 #pragma once
 
+#include <common/config_flags.h>
+
 #include <CLI/CLI.hpp>
 
 #include <exception>
@@ -31,11 +33,15 @@ class ProgramCli {
   virtual int run(const CLI::App& app, const std::vector<std::string>& args) = 0;
   // The line printed for an error that check() or run() threw (without its newline).
   virtual std::string error_line(const std::exception& e) const;
+  // A program whose add_flags() defines its settings through ConfigFlags returns them here
+  // (valid until the next add_flags()); it then also takes --config FILE and --print-config.
+  virtual ConfigFlags* config_flags() { return nullptr; }
 };
 
-// main(): parses argv into cli, checks, runs. A parse error prints CLI11's message and returns
-// its exit code; an error thrown by check() or run() prints cli.error_line() on stderr and
-// returns 1.
+// main(): parses argv into cli (after --config's file, when the program takes one), checks,
+// runs (or with --print-config prints the settings on stdout and returns 0). A parse error prints
+// CLI11's message and returns its exit code; an error thrown by check() or run() prints
+// cli.error_line() on stderr and returns 1.
 int run_program(ProgramCli& cli, int argc, char** argv);
 
 // What run_program does before run(): the exit status and what it printed. A command line that

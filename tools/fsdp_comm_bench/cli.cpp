@@ -8,6 +8,7 @@
 
 #include "fsdp_comm_bench/bench.h"
 
+#include <common/backend_flags.h>
 #include <common/cli_checks.h>
 #include <common/launcher.h>
 #include <common/torch_program.h>

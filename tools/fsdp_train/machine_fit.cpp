@@ -16,25 +16,23 @@
 namespace fsdp::train {
 namespace {
 
-MemoryEstimateOptions estimate_options(const TrainerOptions& o, int world) {
+MemoryEstimateOptions estimate_options(const JobConfig& o, int world) {
+  const ParallelismConfig& p = o.parallelism;
   MemoryEstimateOptions options;
-  const ShardingStrategy strategy = parse_sharding_strategy(o.strategy);
   options.world_size(world)
-      .strategy(strategy)
-      .replicate(strategy == ShardingStrategy::kHybridShard ? o.replicate : 1)
-      .prefetch(o.prefetch)
-      .grad_accum(o.grad_accum)
-      .accumulation(parse_accumulation_mode(o.accum_mode))
-      .reshard_after_forward_size(o.reshard_after_forward == 0   ? 1
-                                  : o.reshard_after_forward == 1 ? 0
-                                                                 : o.reshard_after_forward)
-      .evenness_priority(o.evenness_priority)
-      .shard_dim(o.shard_dim)
-      .fsdp(!o.no_fsdp);
-  if (auto dtype = dtype_flag("--param-dtype", o.param_dtype); dtype && *dtype != at::kFloat) {
-    options.param_dtype(*dtype);
-  }
-  if (auto dtype = dtype_flag("--reduce-dtype", o.reduce_dtype)) options.reduce_dtype(*dtype);
+      .strategy(p.strategy)
+      .replicate(p.strategy == ShardingStrategy::kHybridShard ? p.replicate : 1)
+      .prefetch(p.prefetch)
+      .grad_accum(o.training.grad_accum)
+      .accumulation(o.training.accum_mode)
+      .reshard_after_forward_size(p.reshard_after_forward == 0   ? 1
+                                  : p.reshard_after_forward == 1 ? 0
+                                                                 : p.reshard_after_forward)
+      .evenness_priority(p.evenness_priority)
+      .shard_dim(p.shard_dim)
+      .fsdp(!p.no_fsdp);
+  if (p.param_dtype != at::kFloat) options.param_dtype(p.param_dtype);
+  if (p.reduce_dtype.has_value()) options.reduce_dtype(*p.reduce_dtype);
   return options;
 }
 
@@ -47,12 +45,12 @@ std::string gib(int64_t bytes) {
 
 }  // namespace
 
-int64_t local_ranks_bytes(const TrainerOptions& o, int world, int local_ranks) {
+int64_t local_ranks_bytes(const JobConfig& o, int world, int local_ranks) {
   const MemoryEstimateOptions options = estimate_options(o, world);
   const at::ScalarType compute = options.param_dtype().value_or(at::kFloat);
-  const int64_t micro_batch = o.global_batch / world / o.grad_accum;
-  const ModelMemorySpec spec =
-      model_spec_of(o)->memory_spec(micro_batch, o.seq_len, compute, o.activation_checkpoint);
+  const int64_t micro_batch = o.training.global_batch / world / o.training.grad_accum;
+  const ModelMemorySpec spec = model_spec_of(o)->memory_spec(
+      micro_batch, o.training.seq_len, compute, o.model.activation_checkpoint);
   int64_t rank_bytes = estimate_memory(spec, options).total_bytes;
   if (options.strategy() == ShardingStrategy::kWholeTensor) {
     // Built whole before it is partitioned: every rank holds the full fp32 model first.
@@ -72,15 +70,15 @@ int64_t available_memory_bytes() {
   return -1;
 }
 
-void check_ranks_fit_memory(const TrainerOptions& o, int world, int local_ranks) {
+void check_ranks_fit_memory(const JobConfig& o, int world, int local_ranks) {
   const int64_t available = available_memory_bytes();
   if (available < 0) return;  // not Linux: nothing to compare with
   int64_t needed = 0;
   try {
     needed = local_ranks_bytes(o, world, local_ranks);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "--global-batch ", o.global_batch, " and --seq-len ", o.seq_len, " on ",
-                world, " ranks: ", e.what_without_backtrace());
+    TORCH_CHECK(false, "--global-batch ", o.training.global_batch, " and --seq-len ",
+                o.training.seq_len, " on ", world, " ranks: ", e.what_without_backtrace());
   }
   TORCH_CHECK(needed <= available, "--nproc ", local_ranks, ": ", local_ranks,
               " ranks of this run need about ", gib(needed), " (each ", gib(kProcessFootprintBytes),

@@ -16,7 +16,7 @@ constexpr int64_t kProcessFootprintBytes = int64_t{464} << 20;
 
 // The bytes local_ranks ranks of this run need on this machine: each its process footprint
 // plus fsdp-estimate's prediction of its peak tensor bytes.
-int64_t local_ranks_bytes(const TrainerOptions& options, int world, int local_ranks);
+int64_t local_ranks_bytes(const JobConfig& options, int world, int local_ranks);
 
 // The kernel's estimate of memory available to new processes (MemAvailable in /proc/meminfo),
 // in bytes; -1 where it cannot be read.
@@ -24,6 +24,6 @@ int64_t available_memory_bytes();
 
 // Throws, naming --nproc, the bytes needed and the bytes available, when local_ranks ranks
 // of this run cannot fit the memory available now. Call after validate().
-void check_ranks_fit_memory(const TrainerOptions& options, int world, int local_ranks);
+void check_ranks_fit_memory(const JobConfig& options, int world, int local_ranks);
 
 }  // namespace fsdp::train

@@ -10,13 +10,6 @@
 
 namespace fsdp::train {
 
-LrScheduleKind parse_lr_schedule(const std::string& name) {
-  if (name == "constant") return LrScheduleKind::kConstant;
-  if (name == "cosine") return LrScheduleKind::kCosine;
-  if (name == "wsd") return LrScheduleKind::kWsd;
-  TORCH_CHECK(false, "--lr-schedule must be constant, cosine or wsd, got '", name, "'");
-}
-
 double lr_at(const LrSchedule& s, int64_t step) {
   if (step < s.warmup_steps) {
     return s.peak_lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);

@@ -3,15 +3,11 @@
 // uninterrupted one takes.
 #pragma once
 
+#include <train/job_config.h>
+
 #include <cstdint>
-#include <string>
 
 namespace fsdp::train {
-
-enum class LrScheduleKind { kConstant, kCosine, kWsd };
-
-// "constant", "cosine", "wsd"; throws naming --lr-schedule and the value otherwise.
-LrScheduleKind parse_lr_schedule(const std::string& name);
 
 struct LrSchedule {
   LrScheduleKind kind = LrScheduleKind::kConstant;

@@ -65,7 +65,7 @@ TokenDataset from_ids(const std::vector<uint32_t>& ids, std::string source) {
 }
 
 // --data or --val-data SPEC (flag names it in messages).
-TokenDataset load_spec(const TrainerOptions& o, const std::string& flag, const std::string& spec,
+TokenDataset load_spec(const JobConfig& o, const std::string& flag, const std::string& spec,
                        data::Tokenizer* tokenizer, int64_t model_vocab) {
   if (tokenizer == nullptr && !all_shards(spec)) {
     const auto files = data::expand_data_spec(spec);
@@ -76,7 +76,7 @@ TokenDataset load_spec(const TrainerOptions& o, const std::string& flag, const s
   }
   data::CorpusOptions options;
   options.tokenizer = tokenizer;
-  options.text_field = o.text_field;
+  options.text_field = o.data.text_field;
   options.vocab_size = static_cast<uint64_t>(model_vocab);
   const data::TokenCorpus corpus = data::TokenCorpus::load(spec, options);
   return from_ids(corpus.tokens(), flag + " '" + spec + "'");
@@ -98,27 +98,27 @@ TokenDataset embedded_part(data::Tokenizer* tokenizer, size_t begin, size_t end,
 
 }  // namespace
 
-bool feeds_bytes(const TrainerOptions& o) {
-  return o.tokenizer_path.empty() && (o.data_path.empty() || !all_shards(o.data_path));
+bool feeds_bytes(const JobConfig& o) {
+  return o.data.tokenizer.empty() && (o.data.path.empty() || !all_shards(o.data.path));
 }
 
 int64_t tokenizer_vocab_size(const std::string& path) { return load_tokenizer(path)->vocab_size(); }
 
-Datasets load_datasets(const TrainerOptions& o, int64_t model_vocab) {
+Datasets load_datasets(const JobConfig& o, int64_t model_vocab) {
   std::unique_ptr<data::Tokenizer> tokenizer;
-  if (!o.tokenizer_path.empty()) {
-    tokenizer = load_tokenizer(o.tokenizer_path);
-    TORCH_CHECK(int64_t(tokenizer->vocab_size()) <= model_vocab, "--tokenizer ", o.tokenizer_path,
-                " has ", tokenizer->vocab_size(), " ids, more than model '", o.model,
+  if (!o.data.tokenizer.empty()) {
+    tokenizer = load_tokenizer(o.data.tokenizer);
+    TORCH_CHECK(int64_t(tokenizer->vocab_size()) <= model_vocab, "--tokenizer ", o.data.tokenizer,
+                " has ", tokenizer->vocab_size(), " ids, more than model '", o.model.name,
                 "''s vocabulary of ", model_vocab);
   }
   std::optional<TokenDataset> val;
-  if (!o.val_data_path.empty()) {
-    val.emplace(load_spec(o, "--val-data", o.val_data_path, tokenizer.get(), model_vocab));
+  if (!o.data.val_path.empty()) {
+    val.emplace(load_spec(o, "--val-data", o.data.val_path, tokenizer.get(), model_vocab));
   }
   std::optional<TokenDataset> train;
-  if (!o.data_path.empty()) {
-    train.emplace(load_spec(o, "--data", o.data_path, tokenizer.get(), model_vocab));
+  if (!o.data.path.empty()) {
+    train.emplace(load_spec(o, "--data", o.data.path, tokenizer.get(), model_vocab));
   } else {
     // The first 90% trains and the last 10% is held out, so the default run shows a user
     // how well the model generalizes, not only how well it fits.
@@ -130,8 +130,8 @@ Datasets load_datasets(const TrainerOptions& o, int64_t model_vocab) {
                                 "the embedded corpus (its last 10%, held out)"));
     }
   }
-  train->check_seq_len(o.seq_len);
-  if (val) val->check_seq_len(o.seq_len);
+  train->check_seq_len(o.training.seq_len);
+  if (val) val->check_seq_len(o.training.seq_len);
   return Datasets{std::move(*train), std::move(val)};
 }
 

@@ -30,10 +30,10 @@ struct Datasets {
 // Loads both. model_vocab: every id must be below it (the model's vocabulary). Throws naming the
 // file and what is wrong (missing, unreadable, an id out of range, too short for one window of
 // seq_len + 1 tokens).
-Datasets load_datasets(const TrainerOptions& options, int64_t model_vocab);
+Datasets load_datasets(const JobConfig& options, int64_t model_vocab);
 
 // Whether the tokens are a text's bytes (no tokenizer, and --data not all .bin shards).
-bool feeds_bytes(const TrainerOptions& options);
+bool feeds_bytes(const JobConfig& options);
 
 // The vocabulary size of the tokenizer.json at path (its BOS/EOS config is not needed for it).
 int64_t tokenizer_vocab_size(const std::string& path);

@@ -179,47 +179,50 @@ void write_int64s(std::ofstream& out, const at::Tensor& values) {
             static_cast<std::streamsize>(v.numel() * sizeof(int64_t)));
 }
 
-LrSchedule lr_schedule_of(const TrainerOptions& o) {
+LrSchedule lr_schedule_of(const JobConfig& o) {
   LrSchedule s;
-  s.kind = parse_lr_schedule(o.lr_schedule);
-  s.peak_lr = o.lr;
-  s.min_lr = o.min_lr;
-  s.warmup_steps = o.warmup_steps;
-  s.decay_frac = o.decay_frac;
-  s.total_steps = o.steps;
+  s.kind = o.training.lr_schedule;
+  s.peak_lr = o.training.lr;
+  s.min_lr = o.training.min_lr;
+  s.warmup_steps = o.training.warmup_steps;
+  s.decay_frac = o.training.decay_frac;
+  s.total_steps = o.training.steps;
   return s;
 }
 
 // What decides the learning rate of every step; a resume must match it. The total number of
 // steps only matters to schedules that decay.
-nlohmann::json lr_schedule_json(const TrainerOptions& o) {
+nlohmann::json lr_schedule_json(const JobConfig& o) {
   return {
-      {"lr_schedule", o.lr_schedule},   {"lr", o.lr},
-      {"warmup_steps", o.warmup_steps}, {"min_lr", o.min_lr},
-      {"decay_frac", o.decay_frac},     {"total_steps", o.lr_schedule == "constant" ? 0 : o.steps}};
+      {"lr_schedule", name_of(lr_schedule_names(), o.training.lr_schedule)},
+      {"lr", o.training.lr},
+      {"warmup_steps", o.training.warmup_steps},
+      {"min_lr", o.training.min_lr},
+      {"decay_frac", o.training.decay_frac},
+      {"total_steps", o.training.lr_schedule == LrScheduleKind::kConstant ? 0 : o.training.steps}};
 }
 
 // What a checkpoint records about the run: the options that decide the model and the batches,
 // and the data position (batches are a pure function of (seed, step), so the next step is the
 // position; the rest makes a mismatch visible).
-nlohmann::json trainer_json(const TrainerOptions& o) {
-  return {{"model", o.model},
-          {"seed", o.seed},
-          {"global_batch", o.global_batch},
-          {"seq_len", o.seq_len},
-          {"lr", o.lr},
-          {"weight_decay", o.weight_decay},
-          {"decay_all", o.decay_all},
-          {"max_grad_norm", o.max_grad_norm},
-          {"no_fsdp", o.no_fsdp},
-          {"reshard_after_forward", o.reshard_after_forward},
-          {"data_path", o.data_path},
-          {"tokenizer", o.tokenizer_path},
-          {"text_field", o.text_field},
+nlohmann::json trainer_json(const JobConfig& o) {
+  return {{"model", o.model.name},
+          {"seed", o.training.seed},
+          {"global_batch", o.training.global_batch},
+          {"seq_len", o.training.seq_len},
+          {"lr", o.training.lr},
+          {"weight_decay", o.training.weight_decay},
+          {"decay_all", o.training.decay_all},
+          {"max_grad_norm", o.training.max_grad_norm},
+          {"no_fsdp", o.parallelism.no_fsdp},
+          {"reshard_after_forward", o.parallelism.reshard_after_forward},
+          {"data_path", o.data.path},
+          {"tokenizer", o.data.tokenizer},
+          {"text_field", o.data.text_field},
           {"schedule", lr_schedule_json(o)}};
 }
 
-std::string run_state_json(const TrainerOptions& o, const TokenDataset& data, int64_t next_step,
+std::string run_state_json(const JobConfig& o, const TokenDataset& data, int64_t next_step,
                            int64_t skipped_steps) {
   const nlohmann::json j = {{"trainer", trainer_json(o)},
                             {"skipped_steps", skipped_steps},
@@ -227,14 +230,14 @@ std::string run_state_json(const TrainerOptions& o, const TokenDataset& data, in
                              {{"source", data.source()},
                               {"tokens", data.size()},
                               {"next_step", next_step},
-                              {"seed", o.seed},
-                              {"global_batch", o.global_batch},
-                              {"seq_len", o.seq_len}}}};
+                              {"seed", o.training.seed},
+                              {"global_batch", o.training.global_batch},
+                              {"seq_len", o.training.seq_len}}}};
   return j.dump();
 }
 
 // Rank 0's note when a run resumes with settings that change the batches or the model.
-void report_resume_mismatches(const TrainerOptions& o, const std::string& user_json) {
+void report_resume_mismatches(const JobConfig& o, const std::string& user_json) {
   const auto saved = nlohmann::json::parse(user_json, nullptr, false);
   if (!saved.is_object() || !saved.contains("trainer") || !saved["trainer"].is_object()) return;
   const nlohmann::json& t = saved["trainer"];
@@ -251,7 +254,7 @@ void report_resume_mismatches(const TrainerOptions& o, const std::string& user_j
 // A resume must train on the same data with the same learning rates as the run it continues:
 // every rank refuses a checkpoint whose trainer JSON says otherwise (older checkpoints, without
 // these keys, are taken as they are).
-void check_resume_compatible(const TrainerOptions& o, const std::string& user_json) {
+void check_resume_compatible(const JobConfig& o, const std::string& user_json) {
   const auto saved = nlohmann::json::parse(user_json, nullptr, false);
   if (!saved.is_object() || !saved.contains("trainer") || !saved["trainer"].is_object()) return;
   const nlohmann::json& t = saved["trainer"];
@@ -269,209 +272,7 @@ void check_resume_compatible(const TrainerOptions& o, const std::string& user_js
               "--decay-frac (and --steps, for a decaying schedule)");
 }
 
-// The byte-level data feeds token ids 0..255.
-constexpr int64_t kByteVocab = 256;
-
 }  // namespace
-
-// --model, with --vocab-size's override (TrainerOptions::vocab_size) applied.
-std::shared_ptr<const models::ModelSpec> model_spec_of(const TrainerOptions& o) {
-  const auto spec = models::model_spec(o.model);
-  if (o.vocab_size == 0 && o.tokenizer_path.empty()) return spec;
-  TORCH_CHECK(o.vocab_size >= 0, "vocab_size must be positive (or 0: the model's own), got ",
-              o.vocab_size);
-  models::SizeOverrides overrides;
-  // A tokenizer's vocabulary is the model's, unless vocab_size says otherwise.
-  overrides.vocab_size = o.vocab_size != 0 ? o.vocab_size : tokenizer_vocab_size(o.tokenizer_path);
-  return spec->with_overrides(overrides);
-}
-
-std::optional<int64_t> parse_wrap_policy(const std::string& value) {
-  if (value == "block") return std::nullopt;
-  const std::string prefix = "min-params:";
-  const std::string digits =
-      value.compare(0, prefix.size(), prefix) == 0 ? value.substr(prefix.size()) : "";
-  const bool is_number = !digits.empty() && digits.size() <= 18 &&
-                         digits.find_first_not_of("0123456789") == std::string::npos;
-  const int64_t n = is_number ? std::stoll(digits) : 0;
-  TORCH_CHECK(n >= 1, "--wrap-policy must be block or min-params:N with N >= 1 parameter elements ",
-              "(at most 18 digits), got '", value, "'");
-  return n;
-}
-
-std::optional<int64_t> parse_all_gather(const std::string& value) {
-  if (value == "fp") return std::nullopt;
-  if (value == "int8") return Int8AllGather::kDefaultBlockSize;
-  const std::string prefix = "int8:";
-  const std::string digits =
-      value.compare(0, prefix.size(), prefix) == 0 ? value.substr(prefix.size()) : "";
-  const bool is_number = !digits.empty() && digits.size() <= 9 &&
-                         digits.find_first_not_of("0123456789") == std::string::npos;
-  const int64_t block = is_number ? std::stoll(digits) : 0;
-  TORCH_CHECK(block >= 1, "--all-gather must be fp, int8 or int8:BLOCK with BLOCK >= 1 elements ",
-              "per scale (at most 9 digits), got '", value, "'");
-  return block;
-}
-
-std::optional<at::ScalarType> dtype_flag(const std::string& flag, const std::string& value) {
-  if (value.empty()) return std::nullopt;
-  if (value == "fp32") return at::kFloat;
-  if (value == "bf16") return at::kBFloat16;
-  if (value == "fp16") return at::kHalf;
-  TORCH_CHECK(false, flag, " must be fp32, bf16 or fp16, got '", value, "'");
-}
-
-namespace {
-
-void validate_schedule_and_val(const TrainerOptions& o) {
-  parse_lr_schedule(o.lr_schedule);
-  TORCH_CHECK(o.warmup_steps >= 0, "--warmup-steps must be non-negative, got ", o.warmup_steps);
-  TORCH_CHECK(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr ", o.min_lr, " must be in [0, --lr ",
-              o.lr, "]");
-  TORCH_CHECK(o.decay_frac >= 0 && o.decay_frac <= 1, "--decay-frac must be in [0, 1], got ",
-              o.decay_frac);
-  TORCH_CHECK(o.val_every >= 0, "--val-every must be non-negative, got ", o.val_every);
-  TORCH_CHECK(o.val_batches >= 1, "--val-batches must be at least 1, got ", o.val_batches);
-}
-
-// --all-gather int8 quantizes the all-gathers of parameters: there must be some.
-void validate_all_gather(const TrainerOptions& o, int shard_group) {
-  if (!parse_all_gather(o.all_gather).has_value()) return;
-  TORCH_CHECK(!o.no_fsdp, "--all-gather ", o.all_gather,
-              " quantizes FSDP's all-gather of parameters; --no-fsdp has none");
-  TORCH_CHECK(o.strategy != "whole_tensor", "--all-gather ", o.all_gather,
-              " quantizes the all-gather of Shard(0) placement; --strategy whole_tensor broadcasts "
-              "whole tensors instead");
-  const int gathering = o.strategy == "no_shard" ? 1 : shard_group;
-  TORCH_CHECK(gathering > 1, "--all-gather ", o.all_gather,
-              " quantizes the all-gather of parameters, but --strategy ", o.strategy, " on ",
-              o.strategy == "hybrid_shard" ? shard_group * o.replicate : shard_group,
-              " rank(s) leaves a shard group of 1 rank, which gathers nothing");
-}
-
-// --strategy, --accum-mode and the settings that depend on them.
-void validate_sharding(const TrainerOptions& o, int world) {
-  TORCH_CHECK(o.accum_mode == "sync" || o.accum_mode == "no-sync" || o.accum_mode == "no-reshard" ||
-                  o.accum_mode == "no-all-reduce",
-              "--accum-mode must be sync, no-sync, no-reshard or no-all-reduce, got '",
-              o.accum_mode, "'");
-  TORCH_CHECK(
-      o.accum_mode != "no-all-reduce" || o.strategy == "hybrid_shard" || o.strategy == "no_shard",
-      "--accum-mode no-all-reduce skips the all-reduce across replicas, which only "
-      "--strategy hybrid_shard and no_shard have, not ",
-      o.strategy);
-  TORCH_CHECK(o.gradient_divide_factor == 0 ||
-                  (std::isfinite(o.gradient_divide_factor) && o.gradient_divide_factor > 0),
-              "--gradient-divide-factor must be finite and > 0, got ", o.gradient_divide_factor);
-
-  TORCH_CHECK(o.strategy == "full_shard" || o.strategy == "shard_grad_op" ||
-                  o.strategy == "no_shard" || o.strategy == "hybrid_shard" ||
-                  o.strategy == "whole_tensor",
-              "--strategy must be full_shard, shard_grad_op, no_shard, hybrid_shard or "
-              "whole_tensor, got '",
-              o.strategy, "'");
-  TORCH_CHECK(o.evenness_priority >= 0 && o.evenness_priority <= 1,
-              "--evenness-priority must be in [0, 1], got ", o.evenness_priority);
-  TORCH_CHECK(o.evenness_priority == 1 || o.strategy == "whole_tensor", "--evenness-priority ",
-              o.evenness_priority, " applies to --strategy whole_tensor only, not ", o.strategy);
-  TORCH_CHECK(o.strategy != "whole_tensor" || o.wrap_policy == "block",
-              "--strategy whole_tensor makes each of the model's blocks a unit; --wrap-policy '",
-              o.wrap_policy, "' is not supported with it");
-  TORCH_CHECK(o.shard_dim >= 0, "--shard-dim must be >= 0, got ", o.shard_dim);
-  TORCH_CHECK(o.shard_dim == 0 || o.strategy != "whole_tensor", "--shard-dim ", o.shard_dim,
-              " splits tensors along a dim, but --strategy whole_tensor keeps each tensor whole");
-  TORCH_CHECK(o.reshard_after_forward >= 0,
-              "--reshard-after-forward must be 0, 1 or a group size "
-              ">= 2, got ",
-              o.reshard_after_forward);
-  TORCH_CHECK(
-      o.reshard_after_forward <= 1 || o.strategy == "full_shard" || o.strategy == "hybrid_shard",
-      "--reshard-after-forward ", o.reshard_after_forward,
-      " (a group size) applies to --strategy full_shard and hybrid_shard, not ", o.strategy);
-  TORCH_CHECK(o.replicate == 1 || o.strategy == "hybrid_shard", "--replicate ", o.replicate,
-              " applies to --strategy hybrid_shard only, not ", o.strategy);
-  TORCH_CHECK(o.replicate >= 1 && world % o.replicate == 0, "--replicate ", o.replicate,
-              " does not divide the world size ", world);
-  const int shard_group = o.strategy == "hybrid_shard" ? world / o.replicate : world;
-  TORCH_CHECK(o.reshard_after_forward <= 1 || shard_group % o.reshard_after_forward == 0,
-              "--reshard-after-forward ", o.reshard_after_forward,
-              " (a group size) does not divide the shard group of ", shard_group, " ranks");
-  validate_all_gather(o, shard_group);
-}
-
-// fp16's gradient scaler flags: in range, and given only where there is a scaler.
-void validate_grad_scaler(const TrainerOptions& o) {
-  const TrainerOptions defaults;
-  TORCH_CHECK(o.param_dtype == "fp16" || (o.init_scale == defaults.init_scale &&
-                                          o.growth_factor == defaults.growth_factor &&
-                                          o.backoff_factor == defaults.backoff_factor &&
-                                          o.growth_interval == defaults.growth_interval),
-              "--init-scale, --growth-factor, --backoff-factor and --growth-interval set fp16's "
-              "gradient scaler; they need --param-dtype fp16, not ",
-              o.param_dtype);
-  TORCH_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0 &&
-                  o.init_scale <= std::numeric_limits<float>::max(),
-              "--init-scale must be a positive float32 value, got ", o.init_scale);
-  TORCH_CHECK(std::isfinite(o.growth_factor) && o.growth_factor > 1,
-              "--growth-factor must be greater than 1, got ", o.growth_factor);
-  TORCH_CHECK(o.backoff_factor > 0 && o.backoff_factor < 1,
-              "--backoff-factor must be in (0, 1), got ", o.backoff_factor);
-  TORCH_CHECK(o.growth_interval >= 1 && o.growth_interval <= std::numeric_limits<int32_t>::max(),
-              "--growth-interval must be in [1, 2^31), got ", o.growth_interval);
-}
-
-}  // namespace
-
-void validate(const TrainerOptions& o, int world) {
-  // --steps 0 trains nothing: with --export it writes the initial weights.
-  TORCH_CHECK(o.steps >= 0, "--steps must be non-negative, got ", o.steps);
-  TORCH_CHECK(o.global_batch >= 1, "--global-batch must be at least 1, got ", o.global_batch);
-  TORCH_CHECK(o.global_batch % world == 0, "--global-batch ", o.global_batch,
-              " is not divisible by the number of ranks, ", world,
-              ": every rank trains on an equal slice of the global batch");
-  TORCH_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
-  TORCH_CHECK(o.log_every >= 1, "--log-every must be at least 1, got ", o.log_every);
-  TORCH_CHECK(o.grad_accum >= 1, "--grad-accum must be at least 1, got ", o.grad_accum);
-  TORCH_CHECK(o.global_batch % (int64_t(world) * o.grad_accum) == 0, "--global-batch ",
-              o.global_batch, " is not divisible by ranks x --grad-accum micro-batches = ", world,
-              " x ", o.grad_accum);
-  validate_sharding(o, world);
-  parse_wrap_policy(o.wrap_policy);
-  dtype_flag("--param-dtype", o.param_dtype);
-  dtype_flag("--reduce-dtype", o.reduce_dtype);
-  validate_grad_scaler(o);
-  TORCH_CHECK(!o.no_fsdp || (o.param_dtype == "fp32" && o.reduce_dtype.empty()),
-              "--no-fsdp trains in fp32; --param-dtype ", o.param_dtype, " and --reduce-dtype '",
-              o.reduce_dtype, "' need FSDP");
-  const auto spec = model_spec_of(o);
-  TORCH_CHECK(o.seq_len >= 1 && o.seq_len <= spec->max_seq_len(), "--seq-len ", o.seq_len,
-              " is outside [1, ", spec->max_seq_len(), "], the positions model '", o.model,
-              "' has");
-  TORCH_CHECK(!feeds_bytes(o) || spec->vocab_size() >= kByteVocab, "model '", o.model,
-              "' has vocab_size ", spec->vocab_size(), ", fewer than the ", kByteVocab,
-              " byte-level token ids the trainer feeds");
-  TORCH_CHECK(o.save_every >= 0, "--save-every must be non-negative, got ", o.save_every);
-  TORCH_CHECK(o.save_every == 0 || !o.save_dir.empty(), "--save-every needs --save DIR");
-  TORCH_CHECK(o.export_dtype == "fp32" || o.export_dtype == "bf16",
-              "--export-dtype must be fp32 or bf16, got '", o.export_dtype, "'");
-  TORCH_CHECK(o.resume_dir.empty() || o.init_from.empty(),
-              "--resume and --init-from both set the weights; give one of them");
-  TORCH_CHECK(o.resume_dir != "auto" || !o.save_dir.empty(),
-              "--resume auto resumes from the --save directory; give --save DIR");
-  validate_schedule_and_val(o);
-  TORCH_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '",
-              o.device, "'");
-  TORCH_CHECK(o.device != "cuda" || at::hasCUDA(),
-              "--device cuda: no CUDA device is visible to this process");
-  TORCH_CHECK(!o.offload || !o.no_fsdp,
-              "--offload keeps FSDP's sharded state in host memory; --no-fsdp has none");
-  TORCH_CHECK((o.gradient_divide_factor == 0 && !o.force_sum_reduction) || !o.no_fsdp,
-              o.force_sum_reduction ? "--force-sum-reduction" : "--gradient-divide-factor",
-              " sets how FSDP reduces gradients; --no-fsdp reduces none");
-  if (!o.data_path.empty() || !o.val_data_path.empty()) {
-    load_datasets(o, spec->vocab_size());  // fails early on a missing or short file
-  }
-}
 
 namespace {
 
@@ -481,18 +282,16 @@ constexpr uint64_t kValSeed = 0x76616c;  // "val"
 // Everything one rank's training run holds, built once by set_up() and then read by the step and
 // the helpers around it. Never moved: the mesh's unit hooks refer to it.
 struct Run {
-  Run(const TrainerOptions& options, std::shared_ptr<ProcessGroup> process_group)
+  Run(const JobConfig& options, std::shared_ptr<ProcessGroup> process_group)
       : o(options), group(std::move(process_group)) {}
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
 
-  const TrainerOptions& o;
+  const JobConfig& o;
   std::shared_ptr<ProcessGroup> group;  // null: the --no-fsdp reference
   int world = 1;
   int rank = 0;
   bool printing = false;  // rank 0 without --quiet
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  AccumulationMode accumulation = AccumulationMode::kSync;
 
   c10::Device device = at::kCPU;  // where the model computes (--device)
   bool count_memory = false;      // --metrics counts CPU tensor bytes
@@ -543,21 +342,22 @@ int64_t skipped_steps(const Run& run) {
 // --device: the process group's device under FSDP (with its index), which must be the kind asked
 // for; the current one of that kind for the --no-fsdp reference.
 c10::Device device_of(const Run& run) {
-  const c10::Device asked(run.o.device);
+  const c10::Device asked(run.o.parallelism.device == DeviceKind::kCuda ? c10::kCUDA : c10::kCPU);
   if (!run.group) return asked;
   const c10::Device group_device = run.group->device();
-  TORCH_CHECK(group_device.type() == asked.type(), "--device ", run.o.device, ": the ",
+  TORCH_CHECK(group_device.type() == asked.type(), "--device ", run.o.parallelism.device, ": the ",
               run.group->backend_name(), " backend communicates on ", group_device,
-              "; use a backend that communicates on ", run.o.device);
+              "; use a backend that communicates on ", run.o.parallelism.device);
   return group_device;
 }
 
 void build_mesh(Run& run) {
   run.device = device_of(run);
   if (!run.group) return;
-  const int replicate = run.strategy == ShardingStrategy::kNoShard       ? run.world
-                        : run.strategy == ShardingStrategy::kHybridShard ? run.o.replicate
-                                                                         : 1;
+  const int replicate = run.o.parallelism.strategy == ShardingStrategy::kNoShard ? run.world
+                        : run.o.parallelism.strategy == ShardingStrategy::kHybridShard
+                            ? run.o.parallelism.replicate
+                            : 1;
   run.mesh.emplace(DeviceMesh::hybrid(run.group, replicate));
 }
 
@@ -565,15 +365,15 @@ void build_mesh(Run& run) {
 FullyShardOptions shard_options(const Run& run, const MixedPrecisionPolicy& mp_policy) {
   FullyShardOptions options;
   options.mp_policy(mp_policy);
-  if (run.o.shard_dim > 0) {
-    const int64_t d = run.o.shard_dim;
+  if (run.o.parallelism.shard_dim > 0) {
+    const int64_t d = run.o.parallelism.shard_dim;
     options.shard_placement_fn(
         [d](const std::string&, const at::Tensor& p) -> std::optional<int64_t> {
           if (p.dim() > d) return d;
           return std::nullopt;
         });
   }
-  if (run.o.offload) {
+  if (run.o.parallelism.offload) {
     options.offload_policy(CPUOffloadPolicy().pin_memory(!run.device.is_cpu()));
   }
   return options;
@@ -600,8 +400,8 @@ void move_unsharded_parameters(torch::nn::Module& model, c10::Device device) {
 // backward; otherwise --reshard-after-forward decides (N >= 2: hpZ).
 FullyShardOptions unit_shard_options(const Run& run, const MixedPrecisionPolicy& mp_policy) {
   FullyShardOptions unit_options = shard_options(run, mp_policy);
-  const int reshard = run.o.reshard_after_forward;
-  if (run.strategy == ShardingStrategy::kShardGradOp) {
+  const int reshard = run.o.parallelism.reshard_after_forward;
+  if (run.o.parallelism.strategy == ShardingStrategy::kShardGradOp) {
     unit_options.reshard_after_forward(false);
   } else if (reshard >= 2) {
     unit_options.reshard_after_forward(reshard);
@@ -614,15 +414,16 @@ FullyShardOptions unit_shard_options(const Run& run, const MixedPrecisionPolicy&
 // AdamW in two groups, as nanoGPT and torchtitan: --weight-decay on matrices and embeddings (2-D
 // and up), none on biases and norm weights; with --decay-all one group, everything decays.
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<at::Tensor>& params,
-                                                    const TrainerOptions& o) {
-  const auto options = torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95});
+                                                    const JobConfig& o) {
+  const auto options = torch::optim::AdamWOptions(o.training.lr).betas({0.9, 0.95});
   std::vector<at::Tensor> decayed, undecayed;
-  for (const auto& p : params) (o.decay_all || p.dim() >= 2 ? decayed : undecayed).push_back(p);
+  for (const auto& p : params)
+    (o.training.decay_all || p.dim() >= 2 ? decayed : undecayed).push_back(p);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!decayed.empty()) {
-    groups.emplace_back(decayed,
-                        std::make_unique<torch::optim::AdamWOptions>(
-                            torch::optim::AdamWOptions(options).weight_decay(o.weight_decay)));
+    groups.emplace_back(
+        decayed, std::make_unique<torch::optim::AdamWOptions>(
+                     torch::optim::AdamWOptions(options).weight_decay(o.training.weight_decay)));
   }
   if (!undecayed.empty()) {
     groups.emplace_back(undecayed, std::make_unique<torch::optim::AdamWOptions>(
@@ -655,28 +456,28 @@ FSDPModule shard_whole_tensors(Run& run, const FullyShardOptions& unit_options,
                                const MixedPrecisionPolicy& mp_policy) {
   std::vector<std::shared_ptr<torch::nn::Module>> units;
   for (const auto& unit : run.built->units()) units.push_back(unit.second);
-  const auto options =
-      WholeTensorShardOptions()
-          .partition(WholeTensorPartitionOptions().evenness_priority(run.o.evenness_priority))
-          .unit_options(unit_options)
-          .root_mp_policy(mp_policy);
+  const auto options = WholeTensorShardOptions()
+                           .partition(WholeTensorPartitionOptions().evenness_priority(
+                               run.o.parallelism.evenness_priority))
+                           .unit_options(unit_options)
+                           .root_mp_policy(mp_policy);
   WholeTensorSharding sharding = whole_tensor_shard(run.model, units, *run.mesh, options);
   run.placement = sharding.partition.describe();
   return sharding.root;
 }
 
 void build_model(Run& run) {
-  const TrainerOptions& o = run.o;
+  const JobConfig& o = run.o;
   MixedPrecisionPolicy mp_policy;
-  if (o.param_dtype != "fp32") mp_policy.param_dtype(dtype_flag("--param-dtype", o.param_dtype));
-  mp_policy.reduce_dtype(dtype_flag("--reduce-dtype", o.reduce_dtype));
+  if (o.parallelism.param_dtype != at::kFloat) mp_policy.param_dtype(o.parallelism.param_dtype);
+  mp_policy.reduce_dtype(o.parallelism.reduce_dtype);
   models::BuildOptions model_options;
-  model_options.seed(o.seed);
-  model_options.activation_checkpoint(o.activation_checkpoint);
-  const std::optional<int64_t> min_params = parse_wrap_policy(o.wrap_policy);
+  model_options.seed(o.training.seed);
+  model_options.activation_checkpoint(o.model.activation_checkpoint);
+  const std::optional<int64_t> min_params = o.parallelism.wrap_policy.min_params;
   const FullyShardOptions unit_options = unit_shard_options(run, mp_policy);
   const FullyShardOptions root_options = shard_options(run, mp_policy);
-  const bool whole_tensor = run.strategy == ShardingStrategy::kWholeTensor;
+  const bool whole_tensor = run.o.parallelism.strategy == ShardingStrategy::kWholeTensor;
   if (run.mesh && !min_params && !whole_tensor) {
     model_options.on_unit_built(
         [&run, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
@@ -696,45 +497,47 @@ void build_model(Run& run) {
                   run.model, *run.mesh, size_based_wrap_policy(*min_params),
                   FullyShardTreeOptions().unit_options(unit_options).root_options(root_options))
             : fully_shard(run.model, *run.mesh, root_options);
-    run.root->set_implicit_prefetch(o.prefetch);
-    if (const auto block = parse_all_gather(o.all_gather)) {
+    run.root->set_implicit_prefetch(o.parallelism.prefetch);
+    if (const auto block = o.parallelism.all_gather.int8_block) {
       const auto int8 = std::make_shared<Int8AllGather>(*block);
       for (FSDPModule& unit : fsdp_modules_under(*run.model)) unit.set_custom_all_gather(int8);
     }
     for (FSDPModule unit : fsdp_modules_under(*run.model)) {
-      if (o.gradient_divide_factor > 0) unit.set_gradient_divide_factor(o.gradient_divide_factor);
-      unit.set_force_sum_reduction_for_comms(o.force_sum_reduction);
+      if (o.parallelism.gradient_divide_factor > 0)
+        unit.set_gradient_divide_factor(o.parallelism.gradient_divide_factor);
+      unit.set_force_sum_reduction_for_comms(o.parallelism.force_sum_reduction);
     }
     run.units = static_cast<int64_t>(fsdp_modules_under(*run.model).size());
     run.tracer = &run.mesh->tracer();
   }
-  if (!o.trace_dir.empty() && run.mesh) trace_memory(*run.tracer, run.mesh->stats());
-  run.tracer->enable(!o.trace_dir.empty());
+  if (!o.metrics.trace_dir.empty() && run.mesh) trace_memory(*run.tracer, run.mesh->stats());
+  run.tracer->enable(!o.metrics.trace_dir.empty());
   run.params = unique_parameters(*run.model);
   run.optimizer = make_optimizer(run.params, o);
-  if (o.param_dtype == "fp16" && run.mesh) {
+  if (o.parallelism.param_dtype == at::kHalf && run.mesh) {
     run.scaler.emplace(*run.mesh, GradScalerOptions()
-                                      .init_scale(o.init_scale)
-                                      .growth_factor(o.growth_factor)
-                                      .backoff_factor(o.backoff_factor)
-                                      .growth_interval(o.growth_interval));
+                                      .init_scale(o.training.grad_scaler.init_scale)
+                                      .growth_factor(o.training.grad_scaler.growth_factor)
+                                      .backoff_factor(o.training.grad_scaler.backoff_factor)
+                                      .growth_interval(o.training.grad_scaler.growth_interval));
   }
 }
 
 void open_outputs(Run& run) {
-  const TrainerOptions& o = run.o;
+  const JobConfig& o = run.o;
   if (run.rank != 0) return;
-  if (!o.metrics_path.empty()) {
-    run.metrics.open(o.metrics_path, std::ios::out | std::ios::trunc);
-    TORCH_CHECK(run.metrics.good(), "cannot open --metrics file '", o.metrics_path,
+  if (!o.metrics.path.empty()) {
+    run.metrics.open(o.metrics.path, std::ios::out | std::ios::trunc);
+    TORCH_CHECK(run.metrics.good(), "cannot open --metrics file '", o.metrics.path,
                 "' for writing");
   }
-  if (!o.dump_batches_path.empty()) {
-    run.batches.open(o.dump_batches_path, std::ios::out | std::ios::trunc | std::ios::binary);
-    TORCH_CHECK(run.batches.good(), "cannot open --dump-batches file '", o.dump_batches_path,
+  if (!o.debug.dump_batches_path.empty()) {
+    run.batches.open(o.debug.dump_batches_path, std::ios::out | std::ios::trunc | std::ios::binary);
+    TORCH_CHECK(run.batches.good(), "cannot open --dump-batches file '", o.debug.dump_batches_path,
                 "' for writing");
     run.batches.write("FSDPBAT1", 8);
-    write_int64s(run.batches, {o.global_batch / o.grad_accum, o.seq_len, o.grad_accum});
+    write_int64s(run.batches, {o.training.global_batch / o.training.grad_accum, o.training.seq_len,
+                               o.training.grad_accum});
   }
 }
 
@@ -756,18 +559,19 @@ std::string describe_units(const Run& run) {
 
 void print_banner(const Run& run, const TokenDataset& data, double unigram_entropy) {
   if (!run.printing) return;
-  const TrainerOptions& o = run.o;
+  const JobConfig& o = run.o;
   fmt::print(
       "fsdp-train: model {} ({:.2f}M parameters), {} on {} rank{}, {} steps of {} x {} tokens, "
       "data: {} ({} {}, unigram entropy {:.3f} nats)\n",
-      o.model, run.spec->num_parameters() / 1e6, o.no_fsdp ? "no FSDP" : "FSDP", run.world,
-      run.world == 1 ? "" : "s", o.steps, o.global_batch, o.seq_len, data.source(), data.size(),
+      o.model.name, run.spec->num_parameters() / 1e6, o.parallelism.no_fsdp ? "no FSDP" : "FSDP",
+      run.world, run.world == 1 ? "" : "s", o.training.steps, o.training.global_batch,
+      o.training.seq_len, data.source(), data.size(),
       data.tokens().scalar_type() == at::kByte ? "bytes" : "tokens", unigram_entropy);
   if (run.root) {
     fmt::print("fsdp-train: {} FSDP units (--wrap-policy {}), parameter elements each: {}\n",
-               run.units, o.wrap_policy, describe_units(run));
+               run.units, to_string(o.parallelism.wrap_policy), describe_units(run));
   }
-  if (const auto block = parse_all_gather(o.all_gather); block && run.root) {
+  if (const auto block = o.parallelism.all_gather.int8_block; block && run.root) {
     fmt::print(
         "fsdp-train: weight all-gathers in int8 (ZeRO++ qwZ), one fp32 scale per {} "
         "elements\n",
@@ -775,7 +579,7 @@ void print_banner(const Run& run, const TokenDataset& data, double unigram_entro
   }
   if (!run.placement.empty()) {
     fmt::print("fsdp-train: whole_tensor placement (--evenness-priority {}): {}\n",
-               o.evenness_priority, run.placement);
+               o.parallelism.evenness_priority, run.placement);
   }
   std::fflush(stdout);
 }
@@ -784,11 +588,13 @@ void print_banner(const Run& run, const TokenDataset& data, double unigram_entro
 // holds a checkpoint (its `latest`), else nowhere: the first start of a job that restarts with
 // the same command.
 std::string resume_dir_of(const Run& run) {
-  const TrainerOptions& o = run.o;
-  if (o.resume_dir != "auto") return o.resume_dir;
-  if (::access((o.save_dir + "/latest").c_str(), F_OK) == 0) return o.save_dir;
+  const JobConfig& o = run.o;
+  if (o.checkpoint.resume != "auto") return o.checkpoint.resume;
+  if (::access((o.checkpoint.save_dir + "/latest").c_str(), F_OK) == 0)
+    return o.checkpoint.save_dir;
   if (run.printing)
-    fmt::print("fsdp-train: --resume auto: no checkpoint in {} yet; starting fresh\n", o.save_dir);
+    fmt::print("fsdp-train: --resume auto: no checkpoint in {} yet; starting fresh\n",
+               o.checkpoint.save_dir);
   return "";
 }
 
@@ -806,7 +612,7 @@ void restore_grad_scaler(Run& run, const checkpoint::LoadResult& loaded) {
       fmt::print(
           "fsdp-train: the checkpoint has no gradient scaler (it was not trained in fp16); "
           "the loss scale starts at --init-scale {}\n",
-          run.o.init_scale);
+          run.o.training.grad_scaler.init_scale);
     }
     return;
   }
@@ -825,10 +631,10 @@ void restore_grad_scaler(Run& run, const checkpoint::LoadResult& loaded) {
 
 // --init-from, then --resume (which sets the first step).
 void load_initial_state(Run& run) {
-  const TrainerOptions& o = run.o;
-  if (!o.init_from.empty()) {
-    checkpoint::load_full(o.init_from, *run.model, run.group.get(), run.spec->hf_layout());
-    if (run.printing) fmt::print("fsdp-train: initialized from {}\n", o.init_from);
+  const JobConfig& o = run.o;
+  if (!o.model.init_from.empty()) {
+    checkpoint::load_full(o.model.init_from, *run.model, run.group.get(), run.spec->hf_layout());
+    if (run.printing) fmt::print("fsdp-train: initialized from {}\n", o.model.init_from);
   }
   const std::string resume_dir = resume_dir_of(run);
   if (resume_dir.empty()) return;
@@ -837,8 +643,8 @@ void load_initial_state(Run& run) {
   check_resume_compatible(o, loaded.user_json);
   restore_grad_scaler(run, loaded);
   run.first_step = loaded.step;
-  TORCH_CHECK(run.first_step <= o.steps, "--resume ", loaded.path, " is at step ", run.first_step,
-              ", past --steps ", o.steps, " (the total number of steps)");
+  TORCH_CHECK(run.first_step <= o.training.steps, "--resume ", loaded.path, " is at step ",
+              run.first_step, ", past --steps ", o.training.steps, " (the total number of steps)");
   if (!run.printing) return;
   fmt::print(
       "fsdp-train: resumed from {} at step {} (saved by {} rank{}): {:.1f} MB loaded in "
@@ -871,44 +677,43 @@ double set_learning_rate(Run& run, int64_t step) {
 // evaluation sees the same tokens; rank r takes its rows as in training. Returns the mean loss
 // over the batches, averaged over ranks. Collective. The passes are left out of --trace.
 double validation_loss(Run& run, const TokenDataset& val) {
-  const TrainerOptions& o = run.o;
+  const JobConfig& o = run.o;
   torch::NoGradGuard no_grad;
-  const bool tracing = !o.trace_dir.empty();
+  const bool tracing = !o.metrics.trace_dir.empty();
   run.tracer->enable(false);
   double sum = 0;
-  for (int64_t b = 0; b < o.val_batches; ++b) {
-    const auto global = val.global_batch(b, o.global_batch, o.seq_len, kValSeed);
+  for (int64_t b = 0; b < o.data.val_batches; ++b) {
+    const auto global = val.global_batch(b, o.training.global_batch, o.training.seq_len, kValSeed);
     const auto [host_inputs, host_targets] = micro_batch(global, run.rank, run.world);
     const at::Tensor inputs = host_inputs.to(run.device);
     const at::Tensor targets = host_targets.to(run.device);
     sum += mean_over_ranks(run.built->loss(run.built->forward(inputs), targets), run);
   }
   run.tracer->enable(tracing);
-  return sum / static_cast<double>(o.val_batches);
+  return sum / static_cast<double>(o.data.val_batches);
 }
 
 // Every --val-every steps and after the last step, when there is held-out data.
 bool validates_after(const Run& run, int64_t steps_done) {
-  const TrainerOptions& o = run.o;
-  return steps_done == o.steps || (o.val_every > 0 && steps_done % o.val_every == 0);
+  const JobConfig& o = run.o;
+  return steps_done == o.training.steps ||
+         (o.data.val_every > 0 && steps_done % o.data.val_every == 0);
 }
 
 // The whole set-up of a rank: options, data-independent state, mesh, model and optimizer.
 void set_up(Run& run) {
   run.world = run.group ? run.group->size() : 1;
   run.rank = run.group ? run.group->rank() : 0;
-  run.printing = run.rank == 0 && !run.o.quiet;
-  run.strategy = parse_sharding_strategy(run.o.strategy);
-  run.accumulation = parse_accumulation_mode(run.o.accum_mode);
+  run.printing = run.rank == 0 && !run.o.metrics.quiet;
   run.schedule = lr_schedule_of(run.o);
   // --metrics counts CPU tensor bytes from here on (the corpus, loaded before, is not counted).
-  run.count_memory = !run.o.metrics_path.empty();
+  run.count_memory = !run.o.metrics.path.empty();
   if (run.count_memory) {
     install_cpu_memory_counter();
     run.count_thread.emplace(run.thread_memory);
   }
   // --trace's memory track counts every tensor of the model too.
-  if (!run.o.trace_dir.empty()) install_cpu_memory_counter();
+  if (!run.o.metrics.trace_dir.empty()) install_cpu_memory_counter();
   run.spec = model_spec_of(run.o);
   build_mesh(run);
   build_model(run);
@@ -920,8 +725,8 @@ void save_checkpoint(Run& run, const TokenDataset& data, int64_t step) {
   auto options = checkpoint::SaveOptions().step(step).user_json(
       run_state_json(run.o, data, step, skipped_steps(run)));
   if (run.scaler) options.grad_scaler(run.scaler->state());
-  const auto saved = checkpoint::save_sharded(run.o.save_dir, *run.model, run.optimizer.get(),
-                                              run.group.get(), options);
+  const auto saved = checkpoint::save_sharded(run.o.checkpoint.save_dir, *run.model,
+                                              run.optimizer.get(), run.group.get(), options);
   if (!run.printing) return;
   fmt::print("fsdp-train: saved {} ({:.1f} MB in {:.2f}s, {:.0f} MB/s)\n", saved.path,
              saved.bytes / 1e6, saved.seconds, saved.bytes / 1e6 / saved.seconds);
@@ -932,17 +737,20 @@ void save_checkpoint(Run& run, const TokenDataset& data, int64_t step) {
 // order.
 void dump_batch(Run& run, int64_t step, const std::pair<at::Tensor, at::Tensor>& global) {
   if (!run.batches.is_open()) return;
-  const TrainerOptions& o = run.o;
-  for (int64_t k = 0; k < o.grad_accum; ++k) {
+  const JobConfig& o = run.o;
+  for (int64_t k = 0; k < o.training.grad_accum; ++k) {
     const auto slice_k = [&](const at::Tensor& t) {
-      return t.view({run.world, o.grad_accum, -1, o.seq_len}).select(1, k).reshape({-1, o.seq_len});
+      return t.view({run.world, o.training.grad_accum, -1, o.training.seq_len})
+          .select(1, k)
+          .reshape({-1, o.training.seq_len});
     };
     write_int64s(run.batches, {step + 1, k});
     write_int64s(run.batches, slice_k(global.first));
     write_int64s(run.batches, slice_k(global.second));
   }
   run.batches.flush();
-  TORCH_CHECK(run.batches.good(), "cannot write --dump-batches file '", o.dump_batches_path, "'");
+  TORCH_CHECK(run.batches.good(), "cannot write --dump-batches file '", o.debug.dump_batches_path,
+              "'");
 }
 
 // Resets the mesh's per-step counters and peaks.
@@ -981,13 +789,13 @@ int64_t activation_bytes_since(const Run& run, const StepProbe& probe) {
 // no-reshard every unit stays gathered from the first forward to the last backward; with
 // no-all-reduce every backward reduce-scatters and only the last all-reduces across replicas.
 void set_accumulation_state(Run& run, bool last_micro_batch) {
-  if (!run.root || run.accumulation == AccumulationMode::kSync) return;
-  if (run.accumulation == AccumulationMode::kNoAllReduce) {
+  if (!run.root || run.o.training.accum_mode == AccumulationMode::kSync) return;
+  if (run.o.training.accum_mode == AccumulationMode::kNoAllReduce) {
     run.root->set_requires_all_reduce(last_micro_batch);
     return;
   }
   run.root->set_requires_gradient_sync(last_micro_batch);
-  if (run.accumulation == AccumulationMode::kNoReshard) {
+  if (run.o.training.accum_mode == AccumulationMode::kNoReshard) {
     run.root->set_reshard_after_forward(false);
     run.root->set_reshard_after_backward(last_micro_batch);
   }
@@ -997,7 +805,7 @@ void set_accumulation_state(Run& run, bool last_micro_batch) {
 // summed gradient is the same mean as one pass over the micro-batch. Returns the summed loss.
 at::Tensor forward_backward(Run& run, const at::Tensor& inputs, const at::Tensor& targets,
                             StepProbe& probe, bool inject_nan) {
-  const int accum = run.o.grad_accum;
+  const int accum = run.o.training.grad_accum;
   const int64_t slice = inputs.size(0) / accum;
   at::Tensor loss;
   for (int k = 0; k < accum; ++k) {
@@ -1014,8 +822,8 @@ at::Tensor forward_backward(Run& run, const at::Tensor& inputs, const at::Tensor
 }
 
 double clip_gradients(Run& run) {
-  return run.mesh ? clip_grad_norm_(run.params, run.o.max_grad_norm, *run.mesh)
-                  : torch::nn::utils::clip_grad_norm_(run.params, run.o.max_grad_norm);
+  return run.mesh ? clip_grad_norm_(run.params, run.o.training.max_grad_norm, *run.mesh)
+                  : torch::nn::utils::clip_grad_norm_(run.params, run.o.training.max_grad_norm);
 }
 
 void optimizer_step(Run& run) {
@@ -1049,7 +857,7 @@ StepRecord record_step(Run& run, int64_t step, double loss, double norm, const S
   }
   const double step_s = std::chrono::duration<double>(Clock::now() - probe.start).count();
   run.elapsed += step_s;
-  const int64_t tokens_per_step = run.o.global_batch * run.o.seq_len;
+  const int64_t tokens_per_step = run.o.training.global_batch * run.o.training.seq_len;
   return StepRecord{step + 1,
                     loss,
                     norm,
@@ -1066,24 +874,26 @@ void write_metrics(Run& run, const StepRecord& record) {
 }
 
 void print_progress(const Run& run, const StepRecord& r) {
-  const TrainerOptions& o = run.o;
-  const bool due = r.step % o.log_every == 0 || r.step == 1 || r.step == o.steps;
+  const JobConfig& o = run.o;
+  const bool due = r.step % o.metrics.log_every == 0 || r.step == 1 || r.step == o.training.steps;
   if (!run.printing || !(due || r.val_loss)) return;
   const int64_t done = r.step - run.first_step;
-  const double eta = run.elapsed / double(done) * double(o.steps - r.step);
+  const double eta = run.elapsed / double(done) * double(o.training.steps - r.step);
   const std::string val = r.val_loss ? fmt::format(" | val loss {:.4f}", *r.val_loss) : "";
   const std::string scale = r.loss_scale ? fmt::format(" | loss scale {:g}", *r.loss_scale) : "";
   fmt::print(
       "step {:>5}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:>8.0f} tokens/s | ETA "
       "{}{}\n",
-      r.step, o.steps, r.loss, val, r.lr, r.grad_norm,
-      double(o.global_batch * o.seq_len * done) / run.elapsed, format_duration(eta), scale);
+      r.step, o.training.steps, r.loss, val, r.lr, r.grad_norm,
+      double(o.training.global_batch * o.training.seq_len * done) / run.elapsed,
+      format_duration(eta), scale);
   std::fflush(stdout);
 }
 
 void save_periodically(Run& run, const TokenDataset& data, int64_t steps_done) {
-  const TrainerOptions& o = run.o;
-  if (!o.save_dir.empty() && o.save_every > 0 && steps_done % o.save_every == 0) {
+  const JobConfig& o = run.o;
+  if (!o.checkpoint.save_dir.empty() && o.checkpoint.save_every > 0 &&
+      steps_done % o.checkpoint.save_every == 0) {
     save_checkpoint(run, data, steps_done);
   }
 }
@@ -1091,46 +901,51 @@ void save_periodically(Run& run, const TokenDataset& data, int64_t steps_done) {
 // The final state, unless --save-every just saved it (also when no step ran: --steps 0, or a
 // resume at the last step).
 void save_final(Run& run, const TokenDataset& data) {
-  const TrainerOptions& o = run.o;
-  if (o.save_dir.empty()) return;
-  if (o.save_every > 0 && o.steps > run.first_step && o.steps % o.save_every == 0) return;
-  save_checkpoint(run, data, o.steps);
+  const JobConfig& o = run.o;
+  if (o.checkpoint.save_dir.empty()) return;
+  if (o.checkpoint.save_every > 0 && o.training.steps > run.first_step &&
+      o.training.steps % o.checkpoint.save_every == 0)
+    return;
+  save_checkpoint(run, data, o.training.steps);
 }
 
 // --export: the model as Hugging Face safetensors, and config.json beside it (rank 0).
 void export_model(const Run& run) {
-  const TrainerOptions& o = run.o;
-  if (o.export_path.empty()) return;
+  const JobConfig& o = run.o;
+  if (o.checkpoint.export_path.empty()) return;
   checkpoint::ExportOptions export_options;
   export_options.layout(run.spec->hf_layout());
-  export_options.max_shard_bytes(o.export_max_shard_bytes);
-  if (o.export_dtype == "bf16") export_options.dtype(at::kBFloat16);
+  export_options.max_shard_bytes(o.checkpoint.export_max_shard_bytes);
+  if (o.checkpoint.export_dtype == at::kBFloat16) export_options.dtype(at::kBFloat16);
   const auto exported =
-      checkpoint::save_full(o.export_path, *run.model, run.group.get(), export_options);
+      checkpoint::save_full(o.checkpoint.export_path, *run.model, run.group.get(), export_options);
   if (run.rank != 0) return;
   // (No std::filesystem: libtorch.so exports a clashing copy of parts of it.)
-  const auto slash = o.export_path.rfind('/');
+  const auto slash = o.checkpoint.export_path.rfind('/');
   const std::string config_path =
-      (slash == std::string::npos ? "" : o.export_path.substr(0, slash + 1)) + "config.json";
+      (slash == std::string::npos ? "" : o.checkpoint.export_path.substr(0, slash + 1)) +
+      "config.json";
   std::ofstream config_file(config_path, std::ios::out | std::ios::trunc);
   config_file << run.spec->hf_config_json(export_options.dtype().value_or(at::kFloat));
   config_file.close();
   TORCH_CHECK(config_file.good(), "cannot write '", config_path, "'");
   if (run.printing) {
-    fmt::print("fsdp-train: exported {} and {} ({:.1f} MB in {:.2f}s)\n", o.export_path,
+    fmt::print("fsdp-train: exported {} and {} ({:.1f} MB in {:.2f}s)\n", o.checkpoint.export_path,
                config_path, exported.bytes / 1e6, exported.seconds);
   }
 }
 
 void write_trace(Run& run) {
-  const TrainerOptions& o = run.o;
-  if (o.trace_dir.empty()) return;
-  TORCH_CHECK(::mkdir(o.trace_dir.c_str(), 0755) == 0 || errno == EEXIST,
-              "cannot create --trace directory '", o.trace_dir, "': ", std::strerror(errno));
-  const std::string path = o.trace_dir + "/rank" + std::to_string(run.rank) + ".json";
+  const JobConfig& o = run.o;
+  if (o.metrics.trace_dir.empty()) return;
+  TORCH_CHECK(::mkdir(o.metrics.trace_dir.c_str(), 0755) == 0 || errno == EEXIST,
+              "cannot create --trace directory '", o.metrics.trace_dir,
+              "': ", std::strerror(errno));
+  const std::string path = o.metrics.trace_dir + "/rank" + std::to_string(run.rank) + ".json";
   run.tracer->write_chrome_trace(path, run.rank);
   if (run.printing) {
-    fmt::print("fsdp-train: wrote the timeline of each rank to {}/rank<N>.json\n", o.trace_dir);
+    fmt::print("fsdp-train: wrote the timeline of each rank to {}/rank<N>.json\n",
+               o.metrics.trace_dir);
   }
 }
 
@@ -1160,10 +975,11 @@ bool step_is_finite(Run& run, int64_t step, const at::Tensor& loss, double mean_
   if (std::isfinite(mean_loss) && std::isfinite(norm)) return true;
   const std::string what =
       describe_nonfinite(step, loss, norm, units_in_backward_order(run), run.group.get());
-  TORCH_CHECK(run.skipped_steps < run.o.skip_nonfinite, what,
-              run.o.skip_nonfinite == 0
+  TORCH_CHECK(run.skipped_steps < run.o.training.skip_nonfinite, what,
+              run.o.training.skip_nonfinite == 0
                   ? "; --skip-nonfinite N would skip such steps"
-                  : "; stopping: --skip-nonfinite " + std::to_string(run.o.skip_nonfinite) +
+                  : "; stopping: --skip-nonfinite " +
+                        std::to_string(run.o.training.skip_nonfinite) +
                         " steps were skipped already");
   ++run.skipped_steps;
   if (run.printing) fmt::print("fsdp-train: skipped {} (no update on any rank)\n", what);
@@ -1206,11 +1022,12 @@ void stall_if_asked(const Run& run, int64_t step) {
 // One optimizer step: forward and backward over the rank's micro-batches, clip, step; then the
 // bookkeeping around it.
 StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
-  const TrainerOptions& o = run.o;
+  const JobConfig& o = run.o;
   kill_if_asked(run, step);
   stall_if_asked(run, step);
   StepProbe probe = begin_step(run);
-  const auto global = data.global_batch(step, o.global_batch, o.seq_len, o.seed);
+  const auto global =
+      data.global_batch(step, o.training.global_batch, o.training.seq_len, o.training.seed);
   dump_batch(run, step, global);
   const auto [inputs, targets] = micro_batch(global, run.rank, run.world);
   // Before the probe: the gradients zero_grad frees are not part of what forward keeps.
@@ -1245,7 +1062,7 @@ StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
 
 }  // namespace
 
-TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>& group) {
+TrainSummary train(const JobConfig& o, const std::shared_ptr<ProcessGroup>& group) {
   validate(o, group ? group->size() : 1);
   const Datasets data = load_datasets(o, model_spec_of(o)->vocab_size());
   Run run(o, group);
@@ -1255,7 +1072,7 @@ TrainSummary train(const TrainerOptions& o, const std::shared_ptr<ProcessGroup>&
   print_banner(run, data.train, summary.unigram_entropy);
   load_initial_state(run);
 
-  for (int64_t step = run.first_step; step < o.steps; ++step) {
+  for (int64_t step = run.first_step; step < o.training.steps; ++step) {
     StepRecord record = train_step(run, data.train, step);
     if (data.val && validates_after(run, step + 1)) {
       record.val_loss = validation_loss(run, *data.val);
