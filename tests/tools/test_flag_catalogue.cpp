@@ -225,6 +225,8 @@ const BadFlag kCatalogue[] = {
     {"fsdp-estimate", "--param-dtype", "--param-dtype int8"},
     {"fsdp-estimate", "--reduce-dtype", "--reduce-dtype x"},
     {"fsdp-estimate", "--master-dtype", "--master-dtype x"},
+    {"fsdp-estimate", "--config", "--config /nonexistent/job.toml"},
+    {"fsdp-estimate", "--print-config", "--print-config=maybe"},
     {"fsdp-estimate", "--global-batch", "--global-batch 0"},
     {"fsdp-estimate", "--global-batch", "--global-batch 99999999999998"},
     {"fsdp-estimate", "--seq-len", "--seq-len 0"},
@@ -263,6 +265,8 @@ const BadFlag kCatalogue[] = {
     {"fsdp-plan", "--accum-mode", "--accum-mode later"},
     {"fsdp-plan", "--no-fsdp", "--no-fsdp=maybe"},
     {"fsdp-plan", "--max-grad-norm", "--max-grad-norm nan"},
+    {"fsdp-plan", "--config", "--config /"},
+    {"fsdp-plan", "--print-config", "--print-config=maybe"},
     {"fsdp-plan", "--hardware", "--hardware /nonexistent.json"},
     {"fsdp-plan", "--hardware", "--hardware /"},
     {"fsdp-plan", "--hardware", "--hardware /etc/hostname"},  // not JSON

@@ -6,6 +6,8 @@
 #include <common/config_flags.h>
 #include <common/job_flags.h>
 #include <common/program.h>
+#include <fsdp_estimate/cli.h>
+#include <fsdp_plan/cli.h>
 #include <fsdp_train/cli.h>
 
 #include "support/test_support.h"
@@ -184,6 +186,25 @@ TEST(JobConfigFile, AFileValueIsRefusedAsItsFlagIs) {
   const CheckOutcome from_flag = train_outcome({"--all-gather", "int7"});
   EXPECT_NE(from_file.exit_code, 0);
   EXPECT_EQ(from_file.output, from_flag.output);
+}
+
+// fsdp-estimate and fsdp-plan take fsdp-train's job file: the settings that change a prediction
+// are read (under the same keys), the others accepted and left alone; a key no program has is
+// still refused.
+TEST(JobConfigFile, ThePredictorsTakeTheTrainingJobFile) {
+  const Parsed job = parse_train_flags({"--model", "small", "--nproc", "4", "--global-batch", "8"});
+  const std::string path = write_file("predict.toml", job.toml);
+  auto estimate_cli = make_estimate_cli();
+  const CheckOutcome estimate = parse_and_check(*estimate_cli, {"--config", path});
+  EXPECT_EQ(estimate.exit_code, 0) << estimate.output;
+  auto plan_cli = make_plan_cli();
+  const CheckOutcome plan = parse_and_check(
+      *plan_cli, {"--config", path, "--hardware", FSDP_SOURCE_DIR "/bench/hardware/h100_sxm.json"});
+  EXPECT_EQ(plan.exit_code, 0) << plan.output;
+  const std::string bad = write_file("predict_bad.toml", "[training]\nstepz = 1\n");
+  const CheckOutcome refused = parse_and_check(*estimate_cli, {"--config", bad});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_THAT(refused.output, HasSubstr("stepz is not a setting"));
 }
 
 // A --config file naming local ranks is read again by every rank that --nproc starts, which must

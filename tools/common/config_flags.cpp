@@ -5,6 +5,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -43,6 +44,12 @@ void ConfigFlags::add(const std::string& section, CLI::Option* option, TomlKind 
   std::optional<std::string> unset;
   if (kind == TomlKind::kString) unset = "";
   flags_.push_back({section, key, kind, option, std::move(text), unset});
+}
+
+void ConfigFlags::set_key(CLI::Option* option, const std::string& key) {
+  for (auto& f : flags_) {
+    if (f.option == option) f.key = key;
+  }
 }
 
 void ConfigFlags::unset_when(CLI::Option* option, const std::string& text) {
@@ -155,6 +162,10 @@ std::vector<std::string> ConfigFlags::file_args(const std::vector<std::string>& 
       const std::string key(key_node.str());
       const std::string where = here + "[" + section + "] " + key;
       const auto it = by_name.find(section + "." + key);
+      if (it == by_name.end() &&
+          std::find(ignored_.begin(), ignored_.end(), section + "." + key) != ignored_.end()) {
+        continue;
+      }
       if (it == by_name.end()) {
         const std::string known = known_keys(flags_, section);
         throw std::invalid_argument(where + " is not a setting" +

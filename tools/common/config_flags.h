@@ -92,6 +92,13 @@ class ConfigFlags {
 
   // Declares the text that leaves option's setting unset (see ConfigFlag::unset_text).
   void unset_when(CLI::Option* option, const std::string& text);
+  // Gives option's setting another key than its flag's name.
+  void set_key(CLI::Option* option, const std::string& key);
+  // Keys a file may hold that this program takes no flag for (another program's settings of
+  // the same job): read and left alone. Each "section.key".
+  void ignore_keys(const std::vector<std::string>& keys) {
+    ignored_.insert(ignored_.end(), keys.begin(), keys.end());
+  }
 
   // --config FILE and --print-config.
   void add_config_options();
@@ -147,6 +154,7 @@ class ConfigFlags {
 
   CLI::App& app_;
   std::vector<ConfigFlag> flags_;
+  std::vector<std::string> ignored_;
   std::string config_path_;
   bool print_config_ = false;
 };

@@ -3,6 +3,7 @@
 
 #include <common/backend_flags.h>
 #include <common/cli_checks.h>
+#include <common/model_flags.h>
 #include <fsdp/data/corpus.h>
 #include <models/model.h>
 
@@ -353,6 +354,41 @@ void add_launch_flags(ConfigFlags& flags, train::LaunchConfig& l) {
   flags.value("launch", "--timeout-s", l.timeout_s, "Collective and rendezvous timeout in seconds")
       ->check(finite_in(0, 1e7, /*open_min=*/true))
       ->capture_default_str();
+}
+
+namespace {
+
+// The sharded state's dtype: fsdp-train's masters are fp32; the estimator also takes others.
+const NameTable<at::ScalarType>& master_dtype_names() {
+  static const NameTable<at::ScalarType> table = {
+      {"fp32", at::kFloat}, {"bf16", at::kBFloat16}, {"fp16", at::kHalf}, {"fp64", at::kDouble}};
+  return table;
+}
+
+// Every "section.key" of fsdp-train's settings.
+std::vector<std::string> job_keys() {
+  CLI::App app;
+  train::JobConfig job;
+  ConfigFlags flags(app);
+  add_job_flags(flags, job);
+  std::vector<std::string> keys;
+  for (const ConfigFlag& f : flags.flags()) keys.push_back(f.section + "." + f.key);
+  return keys;
+}
+
+}  // namespace
+
+void add_prediction_flags(ConfigFlags& flags, ModelFlags& f) {
+  add_model_flags(flags, f.job.model);
+  add_batch_flags(flags, f.job.training);
+  add_sharding_flags(flags, f.job.parallelism);
+  CLI::Option* world =
+      flags.value("launch", "--world-size,--nproc", f.world, "Ranks of the run predicted");
+  world->check(integer_at_least(1, 2147483647))->capture_default_str();
+  flags.set_key(world, "nproc");  // fsdp-train's [launch] nproc
+  named(flags, "parallelism", "--master-dtype", f.master_dtype, master_dtype_names(),
+        "dtype of sharded parameters, gradients and optimizer state");
+  flags.ignore_keys(job_keys());
 }
 
 void add_job_flags(ConfigFlags& flags, train::JobConfig& job) {

@@ -30,22 +30,20 @@ class EstimateCli : public TorchProgramCli {
   }
 
   void add_flags(CLI::App& app) override {
-    add_size_flags(app, f_);
-    add_mode_flags(app, f_);
+    settings_ = std::make_unique<ConfigFlags>(app);
+    add_prediction_flags(*settings_, f_);
     app.add_flag("--pretty", pretty_, "Indent the JSON");
     app.add_flag("--timeline", timeline_, "Add the most bytes live in each phase of the step");
   }
+  ConfigFlags* config_flags() override { return settings_.get(); }
 
   // Every flag, alone and together, by computing the estimate (arithmetic only).
-  void check(const CLI::App&) override {
+  void check(const CLI::App& app) override {
+    f_.param_dtype_given = f_.param_dtype_given || app.count("--param-dtype") > 0;
     spec_ = sized_spec(f_);
     micro_batch_ = checked_micro_batch(f_, *spec_);  // sequences per pass
     const MemoryEstimateOptions options = estimate_options(f_);
-    const at::ScalarType compute = f_.no_fsdp
-                                       ? options.master_dtype()
-                                       : options.param_dtype().value_or(options.master_dtype());
-    const ModelMemorySpec memory =
-        memory_spec_for(f_, *spec_, micro_batch_, compute, f_.activation_checkpoint);
+    const ModelMemorySpec memory = memory_spec_for(f_, *spec_, micro_batch_, compute_dtype(f_));
     estimate_ = estimate_memory(memory, options);
   }
 
@@ -63,6 +61,7 @@ class EstimateCli : public TorchProgramCli {
 
  private:
   ModelFlags f_;
+  std::unique_ptr<ConfigFlags> settings_;
   bool pretty_ = false, timeline_ = false;
   std::shared_ptr<const models::ModelSpec> spec_;
   int64_t micro_batch_ = 0;

@@ -35,15 +35,14 @@ namespace {
 struct Flags : ModelFlags {
   std::string hardware, output, memory_budget;
   bool json = false, pretty = false, calibrate = false, sweep = false;
-  double max_grad_norm = 1;
 };
 
-void add_flags_to(CLI::App& app, Flags& f) {
-  add_size_flags(app, f);
-  add_mode_flags(app, f);
-  app.add_option("--max-grad-norm", f.max_grad_norm,
-                 "As fsdp-train's: clipping costs a pass over the gradients and an all-reduce "
-                 "(inf: no clipping)")
+void add_flags_to(CLI::App& app, ConfigFlags& settings, Flags& f) {
+  add_prediction_flags(settings, f);
+  settings
+      .value("training", "--max-grad-norm", f.job.training.max_grad_norm,
+             "As fsdp-train's: clipping costs a pass over the gradients and an all-reduce "
+             "(inf: no clipping)")
       ->check(positive_or_inf())
       ->capture_default_str();
   app.add_option("--hardware", f.hardware,
@@ -100,15 +99,14 @@ fsdp::StepTimePlan plan(Flags f, const fsdp::HardwareSpec& hw) {
   const auto spec = sized_spec(f);
   const int64_t micro_batch = checked_micro_batch(f, *spec);
   const fsdp::MemoryEstimateOptions memory = estimate_options(f);
-  const at::ScalarType dtype =
-      f.no_fsdp ? memory.master_dtype() : memory.param_dtype().value_or(memory.master_dtype());
-  const fsdp::ModelMemorySpec memory_spec =
-      memory_spec_for(f, *spec, micro_batch, dtype, f.activation_checkpoint);
-  const fsdp::ModelComputeSpec compute = compute_spec(*spec, micro_batch, f.seq_len, dtype);
+  const at::ScalarType dtype = compute_dtype(f);
+  const fsdp::ModelMemorySpec memory_spec = memory_spec_for(f, *spec, micro_batch, dtype);
+  const fsdp::ModelComputeSpec compute =
+      compute_spec(*spec, micro_batch, f.job.training.seq_len, dtype);
   fsdp::StepTimeOptions options;
   options.memory(memory)
-      .activation_checkpoint(f.activation_checkpoint)
-      .clip_grad_norm(std::isfinite(f.max_grad_norm));
+      .activation_checkpoint(f.job.model.activation_checkpoint)
+      .clip_grad_norm(std::isfinite(f.job.training.max_grad_norm));
   return fsdp::plan_step_time(memory_spec, compute, options, hw);
 }
 
@@ -130,24 +128,28 @@ nlohmann::json plan_json(const fsdp::StepTimePlan& p, const Flags& f,
                      {"activation_bytes", m.activation_bytes}});
   }
   const auto spec = sized_spec(f);
-  return {{"step_s", p.step_s},
-          {"tokens_per_s", p.tokens_per_s},
-          {"exposed_comm_s", p.exposed_comm_s},
-          {"mfu", p.mfu},
-          {"compute_s", p.compute_s},
-          {"comm_s", p.comm_s},
-          {"optimizer_s", p.optimizer_s},
-          {"model_flops_per_step", p.model_flops_per_step},
-          {"fits", m.total_bytes <= hw.memory_bytes},
-          {"hardware", hw.name},
-          {"settings", settings_json(f, *spec, f.global_batch / f.world / f.grad_accum)},
-          {"ranks", ranks}};
+  return {
+      {"step_s", p.step_s},
+      {"tokens_per_s", p.tokens_per_s},
+      {"exposed_comm_s", p.exposed_comm_s},
+      {"mfu", p.mfu},
+      {"compute_s", p.compute_s},
+      {"comm_s", p.comm_s},
+      {"optimizer_s", p.optimizer_s},
+      {"model_flops_per_step", p.model_flops_per_step},
+      {"fits", m.total_bytes <= hw.memory_bytes},
+      {"hardware", hw.name},
+      {"settings",
+       settings_json(f, *spec, f.job.training.global_batch / f.world / f.job.training.grad_accum)},
+      {"ranks", ranks}};
 }
 
 void print_plan(const fsdp::StepTimePlan& p, const Flags& f, const fsdp::HardwareSpec& hw) {
   const fsdp::MemoryEstimate& m = p.memory;
-  std::printf("%s on %d rank(s) of %s, %s, prefetch %d\n", f.model.c_str(), f.world,
-              hw.name.c_str(), f.no_fsdp ? "no FSDP" : f.strategy.c_str(), f.prefetch);
+  const train::ParallelismConfig& par = f.job.parallelism;
+  std::printf("%s on %d rank(s) of %s, %s, prefetch %d\n", f.job.model.name.c_str(), f.world,
+              hw.name.c_str(), par.no_fsdp ? "no FSDP" : to_string(par.strategy).c_str(),
+              par.prefetch);
   std::printf("  step            %9.4f s  (%lld tokens)\n", p.step_s,
               static_cast<long long>(p.tokens_per_step));
   std::printf("  compute         %9.4f s  (optimizer and clipping %.4f s)\n", p.compute_s,
@@ -164,24 +166,25 @@ void print_plan(const fsdp::StepTimePlan& p, const Flags& f, const fsdp::Hardwar
 // Every strategy (and hpZ group, HSDP replica count) at the flags' world size.
 std::vector<Flags> sweep_configurations(const Flags& f) {
   std::vector<Flags> out;
-  auto add = [&](const std::string& strategy, int replicate, int raf) {
+  auto add = [&](ShardingStrategy strategy, int replicate, int raf) {
     Flags c = f;
-    c.strategy = strategy;
-    c.replicate = replicate;
-    c.reshard_after_forward = raf;
+    c.job.parallelism.strategy = strategy;
+    c.job.parallelism.replicate = replicate;
+    c.job.parallelism.reshard_after_forward = raf;
     out.push_back(c);
   };
   for (int replicate = 1; replicate <= f.world; ++replicate) {
     if (f.world % replicate != 0) continue;
     const int shard = f.world / replicate;
-    const std::string strategy = replicate == 1 ? "full_shard" : "hybrid_shard";
+    const ShardingStrategy strategy =
+        replicate == 1 ? ShardingStrategy::kFullShard : ShardingStrategy::kHybridShard;
     if (replicate < f.world) add(strategy, replicate, 1);
     for (int n = 2; n < shard; ++n) {
       if (shard % n == 0) add(strategy, replicate, n);
     }
   }
-  add("shard_grad_op", 1, 1);
-  add("no_shard", 1, 1);
+  add(ShardingStrategy::kShardGradOp, 1, 1);
+  add(ShardingStrategy::kNoShard, 1, 1);
   return out;
 }
 
@@ -209,13 +212,17 @@ void print_sweep(const Fitting& fitting, const Flags& f, const fsdp::HardwareSpe
   }
   const int64_t budget = f.memory_budget.empty() ? hw.memory_bytes : parse_bytes(f.memory_budget);
   std::printf("%s on %d rank(s) of %s: %zu configuration(s) fit %.3f GiB per rank\n",
-              f.model.c_str(), f.world, hw.name.c_str(), fitting.size(), budget / 1073741824.0);
+              f.job.model.name.c_str(), f.world, hw.name.c_str(), fitting.size(),
+              budget / 1073741824.0);
   std::printf("%-14s %9s %6s %10s %12s %7s %11s\n", "strategy", "replicate", "hpZ", "step_s",
               "tokens/s", "MFU", "peak GiB");
   for (const auto& [c, p] : fitting) {
-    std::printf("%-14s %9d %6s %10.4f %12.0f %6.1f%% %11.3f\n", c.strategy.c_str(), c.replicate,
-                c.reshard_after_forward > 1 ? std::to_string(c.reshard_after_forward).c_str() : "-",
-                p.step_s, p.tokens_per_s, 100 * p.mfu, p.memory.total_bytes / 1073741824.0);
+    const train::ParallelismConfig& par = c.job.parallelism;
+    std::printf(
+        "%-14s %9d %6s %10.4f %12.0f %6.1f%% %11.3f\n", to_string(par.strategy).c_str(),
+        par.replicate,
+        par.reshard_after_forward > 1 ? std::to_string(par.reshard_after_forward).c_str() : "-",
+        p.step_s, p.tokens_per_s, 100 * p.mfu, p.memory.total_bytes / 1073741824.0);
   }
 }
 
@@ -252,16 +259,21 @@ class PlanCli : public TorchProgramCli {
   const char* description() const override {
     return "fsdp-plan: predict step time, tokens/s, MFU and memory of an FSDP run";
   }
-  void add_flags(CLI::App& app) override { add_flags_to(app, f_); }
+  void add_flags(CLI::App& app) override {
+    settings_ = std::make_unique<ConfigFlags>(app);
+    add_flags_to(app, *settings_, f_);
+  }
+  ConfigFlags* config_flags() override { return settings_.get(); }
 
   // Every flag, by computing the plan (or the sweep's plans): arithmetic only. --calibrate
   // measures the machine in run().
-  void check(const CLI::App&) override {
+  void check(const CLI::App& app) override {
+    f_.param_dtype_given = f_.param_dtype_given || app.count("--param-dtype") > 0;
     if (f_.calibrate) {
       TORCH_CHECK(!f_.output.empty(), "--calibrate needs --output FILE for the hardware file");
       return;
     }
-    if (f_.no_fsdp) f_.world = 1;
+    if (f_.job.parallelism.no_fsdp) f_.world = 1;
     TORCH_CHECK(!f_.hardware.empty(), "--hardware FILE is required (or --calibrate to make one)");
     hw_ = load_hardware(f_.hardware);
     if (f_.sweep) {
@@ -285,6 +297,7 @@ class PlanCli : public TorchProgramCli {
 
  private:
   Flags f_;
+  std::unique_ptr<ConfigFlags> settings_;
   std::optional<fsdp::HardwareSpec> hw_;
   std::optional<fsdp::StepTimePlan> plan_;
   Fitting fitting_;
