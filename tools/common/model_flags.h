@@ -25,6 +25,28 @@ inline at::ScalarType parse_dtype(const std::string& flag, const std::string& na
   TORCH_CHECK(false, flag, " must be fp32, bf16, fp16 or fp64, got '", name, "'");
 }
 
+// --model: a registered model name, or a Hugging Face model directory (one holding config.json;
+// models::resolve_model_spec reads either).
+inline CLI::Validator model_name_or_dir() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        for (const auto& name : fsdp::models::model_names()) {
+          if (name == value) return "";
+        }
+        if (fsdp::models::is_pretrained_dir(value)) return "";
+        return value + " not in {" + fsdp::models::model_names_joined() +
+               "} and not a directory holding a Hugging Face config.json";
+      },
+      "NAME|DIR");
+}
+
+inline std::string model_flag_help(const std::string& what) {
+  return what + ": " + fsdp::models::model_names_joined() +
+         ", or a Hugging Face model directory (its config.json names one of " +
+         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+         "GPT2LMHeadModel)";
+}
+
 // The command line, with each flag's default.
 struct ModelFlags {
   std::string model = "tiny";
@@ -40,9 +62,8 @@ struct ModelFlags {
 };
 
 inline void add_size_flags(CLI::App& app, ModelFlags& f) {
-  app.add_option("--model", f.model,
-                 "Model config to start from: " + fsdp::models::model_names_joined())
-      ->check(CLI::IsMember(fsdp::models::model_names()))
+  app.add_option("--model", f.model, model_flag_help("Model config to start from"))
+      ->check(model_name_or_dir())
       ->capture_default_str();
   const auto positive = integer_at_least(1);
   app.add_option("--vocab-size", f.vocab_size, "Override the config's vocab_size")->check(positive);
@@ -120,7 +141,7 @@ inline std::shared_ptr<const fsdp::models::ModelSpec> sized_spec(const ModelFlag
   overrides.n_layers = f.n_layer;
   overrides.n_heads = f.n_head;
   try {
-    return fsdp::models::model_spec(f.model)->with_overrides(overrides);
+    return fsdp::models::resolve_model_spec(f.model)->with_overrides(overrides);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "--n-embd, --n-head, --n-layer, --vocab-size or --n-positions: ",
                 e.what_without_backtrace());

@@ -6,6 +6,7 @@
 
 #include <common/cli_checks.h>
 #include <common/launcher.h>
+#include <common/model_flags.h>
 #include <common/torch_program.h>
 #include <fsdp/comm/rendezvous.h>
 #include <fsdp/data/corpus.h>
@@ -240,8 +241,8 @@ void add_all_flags(CLI::App& app, fsdp::train::TrainerOptions& o, LaunchFlags& l
   app.add_option("--nproc", launch.nproc,
                  "Launch this many local ranks (default 2 unless RANK/WORLD_SIZE are set)")
       ->check(positive);
-  app.add_option("--model", o.model, "Model config: " + fsdp::models::model_names_joined())
-      ->check(CLI::IsMember(fsdp::models::model_names()))
+  app.add_option("--model", o.model, model_flag_help("Model config"))
+      ->check(model_name_or_dir())
       ->capture_default_str();
   app.add_option("--steps", o.steps, "Optimizer steps")->check(non_negative)->capture_default_str();
   app.add_option("--global-batch", o.global_batch, "Sequences per step over all ranks")

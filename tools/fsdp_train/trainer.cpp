@@ -276,7 +276,7 @@ constexpr int64_t kByteVocab = 256;
 
 // --model, with --vocab-size's override (TrainerOptions::vocab_size) applied.
 std::shared_ptr<const models::ModelSpec> model_spec_of(const TrainerOptions& o) {
-  const auto spec = models::model_spec(o.model);
+  const auto spec = models::resolve_model_spec(o.model);
   if (o.vocab_size == 0 && o.tokenizer_path.empty()) return spec;
   TORCH_CHECK(o.vocab_size >= 0, "vocab_size must be positive (or 0: the model's own), got ",
               o.vocab_size);

@@ -21,7 +21,7 @@ class ModelSpec;
 namespace fsdp::train {
 
 struct TrainerOptions {
-  std::string model = "tiny";  // a registered model name (models::model_names())
+  std::string model = "tiny";  // models::resolve_model_spec's: a registered name or an HF directory
   int64_t vocab_size = 0;      // 0: the model's own; else overrides it (e.g. a tokenizer's)
   int64_t steps = 2000;
   int64_t global_batch = 16;  // sequences per optimizer step, over all ranks
