@@ -16,19 +16,21 @@ namespace fsdp::models {
 inline constexpr int64_t kCpuGeneratorStateBytes = 5056;
 
 // What models::loss adds for `tokens` tokens over a vocabulary of `vocab`, the logits' elements
-// of element_size bytes. The loss runs in float32: logits of another dtype are copied to float32
-// first (a temporary), and the log-softmax, which autograd keeps for its backward, is float32.
+// of element_size bytes. The loss runs in float32 at least: narrower logits are copied to
+// float32 first (a temporary), and the log-softmax, which autograd keeps for its backward, is
+// float32 (or the logits' own wider dtype).
 struct LossMemory {
-  int64_t saved_bytes = 0;              // the float32 log-softmax
-  int64_t forward_workspace_bytes = 0;  // the logits, and their float32 copy unless float32
-  // The gradients of the log-softmax's output and input (float32); the logits' gradient in
-  // their own dtype comes after the first of those is freed, and is no larger.
+  int64_t saved_bytes = 0;              // the log-softmax
+  int64_t forward_workspace_bytes = 0;  // the logits, and their float32 copy if narrower
+  // The gradients of the log-softmax's output and input; the logits' gradient in their own
+  // dtype comes after the first of those is freed, and is no larger.
   int64_t backward_peak_bytes = 0;
 };
 
 inline LossMemory loss_memory(int64_t tokens, int64_t vocab, int64_t element_size) {
-  const int64_t logits = tokens * vocab * element_size, f32 = tokens * vocab * 4;
-  return {f32, logits + (element_size == 4 ? 0 : f32), 2 * f32};
+  const int64_t logits = tokens * vocab * element_size;
+  const int64_t wide = tokens * vocab * (element_size < 4 ? 4 : element_size);
+  return {wide, logits + (element_size < 4 ? wide : 0), 2 * wide};
 }
 
 // What one layer keeps and allocates, for one micro-batch (UnitMemorySpec's fields).

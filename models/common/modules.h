@@ -26,9 +26,9 @@ using UnitBuiltCallback =
     std::function<void(const std::string& name, const std::shared_ptr<torch::nn::Module>& unit)>;
 
 // Mean cross-entropy (in nats) of logits [B, T, V] against targets [B, T] int64, computed in
-// float32 whatever the logits' dtype: bf16 / fp16 logits are upcast before the log-softmax, as
-// transformers and torchtitan do (a bf16 log-softmax over a large vocabulary loses the loss's
-// low digits). Returns a float32 scalar.
+// float32 at least: bf16 / fp16 logits are upcast before the log-softmax, as transformers and
+// torchtitan do (a bf16 log-softmax over a large vocabulary loses the loss's low digits).
+// Returns a float32 scalar (float64 for float64 logits).
 at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets);
 
 // Seed of the generator that initializes the parameter called name (a Hugging Face name), for a

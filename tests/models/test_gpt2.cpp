@@ -170,6 +170,7 @@ TEST(GPT2, LossRunsInFloat32WhateverTheLogitsDtype) {
     l.backward();
     EXPECT_EQ(logits.grad().scalar_type(), dtype);
   }
+  EXPECT_EQ(loss(at::randn({2, 7, 1000}, at::kDouble), targets).scalar_type(), at::kDouble);
 }
 
 TEST(GPT2, LogitsAtAPositionDoNotDependOnLaterTokens) {
