@@ -262,10 +262,9 @@ TEST_F(HfFamilies, OurExportsLoadInTransformersWithOurLogits) {
   }
 }
 
+// (SmolLM2's shape: below, sharded.)
 TEST_F(HfFamilies, TransformersCheckpointsGiveTransformersLogitsAndLoss) {
-  auto cases = family_cases();
-  cases.push_back(smollm2_case());
-  for (const auto& c : cases) {
+  for (const auto& c : family_cases()) {
     SCOPED_TRACE(c.name);
     const std::string dir = theirs(c.name);
     ASSERT_TRUE(exists(dir + "/model.safetensors.index.json"));
@@ -343,8 +342,9 @@ TEST_F(HfFamilies, SmolLM2ShapeShardedOverTwoRanksGivesTransformersLogits) {
   const std::string dir = theirs("smollm2_135m");
   const auto expected = checkpoint::load_safetensors(dir + "/expected.safetensors");
   const at::Tensor ids = expected.at("input_ids"), want = expected.at("logits");
+  const at::Tensor targets = expected.at("targets");
   ASSERT_EQ(ids.size(0), 2);
-  std::vector<double> diffs(2, 1.0);
+  std::vector<double> diffs(2, 1.0), losses(2, 0.0);
   ProcessGroupOptions options;
   options.timeout = std::chrono::seconds(60);
   run_ranks_in_threads(
@@ -361,14 +361,19 @@ TEST_F(HfFamilies, SmolLM2ShapeShardedOverTwoRanksGivesTransformersLogits) {
         checkpoint::load_full(dir, *model->root(), group.get(), spec->hf_layout());
         const int rank = group->rank();
         at::NoGradGuard no_grad;
+        EXPECT_EQ(spec->name(), "smollm2_135m");
         const at::Tensor logits = model->forward(ids.narrow(0, rank, 1));
         diffs[rank] = relative_difference(logits, want.narrow(0, rank, 1));
+        losses[rank] = model->loss(logits, targets.narrow(0, rank, 1)).item<double>();
       },
       options);
+  // Both rows have as many tokens: the batch's mean is the mean of the rows' means.
+  const double loss = (losses[0] + losses[1]) / 2, want_loss = expected.at("loss").item<double>();
   std::cout << "SmolLM2-135M's shape at W=2: max relative logits difference " << diffs[0] << ", "
-            << diffs[1] << "\n";
+            << diffs[1] << "; loss " << loss << " vs transformers' " << want_loss << "\n";
   EXPECT_LE(diffs[0], 1e-5);
   EXPECT_LE(diffs[1], 1e-5);
+  EXPECT_NEAR(loss, want_loss, 1e-5 * want_loss);
 }
 
 }  // namespace
