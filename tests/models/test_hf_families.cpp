@@ -234,6 +234,8 @@ class HfFamilies : public ::testing::Test {
                                                     600});
     std::cout << reference_.output << (reference_.from_cache ? "(from the reference cache)\n" : "");
   }
+  // The SmolLM2-shaped checkpoint is 270 MB: never leave it behind (the reference cache has it).
+  static void TearDownTestSuite() { remove_all(root_); }
   void SetUp() override { ASSERT_EQ(reference_.exit_code, 0) << reference_.output; }
 
   static std::string theirs(const std::string& name) { return root_ + "/theirs/" + name; }
