@@ -3,6 +3,7 @@
 // do, the spec's parameters against its memory spec and the built model, the config.json it
 // writes back (every field kept), the resolver programs use for --model, the sliding-window
 // limit, and broken or hostile files each refused naming the field and the value.
+#include <fsdp/fully_shard.h>
 #include <models/hf/hf_config.h>
 #include <models/model.h>
 
@@ -17,7 +18,6 @@
 
 #include <fstream>
 #include <functional>
-#include <unordered_set>
 
 namespace fsdp::models {
 namespace {
@@ -75,12 +75,10 @@ std::string refusal_of_text(const std::string& text) {
 
 std::string refusal(const json& config) { return refusal_of_text(config.dump()); }
 
+// Parameter elements, a tied weight counted once.
 int64_t distinct_numel(const torch::nn::Module& model) {
-  std::unordered_set<const c10::TensorImpl*> seen;
   int64_t total = 0;
-  for (const auto& p : model.parameters()) {
-    if (seen.insert(p.unsafeGetTensorImpl()).second) total += p.numel();
-  }
+  for (const auto& p : unique_parameters(model)) total += p.numel();
   return total;
 }
 
