@@ -34,8 +34,12 @@ constexpr int kMaxDepth = 32;                    // config.json nests 3 deep at 
 constexpr int64_t kMaxSize = int64_t{1} << 24;   // as LlamaConfig's and GPT2Config's limits
 constexpr int64_t kMaxIndex = int64_t{1} << 31;  // max_window_layers and other counts
 
+// Every message starts with "config.json" (model_spec_from_pretrained puts the path there).
 [[noreturn]] void fail(const std::string& message) {
   throw HfConfigError("config.json: " + message);
+}
+[[noreturn]] void fail_file(const std::string& message) {
+  throw HfConfigError("config.json " + message);
 }
 
 // A value for a message: its JSON text, shortened (a hostile value can be anything).
@@ -50,26 +54,26 @@ std::string shown(const json& value) {
 // last of duplicate keys; a file with them is broken whichever one is meant).
 json parse_strict(std::string_view text) {
   if (text.size() > kMaxHfConfigBytes) {
-    fail("is " + std::to_string(text.size()) + " bytes, more than the " +
-         std::to_string(kMaxHfConfigBytes) + " accepted");
+    fail_file("is " + std::to_string(text.size()) + " bytes, more than the " +
+              std::to_string(kMaxHfConfigBytes) + " accepted");
   }
   std::vector<std::set<std::string>> keys;  // one set per open object
   json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth > kMaxDepth) fail("nests deeper than " + std::to_string(kMaxDepth) + " levels");
+    if (depth > kMaxDepth) fail_file("nests deeper than " + std::to_string(kMaxDepth) + " levels");
     if (event == json::parse_event_t::object_start) keys.emplace_back();
     if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
     if (event == json::parse_event_t::key && !keys.empty() &&
         !keys.back().insert(parsed.get<std::string>()).second) {
-      fail("has the key " + shown(parsed) + " twice in one object");
+      fail_file("has the key " + shown(parsed) + " twice in one object");
     }
     return true;
   };
   try {
     json parsed = json::parse(text.begin(), text.end(), check);
-    if (!parsed.is_object()) fail("is not a JSON object");
+    if (!parsed.is_object()) fail_file("is not a JSON object");
     return parsed;
   } catch (const json::exception& e) {
-    fail(std::string("is not valid JSON: ") + e.what());
+    fail_file(std::string("is not valid JSON: ") + e.what());
   }
 }
 
@@ -101,7 +105,7 @@ class Fields {
     return n;
   }
   int64_t required_size(const char* key, const std::string& needed_by) const {
-    if (!has(key)) fail(where_ + "has no " + key + " (" + needed_by + " needs it)");
+    if (!has(key)) fail(where_ + key + " is missing (" + needed_by + " needs it)");
     return *integer(key, 1, kMaxSize);
   }
   int64_t size_or(const char* key, int64_t fallback) const {
@@ -190,7 +194,7 @@ const ClassInfo& class_of(const Fields& f) {
     fail(std::string("architectures names ") + by_class->class_name + " but model_type is " +
          shown(json(*type)));
   }
-  if (by_class == nullptr) fail("names neither architectures nor model_type");
+  if (by_class == nullptr) fail_file("names neither architectures nor model_type");
   return *by_class;
 }
 

@@ -125,9 +125,9 @@ std::shared_ptr<const ModelSpec> model_spec_from_pretrained(const std::string& d
   try {
     parsed = parse_hf_config(text);
   } catch (const HfConfigError& e) {
-    // e says "config.json: field=value ..."; name the whole path instead.
+    // e's message starts with "config.json": name the whole path instead.
     const std::string message = e.what();
-    TORCH_CHECK(false, file, message.substr(message.find(':')));
+    TORCH_CHECK(false, file, message.substr(std::string("config.json").size()));
   }
   const std::string name = name_of(dir);
   auto inner =

@@ -249,7 +249,8 @@ struct Refusal {
 // Sizes and types.
 std::vector<Refusal> size_refusals() {
   return {
-      {[](json& c) { c.erase("hidden_size"); }, {"has no hidden_size"}},
+      {[](json& c) { c.erase("hidden_size"); },
+       {"config.json: hidden_size is missing (LlamaForCausalLM needs it)"}},
       {[](json& c) { c["hidden_size"] = "64"; }, {"hidden_size must be an integer, got \"64\""}},
       {[](json& c) { c["num_hidden_layers"] = 1.5; },
        {"num_hidden_layers must be an integer", "1.5"}},
@@ -352,7 +353,7 @@ TEST(HfConfig, BrokenConfigsAreRefusedNamingTheFieldAndValue) {
       {[](json& c) { c["n_embd"] = 50; }, "n_embd=50 is not divisible by n_head=4"},
       {[](json& c) { c["activation_function"] = "gelu"; },
        "activation_function \"gelu\" is not implemented"},
-      {[](json& c) { c.erase("n_positions"); }, "has no n_positions"},
+      {[](json& c) { c.erase("n_positions"); }, "n_positions is missing"},
   };
   for (const auto& [change, says] : gpt2) {
     json config = gpt2_json();
@@ -362,7 +363,7 @@ TEST(HfConfig, BrokenConfigsAreRefusedNamingTheFieldAndValue) {
 }
 
 TEST(HfConfig, HostileTextIsRefused) {
-  EXPECT_THAT(refusal_of_text("{\"vocab_size\": 12"), HasSubstr("is not valid JSON"));
+  EXPECT_THAT(refusal_of_text("{\"vocab_size\": 12"), HasSubstr("config.json is not valid JSON"));
   EXPECT_THAT(refusal_of_text("[1, 2]"), HasSubstr("is not a JSON object"));
   EXPECT_THAT(refusal_of_text("{\"hidden_size\": 1, \"hidden_size\": 2}"),
               HasSubstr("has the key \"hidden_size\" twice"));
@@ -370,7 +371,7 @@ TEST(HfConfig, HostileTextIsRefused) {
               HasSubstr("nests deeper"));
   EXPECT_THAT(refusal_of_text("{\"x\": \"" + std::string(2 << 20, 'a') + "\"}"),
               HasSubstr("more than the 1048576 accepted"));
-  EXPECT_THAT(refusal_of_text("{\"rope_theta\": NaN}"), HasSubstr("is not valid JSON"));
+  EXPECT_THAT(refusal_of_text("{\"rope_theta\": NaN}"), HasSubstr("config.json is not valid JSON"));
   // Through a directory, the message names the file.
   json broken = llama_json();
   broken["num_key_value_heads"] = 0;
