@@ -140,8 +140,10 @@ inline std::shared_ptr<const fsdp::models::ModelSpec> sized_spec(const ModelFlag
   overrides.dim = f.n_embd;
   overrides.n_layers = f.n_layer;
   overrides.n_heads = f.n_head;
+  // A directory's config.json errors name the file, not these flags.
+  const auto spec = fsdp::models::resolve_model_spec(f.model);
   try {
-    return fsdp::models::resolve_model_spec(f.model)->with_overrides(overrides);
+    return spec->with_overrides(overrides);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "--n-embd, --n-head, --n-layer, --vocab-size or --n-positions: ",
                 e.what_without_backtrace());
