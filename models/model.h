@@ -113,4 +113,25 @@ std::vector<std::string> model_names();
 // model_names() joined with ", " (for help texts and errors).
 std::string model_names_joined();
 
+// --- models from a Hugging Face directory (models/hf/) ---
+
+// The model described by DIR/config.json (a Hugging Face checkpoint directory, as
+// save_pretrained writes it), for the transformers classes LlamaForCausalLM,
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and GPT2LMHeadModel. Every field that
+// changes the computation is honoured or the file is refused naming it (models/hf/hf_config.h).
+// The spec's name() is DIR's last component; hf_layout() is the class's file layout (its tied or
+// untied head, biases, q/k norms), so checkpoint::load_full(DIR, ...) loads DIR's weights;
+// hf_config_json(dtype) is DIR's config.json with every field kept, torch_dtype (and dtype, if
+// the file has it) set to dtype, architectures to the class, and the sizes to this spec's (they
+// differ after with_overrides). Throws c10::Error naming the file, the field and the value.
+std::shared_ptr<const ModelSpec> model_spec_from_pretrained(const std::string& dir);
+
+// Whether path is a directory holding a config.json (what model_spec_from_pretrained reads).
+bool is_pretrained_dir(const std::string& path);
+
+// What a program's --model names: a registered configuration (model_spec) if name_or_dir is
+// one, else a Hugging Face directory (model_spec_from_pretrained). Throws listing the registered
+// names when it is neither.
+std::shared_ptr<const ModelSpec> resolve_model_spec(const std::string& name_or_dir);
+
 }  // namespace fsdp::models

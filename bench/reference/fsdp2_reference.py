@@ -666,11 +666,14 @@ def train(rank, world, args):
             if args.mode == "ddp" and not sync:
                 with train_model.no_sync():
                     logits = train_model(x)
-                    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+                    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                                           y.reshape(-1))
                     (loss / accum).backward()
             else:
                 logits = train_model(x)
-                loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+                # In float32 whatever the logits' dtype, as fsdp's models::loss (and
+                # transformers' and torchtitan's losses).
+                loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
                 (scaler.scale(loss / accum) if scaler else loss / accum).backward()
             loss_sum += loss.detach().double().item()
         loss_scale = scaler.get_scale() if scaler else None

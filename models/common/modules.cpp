@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
+#include <fsdp/runtime/forward.h>
 
 namespace fsdp::models {
 namespace {
@@ -46,7 +47,39 @@ at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) {
                   logits.size(1) == targets.size(1),
               "loss expects logits [B, T, V] and targets [B, T], got logits ", logits.sizes(),
               " and targets ", targets.sizes());
-  return at::cross_entropy_loss(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}));
+  const at::Tensor flat = logits.reshape({-1, logits.size(2)});
+  // Reduced-precision logits only: float64 ones (the float64 equivalence tests) stay float64.
+  return at::cross_entropy_loss(
+      c10::isReducedFloatingType(flat.scalar_type()) ? flat.to(at::kFloat) : flat,
+      targets.reshape({-1}));
+}
+
+torch::nn::Linear make_linear(const ParamSpec* weight, const ParamSpec* bias) {
+  TORCH_INTERNAL_ASSERT(weight != nullptr && weight->shape.size() == 2, "a linear layer's weight");
+  const int64_t out = weight->shape[0], in = weight->shape[1];
+  TORCH_INTERNAL_ASSERT(bias == nullptr || bias->shape == std::vector<int64_t>{out}, "the bias of ",
+                        weight->name, " is not [", out, "]");
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias != nullptr));
+}
+
+torch::nn::Linear layer_linear(const ParamTable& params, const std::string& name) {
+  return make_linear(params.layer_param(name + ".weight"), params.layer_param(name + ".bias"));
+}
+
+at::Tensor linear(torch::nn::Linear layer, const at::Tensor& x) {
+  return fsdp::forward_with(
+      layer, [&layer](const at::Tensor& in) { return at::linear(in, layer->weight, layer->bias); },
+      x);
+}
+
+at::Tensor activate(Activation activation, const at::Tensor& x) {
+  switch (activation) {
+    case Activation::kSilu:
+      return at::silu(x);
+    case Activation::kGeluTanh:
+      return at::gelu(x, "tanh");
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled activation");
 }
 
 }  // namespace fsdp::models

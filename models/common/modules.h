@@ -4,8 +4,12 @@
 // linear layer over a weight owned by another module (tied input and output embeddings).
 #pragma once
 
+#include <models/common/activation.h>
+#include <models/common/param_table.h>
+
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
@@ -21,7 +25,10 @@ namespace fsdp::models {
 using UnitBuiltCallback =
     std::function<void(const std::string& name, const std::shared_ptr<torch::nn::Module>& unit)>;
 
-// Mean cross-entropy (in nats) of logits [B, T, V] against targets [B, T] int64.
+// Mean cross-entropy (in nats) of logits [B, T, V] against targets [B, T] int64, computed in
+// float32 at least: bf16 / fp16 logits are upcast before the log-softmax, as transformers and
+// torchtitan do (a bf16 log-softmax over a large vocabulary loses the loss's low digits).
+// Returns a float32 scalar (float64 for float64 logits).
 at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets);
 
 // Seed of the generator that initializes the parameter called name (a Hugging Face name), for a
@@ -44,5 +51,23 @@ class TiedLinearImpl : public torch::nn::Module {
   at::Tensor weight;
 };
 TORCH_MODULE(TiedLinear);
+
+// A torch::nn::Linear of weight's shape [out, in], with a bias if bias is not null (its shape
+// is checked against [out]). Its values are the layer's own random ones: ParamTable::init_module
+// overwrites them.
+torch::nn::Linear make_linear(const ParamSpec* weight, const ParamSpec* bias);
+// make_linear of a layer's parameters "<name>.weight" and (if there is one) "<name>.bias".
+torch::nn::Linear layer_linear(const ParamTable& params, const std::string& name);
+
+// y = x W^T + b through at::linear, the op PyTorch's nn.Linear calls: for a contiguous [B, T, C]
+// input it is one addmm with the bias fused, rounded once. torch::nn::Linear::forward (LibTorch's
+// functional linear) instead runs matmul and then adds the bias in place for inputs of more than
+// two dimensions, which in bf16 rounds twice: the same weights then give different bf16
+// activations than PyTorch's. Called through fsdp::forward_with, so the layer may be an FSDP
+// unit of its own (an auto-wrap policy's choice).
+at::Tensor linear(torch::nn::Linear layer, const at::Tensor& x);
+
+// The activation applied elementwise, computed as transformers' class for it does on CPU.
+at::Tensor activate(Activation activation, const at::Tensor& x);
 
 }  // namespace fsdp::models

@@ -16,6 +16,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 #include <models/common/modules.h>
+#include <models/common/param_table.h>
+#include <models/gpt2/gpt2_config.h>
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -33,48 +35,21 @@
 
 namespace fsdp::models {
 
-struct GPT2Config {
-  int64_t vocab_size = 256;
-  int64_t n_positions = 64;  // longest sequence the model accepts
-  int64_t n_embd = 32;
-  int64_t n_layer = 2;
-  int64_t n_head = 2;
-  double layer_norm_epsilon = 1e-5;
+// Every parameter of GPT2LMHead(config): names, shapes and initializers (the one place GPT-2's
+// shapes are written). GPT-2's scheme: wte and Linear weights N(0, 0.02); c_proj weights
+// (attention and MLP) N(0, 0.02 / sqrt(2 * n_layer)); wpe N(0, 0.01); biases 0; LayerNorm
+// weight 1, bias 0; an untied lm_head.weight N(0, 0.02), a tied one is transformer.wte.weight.
+ParamTable gpt2_params(const GPT2Config& config);
 
-  // Named configurations. Parameter counts (tied lm_head counted once, see num_parameters):
-  //   tiny         vocab 256,   ctx 64,   d 32,   2 layers,  2 heads:        35,712 (unit tests)
-  //   small        vocab 256,   ctx 256,  d 384,  8 layers,  6 heads:    14,393,088 (CPU
-  //   benchmarks) gpt2         vocab 50257, ctx 1024, d 768,  12 layers, 12 heads:  124,439,808 (HF
-  //   "gpt2") gpt2-medium  vocab 50257, ctx 1024, d 1024, 24 layers, 16 heads:  354,823,168 (HF
-  //   "gpt2-medium") gpt2-large   vocab 50257, ctx 1024, d 1280, 36 layers, 20 heads:  774,030,080
-  //   (HF "gpt2-large") gpt2-xl      vocab 50257, ctx 1024, d 1600, 48 layers, 25 heads:
-  //   1,557,611,200 (HF "gpt2-xl")
-  // The trainer feeds byte-level tokens, so with the HF-sized configs only ids below 256 occur.
-  static GPT2Config tiny();
-  static GPT2Config small();
-  static GPT2Config gpt2();
-  static GPT2Config medium();
-  static GPT2Config large();
-  static GPT2Config xl();
-  // One of names(); throws listing the valid names otherwise.
-  static GPT2Config by_name(const std::string& name);
-  static std::vector<std::string> names();
-
-  // Throws naming the offending values if a size is not positive or n_embd % n_head != 0.
-  void validate() const;
-};
-
-// Number of distinct parameter elements of GPT2LMHead(config); lm_head.weight is the same tensor
-// as transformer.wte.weight and is counted once.
+// Number of distinct parameter elements of GPT2LMHead(config); a tied lm_head.weight is the
+// same tensor as transformer.wte.weight and is counted once.
 int64_t num_parameters(const GPT2Config& config);
 
 // Initial value of one parameter of GPT2LMHead(config), as a new float32 CPU tensor of the given
-// shape, drawn from its own generator seeded by seed_for(seed, hf_name). GPT-2's scheme:
-// wte and Linear weights N(0, 0.02); c_proj weights (attention and MLP) N(0, 0.02 / sqrt(2 *
-// n_layer)); wpe N(0, 0.01); biases 0; LayerNorm weight 1, bias 0. "lm_head.weight" is tied to
-// "transformer.wte.weight" and gets its values. Thread-safe and independent of the global
-// generator and of the order in which parameters are initialized. Throws if hf_name is not a
-// parameter of this config or shape is not its shape.
+// shape, drawn from its own generator seeded by seed_for(seed, hf_name) (gpt2_params gives the
+// scheme). A tied "lm_head.weight" gets "transformer.wte.weight"'s values. Thread-safe and
+// independent of the global generator and of the order in which parameters are initialized.
+// Throws if hf_name is not a parameter of this config or shape is not its shape.
 at::Tensor init_parameter(const GPT2Config& config, const std::string& hf_name,
                           at::IntArrayRef shape, uint64_t seed);
 
@@ -104,9 +79,10 @@ struct GPT2Options {
 // which gives bit-identical results from run to run, for any intra-op thread count and for any
 // batch split (each (batch, head) pair is computed alone, in a fixed order), and needs no T x T
 // score matrix. On CUDA its backward may use atomics, i.e. differ in the last bits between runs.
+// Modules below are built from the model's ParamTable (gpt2_params): their sizes are the table's.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit CausalSelfAttentionImpl(const GPT2Config& config);
+  CausalSelfAttentionImpl(const GPT2Config& config, const ParamTable& params);
   at::Tensor forward(const at::Tensor& x);  // [B, T, n_embd] -> [B, T, n_embd]
 
   torch::nn::Linear c_attn{nullptr};
@@ -119,11 +95,14 @@ TORCH_MODULE(CausalSelfAttention);
 
 class MLPImpl : public torch::nn::Module {
  public:
-  explicit MLPImpl(const GPT2Config& config);
-  at::Tensor forward(const at::Tensor& x);  // c_proj(gelu_tanh(c_fc(x)))
+  MLPImpl(const GPT2Config& config, const ParamTable& params);
+  at::Tensor forward(const at::Tensor& x);  // c_proj(act(c_fc(x))), act tanh-GELU by default
 
   torch::nn::Linear c_fc{nullptr};
   torch::nn::Linear c_proj{nullptr};
+
+ private:
+  Activation act_;
 };
 TORCH_MODULE(MLP);
 
@@ -131,7 +110,7 @@ TORCH_MODULE(MLP);
 // must be deterministic for the equivalence tests.
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GPT2Config& config, bool activation_checkpoint = false);
+  BlockImpl(const GPT2Config& config, const ParamTable& params, bool activation_checkpoint = false);
   // With activation checkpointing, runs body under fsdp::checkpoint; otherwise body(x).
   at::Tensor forward(const at::Tensor& x);
   at::Tensor body(const at::Tensor& x);
@@ -158,6 +137,7 @@ class GPT2ModelImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& idx);
 
   const GPT2Config& config() const { return config_; }
+  const ParamTable& params() const { return params_; }
 
   torch::nn::Embedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
@@ -167,14 +147,16 @@ class GPT2ModelImpl : public torch::nn::Module {
 
  private:
   GPT2Config config_;
+  ParamTable params_;
 };
 TORCH_MODULE(GPT2Model);
 
 // (TiedLinear, used for lm_head, is in models/common/modules.h.)
 
-// GPT-2 with its language-model head (HF's GPT2LMHeadModel). lm_head.weight is the very tensor
-// transformer.wte.weight (same TensorImpl), as in HF; note that LibTorch's parameters() then
-// lists it twice, so give optimizers fsdp::unique_parameters(*model).
+// GPT-2 with its language-model head (HF's GPT2LMHeadModel). Tied (GPT-2's own choice),
+// lm_head.weight is the very tensor transformer.wte.weight (same TensorImpl), as in HF; note that
+// LibTorch's parameters() then lists it twice, so give optimizers fsdp::unique_parameters(*model).
+// With tie_word_embeddings false it is a bias-free Linear of its own.
 class GPT2LMHeadImpl : public torch::nn::Module {
  public:
   explicit GPT2LMHeadImpl(const GPT2Options& options);
@@ -184,7 +166,8 @@ class GPT2LMHeadImpl : public torch::nn::Module {
   const GPT2Config& config() const { return transformer->config(); }
 
   GPT2Model transformer{nullptr};
-  TiedLinear lm_head{nullptr};
+  TiedLinear lm_head{nullptr};                // tied; null when untied
+  torch::nn::Linear untied_lm_head{nullptr};  // untied; null when tied
 };
 TORCH_MODULE(GPT2LMHead);
 

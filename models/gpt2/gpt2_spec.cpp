@@ -4,8 +4,8 @@
 #include <fsdp/runtime/forward.h>
 #include <models/gpt2/gpt2.h>
 #include <models/gpt2/gpt2_memory.h>
+#include <models/gpt2/gpt2_spec.h>
 #include <models/gpt2/hf.h>
-#include <models/model.h>
 
 namespace fsdp::models {
 namespace {
@@ -39,11 +39,14 @@ class GPT2Spec : public ModelSpec {
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t max_seq_len() const override { return config_.n_positions; }
   std::vector<std::pair<std::string, int64_t>> sizes() const override {
-    return {{"vocab_size", config_.vocab_size},
-            {"n_positions", config_.n_positions},
-            {"n_embd", config_.n_embd},
-            {"n_layer", config_.n_layer},
-            {"n_head", config_.n_head}};
+    std::vector<std::pair<std::string, int64_t>> out = {{"vocab_size", config_.vocab_size},
+                                                        {"n_positions", config_.n_positions},
+                                                        {"n_embd", config_.n_embd},
+                                                        {"n_layer", config_.n_layer},
+                                                        {"n_head", config_.n_head}};
+    if (config_.n_inner > 0) out.emplace_back("n_inner", config_.n_inner);
+    if (!config_.tie_word_embeddings) out.emplace_back("tie_word_embeddings", 0);
+    return out;
   }
   std::shared_ptr<const ModelSpec> with_overrides(const SizeOverrides& o) const override {
     GPT2Config c = config_;
@@ -62,7 +65,7 @@ class GPT2Spec : public ModelSpec {
         .on_block_built(options.on_unit_built());
     return std::make_unique<GPT2Built>(GPT2LMHead(o));
   }
-  checkpoint::FullLayout hf_layout() const override { return gpt2_hf_layout(); }
+  checkpoint::FullLayout hf_layout() const override { return gpt2_hf_layout(config_); }
   // (GPT-2's config.json names no dtype; transformers reads it from the file.)
   std::string hf_config_json(at::ScalarType) const override { return gpt2_hf_config_json(config_); }
   ModelMemorySpec memory_spec(int64_t micro_batch, int64_t seq_len, at::ScalarType compute_dtype,
@@ -76,6 +79,11 @@ class GPT2Spec : public ModelSpec {
 };
 
 }  // namespace
+
+std::shared_ptr<const ModelSpec> make_gpt2_spec(std::string name, const GPT2Config& config) {
+  config.validate();
+  return std::make_shared<GPT2Spec>(std::move(name), config);
+}
 
 std::vector<std::shared_ptr<const ModelSpec>> gpt2_model_specs() {
   std::vector<std::shared_ptr<const ModelSpec>> specs;

@@ -27,8 +27,15 @@ std::string llama_hf_config_json(const LlamaConfig& c, at::ScalarType dtype) {
   const char* dtype_name = dtype == at::kFloat      ? "float32"
                            : dtype == at::kBFloat16 ? "bfloat16"
                                                     : "float16";
+  // Qwen2's and Qwen3's features and Mistral's window have no LlamaConfig field (a spec built
+  // from their config.json writes that file instead: models/hf/).
+  TORCH_CHECK(c.attention_bias != AttentionBias::kQkv && !c.qk_norm && c.sliding_window == 0,
+              "llama_hf_config_json: q/k/v-only biases, q/k norms and sliding windows have no "
+              "LlamaForCausalLM config.json field");
   nlohmann::json rope_scaling = nullptr;
-  if (c.rope_scaling) {
+  if (c.rope_scaling && c.rope_scaling->rope_type == RopeType::kLinear) {
+    rope_scaling = {{"rope_type", "linear"}, {"factor", c.rope_scaling->factor}};
+  } else if (c.rope_scaling) {
     rope_scaling = {
         {"rope_type", "llama3"},
         {"factor", c.rope_scaling->factor},
@@ -46,15 +53,15 @@ std::string llama_hf_config_json(const LlamaConfig& c, at::ScalarType dtype) {
       {"num_attention_heads", c.num_attention_heads},
       {"num_key_value_heads", c.num_key_value_heads},
       {"head_dim", c.head_dim()},
-      {"hidden_act", "silu"},
+      {"hidden_act", c.hidden_act == Activation::kSilu ? "silu" : "gelu_pytorch_tanh"},
       {"max_position_embeddings", c.max_position_embeddings},
       {"rms_norm_eps", c.rms_norm_eps},
       {"rope_theta", c.rope_theta},
       {"rope_scaling", rope_scaling},
       {"tie_word_embeddings", c.tie_word_embeddings},
-      {"attention_bias", false},
+      {"attention_bias", c.attention_bias == AttentionBias::kAll},
       {"attention_dropout", 0.0},
-      {"mlp_bias", false},
+      {"mlp_bias", c.mlp_bias},
       {"initializer_range", 0.02},
       {"pretraining_tp", 1},
       {"torch_dtype", dtype_name},

@@ -10,7 +10,14 @@
 // - The numerics follow transformers' LlamaForCausalLM op for op where the order matters for
 //   rounding: RMSNorm in float32 then cast, rotary angles in float32 (inverse frequencies by
 //   the same sequence of float32 operations as transformers' rope functions), cos/sin cast to
-//   the compute dtype, rotate_half.
+//   the compute dtype, rotate_half; Qwen3's q/k norms before the rotation.
+//
+// [Note: a sliding window the sequence fits in]
+// Mistral's sliding_window W lets position i attend to positions j with i - j < W. For a
+// sequence of T <= W tokens every j <= i satisfies it, so the window changes nothing and the
+// plain causal kernel computes the same attention. Longer sequences would need the banded mask:
+// instead of building it, the model refuses them (LlamaConfig::max_seq_len() is the limit the
+// trainer checks --seq-len against, and forward checks again).
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -20,7 +27,6 @@
 
 #include <cmath>
 #include <optional>
-#include <unordered_set>
 
 namespace fsdp::models {
 namespace {
@@ -29,91 +35,30 @@ constexpr double kInitStd = 0.02;  // transformers' initializer_range
 constexpr char kEmbedName[] = "model.embed_tokens.weight";
 constexpr char kHeadName[] = "lm_head.weight";
 
-enum class InitKind { kNormal, kOnes };
-
-struct ParamSpec {
-  std::vector<int64_t> shape;
-  InitKind kind;
-  double std = 0.0;
-};
-
-struct NamedSpec {
-  const char* name;
-  ParamSpec spec;
-};
-
-bool look_up(const std::vector<NamedSpec>& table, const std::string& name, ParamSpec& spec) {
-  for (const auto& entry : table) {
-    if (name == entry.name) {
-      spec = entry.spec;
-      return true;
-    }
-  }
-  return false;
-}
-
-// The rest of name after "<prefix><layer>.", layer a decimal number without leading zeros,
-// below n_layers; nullopt when name has no such form.
-std::optional<std::string> layer_rest(const std::string& name, const std::string& prefix,
-                                      int64_t n_layers) {
-  if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
-  const size_t pos = prefix.size();
-  const size_t dot = name.find('.', pos);
-  if (dot == std::string::npos || dot == pos || dot - pos > 9) return std::nullopt;
-  int64_t layer = 0;
-  for (size_t i = pos; i < dot; ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    layer = layer * 10 + (name[i] - '0');
-  }
-  if ((dot - pos > 1 && name[pos] == '0') || layer >= n_layers) return std::nullopt;
-  return name.substr(dot + 1);
-}
-
-// Shape and initializer of the parameter called name, or false if there is none.
-bool spec_of(const LlamaConfig& c, const std::string& name, ParamSpec& spec) {
-  const int64_t d = c.hidden_size, f = c.intermediate_size;
-  const int64_t kv = c.num_key_value_heads * c.head_dim();
-  const std::vector<NamedSpec> top = {
-      {kEmbedName, {{c.vocab_size, d}, InitKind::kNormal, kInitStd}},
-      {kHeadName, {{c.vocab_size, d}, InitKind::kNormal, kInitStd}},
-      {"model.norm.weight", {{d}, InitKind::kOnes}},
-  };
-  if (look_up(top, name, spec)) return true;
-  const std::optional<std::string> rest = layer_rest(name, "model.layers.", c.num_hidden_layers);
-  if (!rest) return false;
+std::vector<ParamSpec> llama_layer_params(const LlamaConfig& c) {
+  const int64_t d = c.hidden_size, f = c.intermediate_size, hd = c.head_dim();
+  const int64_t q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;
   const double out_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.num_hidden_layers));
-  const std::vector<NamedSpec> layer = {
-      {"input_layernorm.weight", {{d}, InitKind::kOnes}},
-      {"post_attention_layernorm.weight", {{d}, InitKind::kOnes}},
-      {"self_attn.q_proj.weight", {{d, d}, InitKind::kNormal, kInitStd}},
-      {"self_attn.k_proj.weight", {{kv, d}, InitKind::kNormal, kInitStd}},
-      {"self_attn.v_proj.weight", {{kv, d}, InitKind::kNormal, kInitStd}},
-      {"self_attn.o_proj.weight", {{d, d}, InitKind::kNormal, out_std}},
-      {"mlp.gate_proj.weight", {{f, d}, InitKind::kNormal, kInitStd}},
-      {"mlp.up_proj.weight", {{f, d}, InitKind::kNormal, kInitStd}},
-      {"mlp.down_proj.weight", {{d, f}, InitKind::kNormal, out_std}},
+  std::vector<ParamSpec> layer = {{"input_layernorm.weight", {d}, InitKind::kOnes}};
+  auto add_linear = [&layer](const std::string& name, int64_t out, int64_t in, double std,
+                             bool bias) {
+    layer.push_back({name + ".weight", {out, in}, InitKind::kNormal, std});
+    if (bias) layer.push_back({name + ".bias", {out}, InitKind::kZeros});
   };
-  return look_up(layer, *rest, spec);
-}
-
-void init_module(torch::nn::Module& module, const std::string& prefix, const LlamaConfig& config,
-                 uint64_t seed) {
-  at::NoGradGuard no_grad;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    at::Tensor param = item.value();
-    param.copy_(init_parameter(config, prefix + item.key(), param.sizes(), seed));
+  const bool qkv_bias = c.attention_bias != AttentionBias::kNone;
+  add_linear("self_attn.q_proj", q, d, kInitStd, qkv_bias);
+  add_linear("self_attn.k_proj", kv, d, kInitStd, qkv_bias);
+  add_linear("self_attn.v_proj", kv, d, kInitStd, qkv_bias);
+  add_linear("self_attn.o_proj", d, q, out_std, c.attention_bias == AttentionBias::kAll);
+  if (c.qk_norm) {
+    layer.push_back({"self_attn.q_norm.weight", {hd}, InitKind::kOnes});
+    layer.push_back({"self_attn.k_norm.weight", {hd}, InitKind::kOnes});
   }
-}
-
-torch::nn::Linear make_linear(int64_t in, int64_t out) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-}
-
-// Through fsdp::forward_with, so the layer may be an FSDP unit of its own (an auto-wrap
-// policy's choice).
-at::Tensor linear(torch::nn::Linear layer, const at::Tensor& x) {
-  return fsdp::forward_with(
-      layer, [&layer](const at::Tensor& in) { return at::linear(in, layer->weight); }, x);
+  layer.push_back({"post_attention_layernorm.weight", {d}, InitKind::kOnes});
+  add_linear("mlp.gate_proj", f, d, kInitStd, c.mlp_bias);
+  add_linear("mlp.up_proj", f, d, kInitStd, c.mlp_bias);
+  add_linear("mlp.down_proj", d, f, out_std, c.mlp_bias);
+  return layer;
 }
 
 // transformers' rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
@@ -209,45 +154,29 @@ LlamaConfig LlamaConfig::by_name(const std::string& name) {
 }
 
 void LlamaConfig::validate() const {
-  TORCH_CHECK(vocab_size > 0 && hidden_size > 0 && intermediate_size > 0 && num_hidden_layers > 0 &&
-                  num_attention_heads > 0 && num_key_value_heads > 0 && max_position_embeddings > 0,
-              "Llama config sizes must be positive, got vocab_size=", vocab_size,
-              " hidden_size=", hidden_size, " intermediate_size=", intermediate_size,
-              " num_hidden_layers=", num_hidden_layers,
-              " num_attention_heads=", num_attention_heads,
-              " num_key_value_heads=", num_key_value_heads,
-              " max_position_embeddings=", max_position_embeddings);
-  TORCH_CHECK(hidden_size % num_attention_heads == 0, "Llama config: hidden_size=", hidden_size,
-              " is not divisible by num_attention_heads=", num_attention_heads);
-  TORCH_CHECK(num_attention_heads % num_key_value_heads == 0,
-              "Llama config: num_attention_heads=", num_attention_heads,
-              " is not divisible by num_key_value_heads=", num_key_value_heads);
-  TORCH_CHECK(head_dim() % 2 == 0, "Llama config: head_dim=", head_dim(),
-              " (hidden_size / num_attention_heads) must be even for rotary embeddings");
-  TORCH_CHECK(rms_norm_eps > 0 && rope_theta > 0, "Llama config: rms_norm_eps=", rms_norm_eps,
-              " and rope_theta=", rope_theta, " must be positive");
-  if (rope_scaling) {
-    const auto& s = *rope_scaling;
-    TORCH_CHECK(s.factor > 0 && s.low_freq_factor > 0 && s.high_freq_factor > s.low_freq_factor &&
-                    s.original_max_position_embeddings > 0,
-                "Llama config: rope_scaling needs factor > 0, 0 < low_freq_factor < "
-                "high_freq_factor and original_max_position_embeddings > 0, got factor=",
-                s.factor, " low_freq_factor=", s.low_freq_factor,
-                " high_freq_factor=", s.high_freq_factor,
-                " original_max_position_embeddings=", s.original_max_position_embeddings);
-  }
+  const std::optional<std::string> p = problem();
+  TORCH_CHECK(!p, *p);
 }
 
-int64_t num_parameters(const LlamaConfig& c) {
-  const int64_t d = c.hidden_size, f = c.intermediate_size;
-  const int64_t kv = c.num_key_value_heads * c.head_dim();
-  const int64_t per_layer = 2 * d         // input_layernorm, post_attention_layernorm
-                            + 2 * d * d   // q_proj, o_proj
-                            + 2 * kv * d  // k_proj, v_proj
-                            + 3 * d * f;  // gate_proj, up_proj, down_proj
-  const int64_t embeddings = c.vocab_size * d * (c.tie_word_embeddings ? 1 : 2);
-  return embeddings + c.num_hidden_layers * per_layer + d;
+ParamTable llama_params(const LlamaConfig& c) {
+  c.validate();
+  ParamTable t;
+  t.model = "Llama with num_hidden_layers=" + std::to_string(c.num_hidden_layers);
+  const int64_t v = c.vocab_size, d = c.hidden_size;
+  t.root = {{kEmbedName, {v, d}, InitKind::kNormal, kInitStd},
+            {"model.norm.weight", {d}, InitKind::kOnes}};
+  if (c.tie_word_embeddings) {
+    t.tied = {{kHeadName, kEmbedName}};
+  } else {
+    t.root.push_back({kHeadName, {v, d}, InitKind::kNormal, kInitStd});
+  }
+  t.layer_prefix = "model.layers.";
+  t.n_layers = c.num_hidden_layers;
+  t.layer = llama_layer_params(c);
+  return t;
 }
+
+int64_t num_parameters(const LlamaConfig& c) { return llama_params(c).num_parameters(); }
 
 at::Tensor llama_inv_freq(const LlamaConfig& c) {
   // The same float32 operations as transformers (1.0 / t is t.reciprocal() * 1.0 there).
@@ -256,6 +185,7 @@ at::Tensor llama_inv_freq(const LlamaConfig& c) {
   at::Tensor inv_freq = at::reciprocal(at::pow(c10::Scalar(c.rope_theta), exponent));
   if (!c.rope_scaling) return inv_freq;
   const LlamaRopeScaling& s = *c.rope_scaling;
+  if (s.rope_type == RopeType::kLinear) return inv_freq / s.factor;
   const double old_context = static_cast<double>(s.original_max_position_embeddings);
   const double low_freq_wavelen = old_context / s.low_freq_factor;
   const double high_freq_wavelen = old_context / s.high_freq_factor;
@@ -273,16 +203,7 @@ at::Tensor llama_inv_freq(const LlamaConfig& c) {
 
 at::Tensor init_parameter(const LlamaConfig& config, const std::string& hf_name,
                           at::IntArrayRef shape, uint64_t seed) {
-  const std::string name =
-      hf_name == kHeadName && config.tie_word_embeddings ? std::string(kEmbedName) : hf_name;
-  ParamSpec spec;
-  TORCH_CHECK(spec_of(config, name, spec), "'", hf_name,
-              "' is not a parameter of Llama with num_hidden_layers=", config.num_hidden_layers);
-  TORCH_CHECK(shape == at::IntArrayRef(spec.shape), "parameter '", hf_name, "' has shape ", shape,
-              " but this Llama config gives it shape ", at::IntArrayRef(spec.shape),
-              " (init_parameter builds full, unsharded values)");
-  if (spec.kind == InitKind::kOnes) return at::ones(shape, at::kFloat);
-  return seeded_normal(shape, spec.std, seed, name);
+  return llama_params(config).initial_value(hf_name, shape, seed);
 }
 
 // ---- modules ---------------------------------------------------------------------------------
@@ -307,29 +228,36 @@ std::pair<at::Tensor, at::Tensor> LlamaRotary::cos_sin(int64_t seq_len,
   return {angles.cos().to(dtype), angles.sin().to(dtype)};
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config,
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config, const ParamTable& params,
                                        std::shared_ptr<const LlamaRotary> rotary)
     : n_heads_(config.num_attention_heads),
       n_kv_heads_(config.num_key_value_heads),
       head_dim_(config.head_dim()),
       rotary_(std::move(rotary)) {
-  config.validate();
-  const int64_t d = config.hidden_size, kv = n_kv_heads_ * head_dim_;
-  q_proj = register_module("q_proj", make_linear(d, d));
-  k_proj = register_module("k_proj", make_linear(d, kv));
-  v_proj = register_module("v_proj", make_linear(d, kv));
-  o_proj = register_module("o_proj", make_linear(d, d));
+  q_proj = register_module("q_proj", layer_linear(params, "self_attn.q_proj"));
+  k_proj = register_module("k_proj", layer_linear(params, "self_attn.k_proj"));
+  v_proj = register_module("v_proj", layer_linear(params, "self_attn.v_proj"));
+  o_proj = register_module("o_proj", layer_linear(params, "self_attn.o_proj"));
+  if (config.qk_norm) {
+    q_norm = register_module("q_norm", LlamaRMSNorm(head_dim_, config.rms_norm_eps));
+    k_norm = register_module("k_norm", LlamaRMSNorm(head_dim_, config.rms_norm_eps));
+  }
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1);
-  // [B, T, heads * head_dim] -> [B, heads, T, head_dim]
-  auto heads = [&](const at::Tensor& t, int64_t n) {
-    return t.view({batch, seq, n, head_dim_}).transpose(1, 2);
-  };
-  at::Tensor q = heads(linear(q_proj, x), n_heads_);
-  at::Tensor k = heads(linear(k_proj, x), n_kv_heads_);
-  at::Tensor v = heads(linear(v_proj, x), n_kv_heads_);
+  // [B, T, heads * head_dim] -> [B, T, heads, head_dim]
+  auto split = [&](const at::Tensor& t, int64_t n) { return t.view({batch, seq, n, head_dim_}); };
+  at::Tensor q = split(linear(q_proj, x), n_heads_);
+  at::Tensor k = split(linear(k_proj, x), n_kv_heads_);
+  if (q_norm) {  // Qwen3: each head normalized before the rotation
+    q = fsdp::forward(q_norm, q);
+    k = fsdp::forward(k_norm, k);
+  }
+  // -> [B, heads, T, head_dim]
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  at::Tensor v = split(linear(v_proj, x), n_kv_heads_).transpose(1, 2);
   const auto [cos, sin] = rotary_->cos_sin(seq, q.scalar_type());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
@@ -346,27 +274,27 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x) {
   return linear(o_proj, y);
 }
 
-LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& config) {
-  const int64_t d = config.hidden_size, f = config.intermediate_size;
-  gate_proj = register_module("gate_proj", make_linear(d, f));
-  up_proj = register_module("up_proj", make_linear(d, f));
-  down_proj = register_module("down_proj", make_linear(f, d));
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& config, const ParamTable& params)
+    : act_(config.hidden_act) {
+  gate_proj = register_module("gate_proj", layer_linear(params, "mlp.gate_proj"));
+  up_proj = register_module("up_proj", layer_linear(params, "mlp.up_proj"));
+  down_proj = register_module("down_proj", layer_linear(params, "mlp.down_proj"));
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  return linear(down_proj, at::silu(linear(gate_proj, x)) * linear(up_proj, x));
+  return linear(down_proj, activate(act_, linear(gate_proj, x)) * linear(up_proj, x));
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& config,
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& config, const ParamTable& params,
                                              std::shared_ptr<const LlamaRotary> rotary,
                                              bool activation_checkpoint)
     : activation_checkpoint_(activation_checkpoint) {
   input_layernorm =
       register_module("input_layernorm", LlamaRMSNorm(config.hidden_size, config.rms_norm_eps));
-  self_attn = register_module("self_attn", LlamaAttention(config, std::move(rotary)));
+  self_attn = register_module("self_attn", LlamaAttention(config, params, std::move(rotary)));
   post_attention_layernorm = register_module("post_attention_layernorm",
                                              LlamaRMSNorm(config.hidden_size, config.rms_norm_eps));
-  mlp = register_module("mlp", LlamaMLP(config));
+  mlp = register_module("mlp", LlamaMLP(config, params));
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x) {
@@ -383,19 +311,18 @@ at::Tensor LlamaDecoderLayerImpl::body(const at::Tensor& x) {
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaOptions& options, const std::string& name_prefix)
-    : config_(options.config()) {
-  config_.validate();
+    : config_(options.config()), params_(llama_params(options.config())) {
   const uint64_t seed = options.seed();
   embed_tokens = register_module("embed_tokens",
                                  torch::nn::Embedding(config_.vocab_size, config_.hidden_size));
-  init_module(*embed_tokens, name_prefix + "embed_tokens.", config_, seed);
+  params_.init_module(*embed_tokens, name_prefix + "embed_tokens.", seed);
   auto rotary = std::make_shared<const LlamaRotary>(config_);
   layers = register_module("layers", torch::nn::ModuleList());
   decoder_layers.reserve(config_.num_hidden_layers);
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     const std::string name = name_prefix + "layers." + std::to_string(i);
-    LlamaDecoderLayer layer(config_, rotary, options.activation_checkpoint());
-    init_module(*layer, name + ".", config_, seed);
+    LlamaDecoderLayer layer(config_, params_, rotary, options.activation_checkpoint());
+    params_.init_module(*layer, name + ".", seed);
     layers->push_back(layer);
     decoder_layers.push_back(layer);
     if (options.on_layer_built()) options.on_layer_built()(name, layer.ptr());
@@ -410,6 +337,12 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& idx) {
               idx.scalar_type());
   TORCH_CHECK(idx.size(1) <= config_.max_position_embeddings, "sequence length ", idx.size(1),
               " exceeds the model's max_position_embeddings=", config_.max_position_embeddings);
+  // See [Note: a sliding window the sequence fits in].
+  TORCH_CHECK(config_.sliding_window == 0 || idx.size(1) <= config_.sliding_window,
+              "sequence length ", idx.size(1),
+              " exceeds the model's sliding_window=", config_.sliding_window,
+              ": attention over a sliding window is implemented only for "
+              "sequences that fit in it (where it equals full causal attention)");
   at::Tensor x = fsdp::forward(embed_tokens, idx);
   for (auto& layer : decoder_layers) x = fsdp::forward(layer, x);
   return fsdp::forward(norm, x);
@@ -417,13 +350,13 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& idx) {
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& options) {
   model = register_module("model", LlamaModel(options, "model."));
+  const ParamTable& params = model->params();
   if (options.config().tie_word_embeddings) {
     tied_head_ = register_module("lm_head", TiedLinear(model->embed_tokens->weight));
     lm_head = tied_head_.ptr();
   } else {
-    untied_head_ = register_module(
-        "lm_head", make_linear(options.config().hidden_size, options.config().vocab_size));
-    init_module(*untied_head_, "lm_head.", options.config(), options.seed());
+    untied_head_ = register_module("lm_head", make_linear(params.find("lm_head.weight"), nullptr));
+    params.init_module(*untied_head_, "lm_head.", options.seed());
     lm_head = untied_head_.ptr();
   }
 }

@@ -1,89 +1,90 @@
-// Llama's memory description for the estimator; see llama_memory.h for what is counted.
+// Llama's memory description for the estimator; see llama_memory.h for what is counted. The
+// parameter shapes are llama_params's.
 // Autograd saves an operand only when the other operand's gradient needs it, so the rotary
 // products keep cos and sin but not q and k, and `weight * normed` keeps normed.
 #include <c10/util/Exception.h>
+#include <models/common/memory.h>
 #include <models/llama/llama_memory.h>
 
 namespace fsdp::models {
 namespace {
 
-// CPU generator state that fsdp::checkpoint keeps per region (mt19937 plus normal-cache fields).
-constexpr int64_t kCpuGeneratorStateBytes = 5056;
+// What RMSNorm (LlamaRMSNormImpl::forward) keeps over `rows` rows of `width`, element size e:
+// its input in float32 (the input itself in float32, else its float32 copy), rsqrt [rows, 1]
+// float32, and the normalized value cast to the compute dtype (weight * normed keeps it).
+int64_t rms_norm_saved(int64_t rows, int64_t width, int64_t e) {
+  return rows * width * 4 + rows * 4 + rows * width * e;
+}
+
+// Refuses a micro-batch the model does not accept, and sizes where a byte count below could
+// overflow int64 (the parameters' and optimizer state's cannot: validate() bounds the parameter
+// count by 2^46).
+void check_sizes(const LlamaConfig& c, int64_t micro_batch, int64_t seq_len) {
+  c.validate();
+  TORCH_CHECK(
+      micro_batch >= 1 && seq_len >= 1 && seq_len <= c.max_seq_len(),
+      "llama_memory_spec: need micro_batch >= 1 and 1 <= seq_len <= "
+      "max_position_embeddings = ",
+      c.max_position_embeddings,
+      (c.sliding_window > 0 ? " (and sliding_window = " + std::to_string(c.sliding_window) + ")"
+                            : std::string()),
+      ", got micro_batch ", micro_batch, ", seq_len ", seq_len);
+  const long double width = c.hidden_size + c.num_attention_heads * c.head_dim();
+  const long double largest = static_cast<long double>(micro_batch) * seq_len *
+                              (c.vocab_size + 16.0L * width + 4.0L * c.intermediate_size) * 8 *
+                              c.num_hidden_layers;
+  TORCH_CHECK(largest < 0x1p62L, "llama_memory_spec: a micro-batch of ", micro_batch,
+              " sequences of ", seq_len, " tokens needs more than 2^62 bytes of activations");
+}
 
 }  // namespace
 
 ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int64_t seq_len,
                                   at::ScalarType compute_dtype, bool activation_checkpoint) {
-  c.validate();
-  TORCH_CHECK(micro_batch >= 1 && seq_len >= 1 && seq_len <= c.max_position_embeddings,
-              "llama_memory_spec: need micro_batch >= 1 and 1 <= seq_len <= "
-              "max_position_embeddings = ",
-              c.max_position_embeddings, ", got micro_batch ", micro_batch, ", seq_len ", seq_len);
-  // Every byte count below is an int64; refuse sizes where one could overflow.
-  const long double largest = static_cast<long double>(micro_batch) * seq_len *
-                              (c.vocab_size + 16.0L * c.hidden_size + 4.0L * c.intermediate_size) *
-                              8 * c.num_hidden_layers;
-  TORCH_CHECK(largest < 0x1p62L, "llama_memory_spec: a micro-batch of ", micro_batch,
-              " sequences of ", seq_len, " tokens needs more than 2^62 bytes of activations");
-  const long double state =
-      16.0L * c.hidden_size *
-      (2.0L * c.vocab_size +
-       (4.0L * c.hidden_size + 3.0L * c.intermediate_size) * c.num_hidden_layers);
-  TORCH_CHECK(state < 0x1p62L, "llama_memory_spec: hidden_size ", c.hidden_size, " and ",
-              c.num_hidden_layers,
-              " layers make more than 2^62 bytes of parameters and optimizer state");
+  check_sizes(c, micro_batch, seq_len);
+  const ParamTable params = llama_params(c);
   const int64_t d = c.hidden_size, v = c.vocab_size, f = c.intermediate_size;
-  const int64_t h = c.num_attention_heads, hd = c.head_dim();
-  const int64_t kv = c.num_key_value_heads * hd;
+  const int64_t h = c.num_attention_heads, hd = c.head_dim(), kvh = c.num_key_value_heads;
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
   const int64_t bt = micro_batch * seq_len;
-  const int64_t btd = bt * d * e, btf = bt * f * e, btv = bt * v * e;
-  const int64_t f32_btd = bt * d * 4;
-  const int64_t rsqrt = bt * 4;                             // [B, T, 1] float32
-  const int64_t norm_saved = f32_btd + rsqrt + 2 * btd;     // input (float32), rsqrt, 2 x [B,T,d]
+  const int64_t btd = bt * d * e, btf = bt * f * e;
+  const int64_t btq = bt * h * hd * e, btkv = bt * kvh * hd * e;  // q's and k's (v's) widths
+  // The residual norms keep, besides rms_norm_saved, their weighted output (the projections'
+  // input).
+  const int64_t norm_saved = rms_norm_saved(bt, d, e) + btd;
   const int64_t logsumexp = micro_batch * h * seq_len * 4;  // float for every compute dtype
-  const bool grouped = c.num_key_value_heads != c.num_attention_heads;
-  const int64_t kv_saved = grouped ? 2 * btd : 2 * bt * kv * e;  // what attention gets as k, v
+  const bool grouped = kvh != h;
+  const int64_t kv_saved = grouped ? 2 * btq : 2 * btkv;  // what attention gets as k, v
+  // Qwen3's q and k norms: the projections' outputs, which nothing else keeps (the rotation keeps
+  // cos and sin only), are the norms' inputs.
+  const int64_t qk_norm_saved =
+      c.qk_norm ? rms_norm_saved(bt * h, hd, e) + rms_norm_saved(bt * kvh, hd, e) : 0;
+  const LossMemory loss = loss_memory(bt, v, e);
 
   ModelMemorySpec spec;
-  spec.root_param_shapes = {{v, d}, {d}};  // embed_tokens (= lm_head when tied), norm
-  if (!c.tie_word_embeddings) spec.root_param_shapes.push_back({v, d});
-  spec.root_saved_before_bytes = 0;  // the embedding keeps only the caller's token ids
-  spec.root_saved_after_bytes = norm_saved + btv;  // final norm, log_softmax of the logits
-  spec.root_forward_workspace_bytes = btv;         // the logits, freed after the loss
-  spec.root_backward_peak_bytes = 2 * btv;         // gradients of log_softmax's output and input
+  spec.root_param_shapes = params.root_shapes();  // embed_tokens (= lm_head when tied), norm
+  spec.root_saved_before_bytes = 0;               // the embedding keeps only the caller's token ids
+  spec.root_saved_after_bytes = norm_saved + loss.saved_bytes;  // final norm, the loss
+  spec.root_forward_workspace_bytes = loss.forward_workspace_bytes;
+  spec.root_backward_peak_bytes = loss.backward_peak_bytes;
   // Tied: the embedding's dense [V, d] gradient and its out-of-place sum with the head's (see
   // gpt2_memory.cpp). Untied: the embedding's dense gradient is its only one, already counted.
   spec.root_stem_backward_peak_bytes = c.tie_word_embeddings ? 2 * v * d * e : 0;
 
-  const int64_t attention_saved =
-      btd /*rotated q*/ + kv_saved + btd /*output*/ + logsumexp + 2 * seq_len * hd * e /*cos, sin*/;
+  const int64_t attention_saved = btq /*rotated q*/ + kv_saved + btq /*output*/ + logsumexp +
+                                  2 * seq_len * hd * e /*cos, sin*/ + qk_norm_saved;
   const int64_t full_saved = 2 * norm_saved + attention_saved + 4 * btf;
   // The first step of a layer's backward, down_proj's, gives the gradient of the MLP product
-  // [B, T, f] and down_proj's weight gradient; the product's backward adds the SiLU's and up's
-  // gradients before the saved [B, T, f] tensors go.
+  // [B, T, f] and down_proj's weight gradient; the product's backward adds the activation's and
+  // up's gradients before the saved [B, T, f] tensors go.
   const int64_t plain_backward_peak = 3 * btf + d * f * e;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    UnitMemorySpec unit;
-    unit.name = "model.layers." + std::to_string(i);
-    unit.param_shapes = {{d},                               // input_layernorm
-                         {d, d}, {kv, d}, {kv, d}, {d, d},  // q, k, v, o
-                         {d},                               // post_attention_layernorm
-                         {f, d}, {f, d},  {d, f}};          // gate, up, down
-    if (activation_checkpoint) {
-      unit.saved_bytes = btd + kCpuGeneratorStateBytes;
-      // Without autograd the MLP's four [B, T, f] temporaries live to the end of their
-      // expression, beside the residual, the norm's output and down_proj's output.
-      unit.forward_workspace_bytes = 4 * btf + 3 * btd;
-      unit.backward_peak_bytes = full_saved + plain_backward_peak;
-    } else {
-      unit.saved_bytes = full_saved;
-      // Rotating q: q, rotate_half(q) and the two products, beside k and v.
-      unit.forward_workspace_bytes = 4 * btd + 2 * bt * kv * e;
-      unit.backward_peak_bytes = plain_backward_peak;
-    }
-    spec.units.push_back(std::move(unit));
-  }
+  // Rotating q: q, rotate_half(q) and the two products, beside k and v.
+  const LayerMemory plain{full_saved, 4 * btq + 2 * btkv, plain_backward_peak};
+  // Checkpointed, without autograd the MLP's four [B, T, f] temporaries live to the end of their
+  // expression, beside the residual, the norm's output and down_proj's output.
+  spec.units =
+      layer_units(params, params.layer_prefix,
+                  activation_checkpoint ? checkpointed(plain, btd, 4 * btf + 3 * btd) : plain);
   return spec;
 }
 

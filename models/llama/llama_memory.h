@@ -11,16 +11,18 @@
 
 namespace fsdp::models {
 
-// What autograd keeps (see llama.cpp's forward), for B sequences of T tokens, width d, key/value
-// width kv, MLP width f, h heads, vocabulary V, element size e of compute_dtype: per layer the
-// layer's input and the residual sum in float32 (the RMSNorms' pow keeps them, in float32 even
-// when computing in bf16), each RMSNorm's rsqrt [B, T, 1] float32 and two [B, T, d] (the
-// normalized value and its weighted output), the rotated q and the key/value heads repeated to h
-// heads (or k and v themselves without grouping), the attention output and its float logsumexp,
-// this layer's cos and sin [T, head_dim], and the MLP's gate output, its SiLU, the up output and
-// their product ([B, T, f] each). After the layers: the final norm's as above and the
-// log-softmax of the logits [B, T, V]. With activation checkpointing a layer keeps its input
-// and the generator state and recomputes the rest during its backward.
+// What autograd keeps (see llama.cpp's forward), for B sequences of T tokens, width d, query
+// width h * head_dim, key/value width kv, MLP width f, h heads, vocabulary V, element size e of
+// compute_dtype: per layer the layer's input and the residual sum in float32 (the RMSNorms' pow
+// keeps them, in float32 even when computing in bf16), each RMSNorm's rsqrt [B, T, 1] float32
+// and two [B, T, d] (the normalized value and its weighted output), the rotated q and the
+// key/value heads repeated to h heads (or k and v themselves without grouping), the attention
+// output and its float logsumexp, this layer's cos and sin [T, head_dim], Qwen3's q and k norms
+// (as a residual norm's, less the weighted output), and the MLP's gate output, its activation,
+// the up output and their product ([B, T, f] each). After the layers: the final norm's as above
+// and the float32 log-softmax of the logits [B, T, V] (models/common/memory.h). With activation
+// checkpointing a layer keeps its input and the generator state and recomputes the rest during
+// its backward.
 // The saved bytes equal the counting allocator's measurement exactly, in fp32 and bf16, grouped
 // or not, with and without checkpointing (tests/models/test_llama.cpp); the forward workspace
 // and backward peaks are estimates from the same op sequence, not measured.

@@ -4,7 +4,7 @@
 #include <models/llama/hf.h>
 #include <models/llama/llama.h>
 #include <models/llama/llama_memory.h>
-#include <models/model.h>
+#include <models/llama/llama_spec.h>
 
 namespace fsdp::models {
 namespace {
@@ -36,16 +36,20 @@ class LlamaSpec : public ModelSpec {
   std::string family() const override { return "llama"; }
   int64_t num_parameters() const override { return models::num_parameters(config_); }
   int64_t vocab_size() const override { return config_.vocab_size; }
-  int64_t max_seq_len() const override { return config_.max_position_embeddings; }
+  int64_t max_seq_len() const override { return config_.max_seq_len(); }
   std::vector<std::pair<std::string, int64_t>> sizes() const override {
-    return {{"vocab_size", config_.vocab_size},
-            {"hidden_size", config_.hidden_size},
-            {"intermediate_size", config_.intermediate_size},
-            {"num_hidden_layers", config_.num_hidden_layers},
-            {"num_attention_heads", config_.num_attention_heads},
-            {"num_key_value_heads", config_.num_key_value_heads},
-            {"max_position_embeddings", config_.max_position_embeddings},
-            {"tie_word_embeddings", config_.tie_word_embeddings ? 1 : 0}};
+    std::vector<std::pair<std::string, int64_t>> out = {
+        {"vocab_size", config_.vocab_size},
+        {"hidden_size", config_.hidden_size},
+        {"intermediate_size", config_.intermediate_size},
+        {"num_hidden_layers", config_.num_hidden_layers},
+        {"num_attention_heads", config_.num_attention_heads},
+        {"num_key_value_heads", config_.num_key_value_heads},
+        {"max_position_embeddings", config_.max_position_embeddings},
+        {"tie_word_embeddings", config_.tie_word_embeddings ? 1 : 0}};
+    if (config_.explicit_head_dim > 0) out.emplace_back("head_dim", config_.explicit_head_dim);
+    if (config_.sliding_window > 0) out.emplace_back("sliding_window", config_.sliding_window);
+    return out;
   }
   std::shared_ptr<const ModelSpec> with_overrides(const SizeOverrides& o) const override {
     LlamaConfig c = config_;
@@ -79,6 +83,11 @@ class LlamaSpec : public ModelSpec {
 };
 
 }  // namespace
+
+std::shared_ptr<const ModelSpec> make_llama_spec(std::string name, const LlamaConfig& config) {
+  config.validate();
+  return std::make_shared<LlamaSpec>(std::move(name), config);
+}
 
 std::vector<std::shared_ptr<const ModelSpec>> llama_model_specs() {
   std::vector<std::shared_ptr<const ModelSpec>> specs;

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Bounded libFuzzer runs of the parsers that need no LibTorch, built with clang's
 # -fsanitize=fuzzer,address,undefined: the checkpoint formats (src/checkpoint/format.cpp: the
-# safetensors header parser and the sharded checkpoint's index parser) and the data library
+# safetensors header parser and the sharded checkpoint's index parser), the data library
 # (src/data/: the tokenizer.json loader, encoding arbitrary bytes with two built-in
-# tokenizers, and the llm.c token shard parser).
+# tokenizers, and the llm.c token shard parser) and Hugging Face config.json parsing
+# (models/hf/hf_config.cpp, with the configurations' own checks).
 #
 #   bash tests/fuzz/run_fuzz.sh [SECONDS_PER_TARGET]   (default 60)
 #   FSDP_FUZZ_RUNS=1000000 bash tests/fuzz/run_fuzz.sh   (a number of executions per target
@@ -38,10 +39,11 @@ sanitizers="address,undefined -fno-sanitize-recover=undefined"
 compile() {  # compile SOURCE: prints the object's path
   local obj="$work/obj/$(echo "$1" | tr / _).o"
   ${FSDP_CCACHE:-} clang++ -std=c++17 -O1 -g -fsanitize=fuzzer-no-link,$sanitizers -Iinclude -Isrc \
-    -Itests -c "$1" -o "$obj" && echo "$obj"
+    -Itests -I. -c "$1" -o "$obj" && echo "$obj"
 }
 export -f compile; export work sanitizers FSDP_CCACHE
-sources=(src/checkpoint/format.cpp src/data/*.cpp tests/fuzz/fuzz_*.cpp)
+hf_sources=(models/hf/hf_config.cpp models/llama/llama_config.cpp models/gpt2/gpt2_config.cpp)
+sources=(src/checkpoint/format.cpp src/data/*.cpp "${hf_sources[@]}" tests/fuzz/fuzz_*.cpp)
 printf '%s\n' "${sources[@]}" | xargs -P "$(nproc)" -I{} bash -c 'compile {}' >/dev/null
 obj() { for f in "$@"; do echo "$work/obj/$(echo "$f" | tr / _).o"; done; }
 link() {  # link TARGET LIBS... from its entry point and the sources it tests
@@ -54,6 +56,7 @@ for target in safetensors index; do link $target $(obj src/checkpoint/format.cpp
 for target in tokenizer_json tokenizer_encode token_shard; do
   link $target $(obj src/data/*.cpp) -lpcre2-8 -lutf8proc
 done
+link hf_config $(obj "${hf_sources[@]}")
 
 # Seeds.
 printf '\x02\x00\x00\x00\x00\x00\x00\x00{}' > "$work/corpus_safetensors/empty"
@@ -124,13 +127,46 @@ open(f"{work}/corpus_token_shard/u16", "wb").write(shard(20240520, 1, "H", [1, 2
 open(f"{work}/corpus_token_shard/u32", "wb").write(shard(20240801, 7, "I", [1, 128000, 5]))
 PY
 
+# config.json seeds: each family as the hub and transformers 4.x / 5.x write it.
+python3 - "$work/corpus_hf_config" <<'PY'
+import json, sys
+out = sys.argv[1]
+llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
+         "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+         "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192,
+         "rms_norm_eps": 1e-05, "rope_theta": 100000, "rope_scaling": None,
+         "tie_word_embeddings": True, "hidden_act": "silu", "bos_token_id": 0, "eos_token_id": 0,
+         "rope_interleaved": False, "pretraining_tp": 1, "torch_dtype": "bfloat16"}
+llama31 = dict(llama, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 8192},
+               attention_bias=True, mlp_bias=True, head_dim=64)
+v5 = dict(llama, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})
+del v5["rope_theta"], v5["rope_scaling"]
+mistral = dict(llama, architectures=["MistralForCausalLM"], model_type="mistral",
+               sliding_window=4096, head_dim=128)
+qwen2 = dict(llama, architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+             use_sliding_window=False, sliding_window=32768, max_window_layers=21)
+qwen3 = dict(qwen2, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=128,
+             layer_types=["full_attention"] * 30)
+gpt2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 50257,
+        "n_positions": 1024, "n_ctx": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
+        "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05,
+        "resid_pdrop": 0.1, "scale_attn_weights": True, "tie_word_embeddings": True}
+for name, c in dict(llama=llama, llama31=llama31, v5=v5, mistral=mistral, qwen2=qwen2,
+                    qwen3=qwen3, gpt2=gpt2).items():
+    open(f"{out}/{name}", "w").write(json.dumps(c, indent=2))
+PY
+
 status=0
 limit=(-max_total_time="$seconds")
 [ -z "${FSDP_FUZZ_RUNS:-}" ] || limit=(-runs="$FSDP_FUZZ_RUNS")
-for target in ${FSDP_FUZZ_TARGETS:-safetensors index tokenizer_json tokenizer_encode token_shard}; do
+for target in ${FSDP_FUZZ_TARGETS:-safetensors index tokenizer_json tokenizer_encode token_shard hf_config}; do
   log="$work/fuzz_$target.log"
   dict=()
-  case "$target" in safetensors|index|tokenizer_json) dict=(-dict="$PWD/tests/fuzz/json.dict") ;; esac
+  case "$target" in
+    safetensors|index|tokenizer_json|hf_config) dict=(-dict="$PWD/tests/fuzz/json.dict") ;;
+  esac
   ( cd "$work" && ./fuzz_$target "${limit[@]}" -max_len="${FSDP_FUZZ_MAX_LEN:-65536}" -timeout=10 \
       -rss_limit_mb=2048 "${dict[@]}" -print_final_stats=1 \
       -artifact_prefix="$work/crash_${target}_" "corpus_$target" ) >"$log" 2>&1 || status=1

@@ -154,6 +154,25 @@ TEST(GPT2, LossIsMeanCrossEntropy) {
   EXPECT_THROW(loss(logits, targets.view({6})), c10::Error);
 }
 
+// As transformers and torchtitan: bf16 / fp16 logits are upcast before the log-softmax, and
+// their gradient comes back in their own dtype.
+TEST(GPT2, LossRunsInFloat32WhateverTheLogitsDtype) {
+  const at::Tensor targets = at::randint(0, 1000, {2, 7}, at::kLong);
+  for (const auto dtype : {at::kBFloat16, at::kHalf}) {
+    const at::Tensor logits = (at::randn({2, 7, 1000}) * 4).to(dtype).requires_grad_();
+    const at::Tensor l = loss(logits, targets);
+    EXPECT_EQ(l.scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(l, loss(logits.detach().to(at::kFloat), targets)));
+    // A log-softmax in bf16 over 1000 classes is off in the third digit.
+    const at::Tensor low =
+        at::cross_entropy_loss(logits.detach().reshape({-1, 1000}), targets.reshape({-1}));
+    EXPECT_NE(low.to(at::kFloat).item<float>(), l.item<float>()) << dtype;
+    l.backward();
+    EXPECT_EQ(logits.grad().scalar_type(), dtype);
+  }
+  EXPECT_EQ(loss(at::randn({2, 7, 1000}, at::kDouble), targets).scalar_type(), at::kDouble);
+}
+
 TEST(GPT2, LogitsAtAPositionDoNotDependOnLaterTokens) {
   GPT2LMHead model(GPT2Options(GPT2Config::tiny()).seed(11));
   at::NoGradGuard no_grad;

@@ -235,19 +235,27 @@ int64_t measured_saved_bytes(const LlamaConfig& config, int64_t batch, int64_t s
 }
 
 TEST(LlamaMemorySpec, SavedBytesEqualWhatForwardKeeps) {
-  for (const int64_t kv_heads : {2, 4}) {  // grouped and not
+  // Qwen3's shape too: q/k norms, an explicit head_dim wider than hidden_size / heads, biases.
+  LlamaConfig qwen3 = LlamaConfig::tiny();
+  qwen3.qk_norm = true;
+  qwen3.explicit_head_dim = 12;
+  qwen3.attention_bias = AttentionBias::kAll;
+  qwen3.hidden_act = Activation::kGeluTanh;
+  for (const int64_t kv_heads : {2, 4, 0}) {  // grouped, not, Qwen3's (grouped)
     for (const auto dtype : {at::kFloat, at::kBFloat16}) {
       for (const bool ckpt : {false, true}) {
-        LlamaConfig config = LlamaConfig::tiny();
-        config.num_key_value_heads = kv_heads;
+        LlamaConfig config = kv_heads == 0 ? qwen3 : LlamaConfig::tiny();
+        if (kv_heads != 0) config.num_key_value_heads = kv_heads;
         SCOPED_TRACE(::testing::Message()
-                     << kv_heads << " kv heads, " << dtype << (ckpt ? ", checkpointed" : ""));
+                     << (kv_heads == 0 ? "qwen3-like, 2" : std::to_string(kv_heads))
+                     << " kv heads, " << dtype << (ckpt ? ", checkpointed" : ""));
         const int64_t batch = 3, seq = 24;
         const ModelMemorySpec spec = llama_memory_spec(config, batch, seq, dtype, ckpt);
         int64_t predicted = spec.root_saved_before_bytes + spec.root_saved_after_bytes;
         for (const auto& unit : spec.units) predicted += unit.saved_bytes;
-        // Beyond the spec: the loss and cross-entropy's total weight, two scalars.
-        const int64_t scalars = 2 * static_cast<int64_t>(c10::elementSize(dtype));
+        // Beyond the spec: the loss and cross-entropy's total weight, two float32 scalars (the
+        // loss runs in float32 whatever the logits' dtype).
+        const int64_t scalars = 2 * 4;
         EXPECT_EQ(measured_saved_bytes(config, batch, seq, dtype, ckpt), predicted + scalars);
       }
     }

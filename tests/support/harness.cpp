@@ -11,7 +11,8 @@ namespace fsdp::test {
 namespace {
 
 torch::optim::AdamW make_optimizer(const std::vector<at::Tensor>& params, const TrainCase& c) {
-  return torch::optim::AdamW(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  return torch::optim::AdamW(
+      params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay).eps(c.adam_eps));
 }
 
 std::shared_ptr<torch::nn::Module> build(const TrainCase& c, const DeviceMesh* mesh) {

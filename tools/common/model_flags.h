@@ -51,8 +51,10 @@ inline std::shared_ptr<const fsdp::models::ModelSpec> sized_spec(const ModelFlag
   overrides.dim = m.n_embd;
   overrides.n_layers = m.n_layer;
   overrides.n_heads = m.n_head;
+  // A directory's config.json errors name the file, not these flags.
+  const auto spec = fsdp::models::resolve_model_spec(m.name);
   try {
-    return fsdp::models::model_spec(m.name)->with_overrides(overrides);
+    return spec->with_overrides(overrides);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "--n-embd, --n-head, --n-layer, --vocab-size or --n-positions: ",
                 e.what_without_backtrace());

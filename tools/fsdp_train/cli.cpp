@@ -59,6 +59,7 @@ class TrainCli : public TorchProgramCli {
   // local ranks), and in the first and last case every flag against the others before any rank
   // starts. A rank of a launcher's job is checked by train() itself.
   void check(const CLI::App& app) override {
+    take_model_from_init_dir(app);
     const bool nproc_given = job_.launch.nproc > 0 && !started_by_launch_local_ranks();
     if (job_.parallelism.no_fsdp) {
       TORCH_CHECK(!nproc_given, "--no-fsdp runs one process; drop --nproc ", job_.launch.nproc);
@@ -94,6 +95,19 @@ class TrainCli : public TorchProgramCli {
 
  private:
   enum class Mode { kSingleProcess, kRankOfALaunch, kLocalRanks };
+
+  // `--init-from DIR` of a Hugging Face model directory, without --model: the model is DIR's
+  // (its config.json), and without --tokenizer the tokenizer.json beside the weights is used.
+  void take_model_from_init_dir(const CLI::App& app) {
+    const std::string& dir = job_.model.init_from;
+    if (app.count("--model") > 0 || !fsdp::models::is_pretrained_dir(dir)) return;
+    job_.model.name = dir;
+    const std::string tokenizer = dir + "/tokenizer.json";
+    struct stat st {};
+    if (app.count("--tokenizer") == 0 && ::stat(tokenizer.c_str(), &st) == 0) {
+      job_.data.tokenizer = tokenizer;
+    }
+  }
 
   // Launched by torchrun, Slurm's srun or Open MPI's mpirun: this process is one rank.
   int run_rank() {

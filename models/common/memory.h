@@ -1,0 +1,67 @@
+// Memory-spec pieces every model shares (include/fsdp/memory_estimate.h): what the loss keeps and
+// allocates, what fsdp::checkpoint keeps per checkpointed region, and the units of a model's
+// identical layers.
+#pragma once
+
+#include <fsdp/memory_estimate.h>
+#include <models/common/param_table.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp::models {
+
+// CPU generator state that fsdp::checkpoint keeps per region (mt19937 plus normal-cache fields).
+inline constexpr int64_t kCpuGeneratorStateBytes = 5056;
+
+// What models::loss adds for `tokens` tokens over a vocabulary of `vocab`, the logits' elements
+// of element_size bytes. The loss runs in float32 at least: narrower logits are copied to
+// float32 first (a temporary), and the log-softmax, which autograd keeps for its backward, is
+// float32 (or the logits' own wider dtype).
+struct LossMemory {
+  int64_t saved_bytes = 0;              // the log-softmax
+  int64_t forward_workspace_bytes = 0;  // the logits, and their float32 copy if narrower
+  // The gradients of the log-softmax's output and input; the logits' gradient in their own
+  // dtype comes after the first of those is freed, and is no larger.
+  int64_t backward_peak_bytes = 0;
+};
+
+inline LossMemory loss_memory(int64_t tokens, int64_t vocab, int64_t element_size) {
+  const int64_t logits = tokens * vocab * element_size;
+  const int64_t wide = tokens * vocab * (element_size < 4 ? 4 : element_size);
+  return {wide, logits + (element_size < 4 ? wide : 0), 2 * wide};
+}
+
+// What one layer keeps and allocates, for one micro-batch (UnitMemorySpec's fields).
+struct LayerMemory {
+  int64_t saved_bytes = 0;
+  int64_t forward_workspace_bytes = 0;
+  int64_t backward_peak_bytes = 0;
+};
+
+// The same layer under fsdp::checkpoint: it keeps its input (input_bytes) and the generator
+// state, its forward runs without autograd in no_grad_workspace_bytes, and its backward first
+// recomputes plain's activations, then runs plain's backward on them.
+inline LayerMemory checkpointed(const LayerMemory& plain, int64_t input_bytes,
+                                int64_t no_grad_workspace_bytes) {
+  return {input_bytes + kCpuGeneratorStateBytes, no_grad_workspace_bytes,
+          plain.saved_bytes + plain.backward_peak_bytes};
+}
+
+// One unit per layer of params ("<name_prefix><i>"), each with the table's layer shapes.
+inline std::vector<UnitMemorySpec> layer_units(const ParamTable& params,
+                                               const std::string& name_prefix,
+                                               const LayerMemory& layer) {
+  std::vector<UnitMemorySpec> units(static_cast<size_t>(params.n_layers));
+  for (size_t i = 0; i < units.size(); ++i) {
+    units[i].name = name_prefix + std::to_string(i);
+    units[i].param_shapes = params.layer_shapes();
+    units[i].saved_bytes = layer.saved_bytes;
+    units[i].forward_workspace_bytes = layer.forward_workspace_bytes;
+    units[i].backward_peak_bytes = layer.backward_peak_bytes;
+  }
+  return units;
+}
+
+}  // namespace fsdp::models
