@@ -11,6 +11,8 @@
 namespace fsdp::checkpoint {
 namespace {
 
+constexpr CheckpointFormat kFormats[] = {CheckpointFormat::kSharded, CheckpointFormat::kDcpHf};
+
 bool is_sharded_checkpoint(const std::string& dir) {
   return detail::path_exists(dir + "/metadata.json");
 }
@@ -22,10 +24,16 @@ const char* checkpoint_format_name(CheckpointFormat format) {
 }
 
 std::optional<CheckpointFormat> parse_checkpoint_format(const std::string& name) {
-  for (CheckpointFormat f : {CheckpointFormat::kSharded, CheckpointFormat::kDcpHf}) {
+  for (CheckpointFormat f : kFormats) {
     if (name == checkpoint_format_name(f)) return f;
   }
   return std::nullopt;
+}
+
+std::vector<std::string> checkpoint_format_names() {
+  std::vector<std::string> names;
+  for (CheckpointFormat f : kFormats) names.push_back(checkpoint_format_name(f));
+  return names;
 }
 
 CheckpointFormat checkpoint_format_of(const std::string& path) {

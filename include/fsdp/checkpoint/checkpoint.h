@@ -40,6 +40,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace torch::nn {
 class Module;
@@ -117,9 +118,10 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
 // or PyTorch DCP's Hugging Face layout (dcp_hf.h), which PyTorch FSDP2 reads and writes.
 enum class CheckpointFormat { kSharded, kDcpHf };
 
-// "sharded" and "dcp-hf", and back (nullopt for any other name).
+// "sharded" and "dcp-hf", and back (nullopt for any other name); every name, in enum order.
 const char* checkpoint_format_name(CheckpointFormat format);
 std::optional<CheckpointFormat> parse_checkpoint_format(const std::string& name);
+std::vector<std::string> checkpoint_format_names();
 
 // The format of the checkpoint at path (a checkpoint directory, or a root whose `latest` names
 // one). Throws when path holds no checkpoint of either format.
