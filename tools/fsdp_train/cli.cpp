@@ -204,6 +204,15 @@ void add_output_flags(CLI::App& app, fsdp::train::TrainerOptions& o) {
   app.add_option("--save-every", o.save_every, "Also save a checkpoint every N steps")
       ->check(non_negative)
       ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--checkpoint-format",
+         [&o](const std::string& name) {
+           o.checkpoint_format = *fsdp::checkpoint::parse_checkpoint_format(name);
+         },
+         "Layout of --save's checkpoints: sharded (ours) or dcp-hf (PyTorch DCP's "
+         "HuggingFaceStorageWriter layout, which FSDP2 loads); --resume reads either")
+      ->check(CLI::IsMember(fsdp::checkpoint::checkpoint_format_names()))
+      ->default_str(fsdp::checkpoint::checkpoint_format_name(o.checkpoint_format));
   app.add_option("--resume", o.resume_dir,
                  "Continue from this checkpoint directory (or a --save directory: its latest); "
                  "'auto': from --save DIR's latest when there is one, else start fresh (a "

@@ -4,6 +4,7 @@
 // global batch, which is the reference every sharded run must reproduce.
 #pragma once
 
+#include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/comm/process_group.h>
 
 #include <c10/core/ScalarType.h>
@@ -109,6 +110,9 @@ struct TrainerOptions {
   // model-<k>-of-<n>.safetensors files of at most this many tensor bytes beside export_path,
   // plus model.safetensors.index.json (ExportOptions::max_shard_bytes). 0: one file.
   int64_t export_max_shard_bytes = 0;
+  // The layout of save_dir's checkpoints: ours, or PyTorch DCP's Hugging Face layout
+  // (fsdp/checkpoint/dcp_hf.h), which FSDP2 loads. resume_dir may be in either.
+  checkpoint::CheckpointFormat checkpoint_format = checkpoint::CheckpointFormat::kSharded;
   // Initialize from Hugging Face safetensors: a file, a directory (model.safetensors or a
   // sharded model.safetensors.index.json) or an index file.
   std::string init_from;
