@@ -231,6 +231,28 @@ void publish(const DcpManifest& manifest, const std::string& root, const std::st
   detail::publish_step_dir(root, tmp_dir, dir_name, keep_last);
 }
 
+// Phase 1 on this rank: checks the options and lists the items to store; rank 0 also creates
+// tmp_dir (and its model/ and optim/). Returns this rank's failure, or null.
+std::exception_ptr plan(const torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                        ProcessGroup* group, const SaveOptions& options, const std::string& root,
+                        const std::string& tmp_dir, std::vector<LocalParam>& locals,
+                        std::vector<Item>& items) {
+  try {
+    detail::check_save_options(options);
+    locals = detail::local_params(model, group);
+    items = plan_items(locals, detail::as_adamw(optimizer));
+    if (group == nullptr || group->rank() == 0) {
+      detail::prepare_tmp_dir(root, tmp_dir);
+      for (const char* dir : {kDcpModelDir, kDcpOptimDir}) {
+        detail::make_directories(tmp_dir + "/" + dir);
+      }
+    }
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 SaveResult save_dcp_hf(const std::string& root, const torch::nn::Module& model,
@@ -246,19 +268,7 @@ SaveResult save_dcp_hf(const std::string& root, const torch::nn::Module& model,
   // Phase 1: plan; rank 0 prepares the temporary directory.
   std::vector<LocalParam> locals;
   std::vector<Item> items;
-  std::exception_ptr error;
-  try {
-    detail::check_save_options(options);
-    locals = detail::local_params(model, group);
-    items = plan_items(locals, detail::as_adamw(optimizer));
-    if (rank == 0) {
-      detail::prepare_tmp_dir(root, tmp_dir);
-      for (const char* dir : {kDcpModelDir, kDcpOptimDir})
-        detail::make_directories(tmp_dir + "/" + dir);
-    }
-  } catch (...) {
-    error = std::current_exception();
-  }
+  std::exception_ptr error = plan(model, optimizer, group, options, root, tmp_dir, locals, items);
   detail::agree(group, error, what);
   detail::check_same_on_every_rank(group, static_cast<int64_t>(items.size()),
                                    items_signature(items, locals), what);

@@ -394,18 +394,14 @@ TEST_F(DcpHfCheckpoint, WithoutTheManifestLoadsAsFsdp2sCheckpoints) {
   EXPECT_EQ(r.saved_world_size, 2);
 }
 
-TEST_F(DcpHfCheckpoint, BrokenFilesAndMetadataAreRefusedNamingTheFileAndFault) {
-  const std::string rank1 = std::string(kDcpModelDir) + "/" + dcp_shard_file_name(1);
+std::string rank1_model_file() { return std::string(kDcpModelDir) + "/" + dcp_shard_file_name(1); }
+
+TEST_F(DcpHfCheckpoint, FilesThatDisagreeWithTheManifestAreRefused) {
+  const std::string rank1 = rank1_model_file();
   {
     const std::string dir = copy("missing");
     ::unlink((dir + "/" + rank1).c_str());
     EXPECT_THAT(load_error(dir), HasSubstr(rank1 + " is missing"));
-    ::unlink((dir + "/" + kDcpManifestName).c_str());  // as FSDP2 would leave it
-    const std::string error = load_error(dir);
-    EXPECT_THAT(error, HasSubstr("there is no fsdp.json to list the files: a rank's file may be "
-                                 "missing"));
-    EXPECT_THAT(error, HasSubstr("transformer.h.0.attn.c_attn.weight: checkpoint [48, 32], model "
-                                 "[96, 32]"));
   }
   {
     const std::string dir = copy("truncated");
@@ -421,11 +417,42 @@ TEST_F(DcpHfCheckpoint, BrokenFilesAndMetadataAreRefusedNamingTheFileAndFault) {
     EXPECT_THAT(load_error(dir), HasSubstr("model/extra.safetensors is not in the manifest"));
   }
   {
+    const std::string dir = copy("bit_flip");
+    std::string bytes = read_bytes(dir + "/" + rank1);
+    bytes[bytes.size() - 5] ^= 0x01;
+    write_bytes(dir + "/" + rank1, bytes);
+    const std::string error = load_error(dir);
+    EXPECT_THAT(error, HasSubstr(dcp_shard_file_name(1) + "' is corrupted: tensor"));
+    EXPECT_THAT(error, HasSubstr("has checksum"));
+  }
+  {
+    const std::string dir = copy("manifest");
+    std::string text = read_bytes(dir + "/" + kDcpManifestName);
+    text.replace(text.find("\"step\": 2"), 9, "\"step\": 9");
+    write_bytes(dir + "/" + kDcpManifestName, text);
+    EXPECT_THAT(load_error(dir), HasSubstr("fsdp.json' is not a valid manifest: the manifest's "
+                                           "checksum does not match its content"));
+  }
+}
+
+// As FSDP2 leaves them: no manifest, so the files' own metadata is all there is to check.
+TEST_F(DcpHfCheckpoint, BadShardingInfoIsRefusedNamingTheFileAndFault) {
+  const std::string rank1 = rank1_model_file();
+  {
+    const std::string dir = copy("missing_no_manifest");
+    ::unlink((dir + "/" + kDcpManifestName).c_str());
+    ::unlink((dir + "/" + rank1).c_str());
+    const std::string error = load_error(dir);
+    EXPECT_THAT(error, HasSubstr("there is no fsdp.json to list the files: a rank's file may be "
+                                 "missing"));
+    EXPECT_THAT(error, HasSubstr("transformer.h.0.attn.c_attn.weight: checkpoint [48, 32], model "
+                                 "[96, 32]"));
+  }
+  {
     const std::string dir = copy("bad_info");
     ::unlink((dir + "/" + kDcpManifestName).c_str());
     set_sharding_info(dir + "/" + rank1, "{not json");
-    const std::string error = load_error(dir);
-    EXPECT_THAT(error,
+    EXPECT_THAT(load_error(dir),
                 HasSubstr(dcp_shard_file_name(1) + "': DCP_SHARDING_INFO is not valid JSON"));
   }
   {
@@ -436,23 +463,7 @@ TEST_F(DcpHfCheckpoint, BrokenFilesAndMetadataAreRefusedNamingTheFileAndFault) {
     info["transformer.wte.weight"]["saved_offsets"] = {100, 0};  // rows 100-227: overlaps rank 0
     set_sharding_info(dir + "/" + rank1, info.dump());
     EXPECT_THAT(load_error(dir),
-                HasSubstr("tensor 'transformer.wte.weight': chunk [100:228, 0:32]"));
-  }
-  {
-    const std::string dir = copy("bit_flip");
-    std::string bytes = read_bytes(dir + "/" + rank1);
-    bytes[bytes.size() - 5] ^= 0x01;
-    write_bytes(dir + "/" + rank1, bytes);
-    EXPECT_THAT(load_error(dir), HasSubstr(dcp_shard_file_name(1)));
-    EXPECT_THAT(load_error(dir), HasSubstr("checksum"));
-  }
-  {
-    const std::string dir = copy("manifest");
-    std::string text = read_bytes(dir + "/" + kDcpManifestName);
-    text.replace(text.find("\"step\": 2"), 9, "\"step\": 9");
-    write_bytes(dir + "/" + kDcpManifestName, text);
-    EXPECT_THAT(load_error(dir), HasSubstr("fsdp.json' is not a valid manifest: the manifest's "
-                                           "checksum does not match its content"));
+                HasSubstr("tensor 'transformer.wte.weight': chunk [100:228, 0:32] in '"));
   }
 }
 

@@ -9,7 +9,9 @@
 //   fsdp-train --resume FSDP2's step-2 checkpoint, steps 3-4;
 //
 // and each continued run's losses and gradient norms equal the uninterrupted FSDP2 run's
-// within 1e-5 relative. The two reference runs are one launch, cached (reference_cache.h).
+// within 1e-5 relative. Step 3 depends on the weights alone, step 4 on the AdamW state too:
+// FSDP2 continuing with our weights but fresh moments was 9.3e-3 apart in loss and 0.21 in
+// gradient norm at step 4. The two reference runs are one launch, cached (reference_cache.h).
 #include "support/files.h"
 #include "support/test_support.h"
 
