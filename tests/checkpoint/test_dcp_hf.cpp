@@ -189,12 +189,14 @@ void train_two_steps(models::GPT2LMHead& model, torch::optim::AdamW& optimizer, 
   }
 }
 
-// Saves the same trained state at 2 ranks in both formats: root/sharded and root/dcp.
-void save_both(const std::string& root, const ShardPlacementFn& placement = {}) {
+// Saves the same trained state in both formats, root/sharded and root/dcp: at 2 ranks, or with
+// replicate > 1 at 4 ranks on a replicate x 2 HSDP mesh.
+void save_both(const std::string& root, const ShardPlacementFn& placement = {}, int replicate = 1) {
   run_ranks_in_threads(
-      2,
+      2 * replicate,
       [&](std::shared_ptr<ProcessGroup> group) {
-        DeviceMesh mesh(group);
+        const DeviceMesh mesh =
+            replicate > 1 ? DeviceMesh::hybrid(group, replicate) : DeviceMesh(group);
         auto model = make_model(&mesh, placement);
         auto optimizer = make_optimizer(*model);
         train_two_steps(model, optimizer, group->rank());
@@ -357,6 +359,20 @@ TEST(DcpHfCheckpointPlacement, Shard1SlabsLoadAsOurShardedFormatDoes) {
   const auto offsets = parse_dcp_offsets(rank1.header());
   EXPECT_EQ(offsets.at("transformer.h.0.mlp.c_fc.weight"), (std::vector<int64_t>{0, 16}));
   EXPECT_EQ(rank1.entry("transformer.h.0.mlp.c_fc.weight").shape, (std::vector<int64_t>{128, 16}));
+}
+
+// HSDP: the second replica holds the same rows as the first and writes nothing.
+TEST(DcpHfCheckpointPlacement, HybridShardReplicasAreStoredOnce) {
+  const std::string root = temp_dir("dcp_hf_hsdp");
+  save_both(root, {}, /*replicate=*/2);
+  expect_same_state(load_whole(root + "/dcp"), load_whole(root + "/sharded"));
+  const DcpManifest m = parse_dcp_manifest(read_bytes(root + "/dcp/step_00000002/fsdp.json"));
+  EXPECT_EQ(m.world_size, 4);
+  std::vector<std::string> paths;
+  for (const auto& f : m.files) paths.push_back(f.path);
+  EXPECT_THAT(paths, ::testing::ElementsAre(
+                         "model/" + dcp_shard_file_name(0), "model/" + dcp_shard_file_name(1),
+                         "optim/" + dcp_shard_file_name(0), "optim/" + dcp_shard_file_name(1)));
 }
 
 // The error every rank of a 2-rank load reports.
