@@ -54,8 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (cut == nullptr) return 0;
   try {
     const DcpManifest m = parse_dcp_manifest(
-        std::string_view(reinterpret_cast<const char*>(data) + first + 1, size - first - 1),
-        false);
+        std::string_view(reinterpret_cast<const char*>(data) + first + 1, size - first - 1), false);
     if (m.world_size < 1 || m.rng_states.size() > static_cast<size_t>(m.world_size))
       __builtin_trap();
     const DcpManifest back = parse_dcp_manifest(serialize_dcp_manifest(m));
