@@ -2,6 +2,7 @@
 // names, telling them apart on disk, and dispatching to each one's save and load.
 #include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/checkpoint/dcp_hf.h>
+#include <fsdp/checkpoint/format.h>
 
 #include "checkpoint/file_util.h"
 #include "checkpoint/step_dirs.h"
@@ -14,7 +15,7 @@ namespace {
 constexpr CheckpointFormat kFormats[] = {CheckpointFormat::kSharded, CheckpointFormat::kDcpHf};
 
 bool is_sharded_checkpoint(const std::string& dir) {
-  return detail::path_exists(dir + "/metadata.json");
+  return detail::path_exists(dir + "/" + kIndexFileName);
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ namespace {
 using detail::LocalParam;
 using Clock = std::chrono::steady_clock;
 
-constexpr char kIndexName[] = "metadata.json";
+constexpr const char* kIndexName = kIndexFileName;
 constexpr char kModelPrefix[] = "model/";
 constexpr uint64_t kMaxIndexBytes = 256ull << 20;
 constexpr size_t kMaxListed = 40;

@@ -112,6 +112,8 @@ std::optional<uint64_t> parse_checksum_hex(std::string_view hex);
 // --- the sharded checkpoint's index (metadata.json) ---
 
 inline constexpr int kIndexVersion = 1;
+// The index's file name in a checkpoint directory.
+inline constexpr char kIndexFileName[] = "metadata.json";
 inline constexpr int kMaxWorldSize = 1 << 20;
 
 // Rows [offset, offset + rows) of a tensor's dim 0, stored by rank in its file under the
