@@ -44,6 +44,17 @@ const NameTable<at::ScalarType>& compute_dtype_names() {
   return table;
 }
 
+const NameTable<checkpoint::CheckpointFormat>& checkpoint_format_names() {
+  static const NameTable<checkpoint::CheckpointFormat> table = [] {
+    NameTable<checkpoint::CheckpointFormat> names;
+    for (const std::string& name : checkpoint::checkpoint_format_names()) {
+      names.emplace_back(name, *checkpoint::parse_checkpoint_format(name));
+    }
+    return names;
+  }();
+  return table;
+}
+
 const NameTable<at::ScalarType>& export_dtype_names() {
   static const NameTable<at::ScalarType> table = {{"fp32", at::kFloat}, {"bf16", at::kBFloat16}};
   return table;

@@ -9,6 +9,7 @@
 // --replicate dividing the world, ...) are checked by fsdp::train::validate (trainer.h).
 #pragma once
 
+#include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/sharding_strategy.h>
 
 #include <c10/core/ScalarType.h>
@@ -37,6 +38,8 @@ const NameTable<LrScheduleKind>& lr_schedule_names();
 const NameTable<DeviceKind>& device_names();
 // fp32, bf16, fp16: the dtypes of compute and gradient reduction.
 const NameTable<at::ScalarType>& compute_dtype_names();
+// sharded, dcp-hf: the layouts of saved checkpoints (fsdp/checkpoint/checkpoint.h).
+const NameTable<checkpoint::CheckpointFormat>& checkpoint_format_names();
 // fp32, bf16: the dtypes an export writes.
 const NameTable<at::ScalarType>& export_dtype_names();
 
@@ -162,6 +165,9 @@ struct ParallelismConfig {
 struct CheckpointConfig {
   std::string save_dir;    // sharded checkpoints under this root, at the end of training
   int64_t save_every = 0;  // and every N steps (0: only at the end)
+  // Their layout: ours, or PyTorch DCP's Hugging Face layout (fsdp/checkpoint/dcp_hf.h), which
+  // FSDP2 loads. resume may be in either.
+  checkpoint::CheckpointFormat format = checkpoint::CheckpointFormat::kSharded;
   // Continue from this checkpoint (or a root: its latest); "auto": from save_dir's latest if it
   // has one, else start fresh.
   std::string resume;

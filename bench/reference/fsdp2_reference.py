@@ -57,6 +57,14 @@ gradients), sent_bytes (what this process wrote to sockets and files during the 
 cuda_peak_allocated_bytes and cuda_peak_reserved_bytes, the caching allocator's peaks so far).
 --export writes the final parameters in the same Hugging Face layout as fsdp-train's --export.
 
+Checkpoints in PyTorch DCP's Hugging Face layout, to move a job between FSDP2 and fsdp-train
+(--mode fsdp2, torch.optim.AdamW): --save-dcp DIR --save-dcp-step K saves the model and the
+AdamW state after step K with torch.distributed.checkpoint's HuggingFaceStorageWriter
+(save_distributed=True) into DIR/model and DIR/optim, which fsdp-train --resume DIR continues;
+--resume-dcp DIR loads them with HuggingFaceStorageReader from such a directory (fsdp-train
+--checkpoint-format dcp-hf writes one per step, ROOT/step_<n>) and trains the steps after the
+checkpoint's. See save_dcp for what goes where and why.
+
 A failure is never silent: an exception in any rank ends the run with a non-zero exit and the
 PyTorch error on stderr.
 """
@@ -550,6 +558,68 @@ class LibTorchAdamW(torch.optim.Optimizer):
                 param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
 
 
+# ---- DCP checkpoints in the Hugging Face layout -------------------------------------------------
+
+_FLAT = None  # StateDictOptions(flatten_optimizer_state_dict=True), made on first use
+
+
+def _flat_options():
+    global _FLAT
+    if _FLAT is None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+        _FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+    return _FLAT
+
+
+def dcp_model_state(model):
+    """The model's state dict with each parameter once: a tied one (lm_head.weight is
+    transformer.wte.weight) only under its first name, since the HF writer refuses tensors that
+    share memory (safetensors' rule)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    names = dict(model.named_parameters())
+    return {k: v for k, v in get_model_state_dict(model).items() if k in names}
+
+
+def dcp_optimizer_state(model, optimizer):
+    """(the flattened optimizer state dict, its tensors): "state.<param>.exp_avg", "...exp_avg_sq"
+    (DTensors sharded like their parameter) and "...step" (0-D). Its other entries
+    (param_groups.<param>.lr, betas, ...) are plain values, which DCP writes as pickled BYTE_IO
+    items into the same file stream as the safetensors bytes, corrupting an HF file: they stay
+    out, and come from this run's flags on both sides (fsdp-train's checkpoints hold no learning
+    rate either)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    state = get_optimizer_state_dict(model, optimizer, options=_flat_options())
+    return state, {k: v for k, v in state.items() if torch.is_tensor(v)}
+
+
+def save_dcp(path, model, optimizer):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    dcp.save(dcp_model_state(model),
+             storage_writer=HuggingFaceStorageWriter(f"{path}/model", save_distributed=True))
+    dcp.save(dcp_optimizer_state(model, optimizer)[1],
+             storage_writer=HuggingFaceStorageWriter(f"{path}/optim", save_distributed=True))
+
+
+def load_dcp(path, model, optimizer):
+    """Loads save_dcp's layout (or fsdp-train's) into model and optimizer, each rank reading its
+    own rows; returns the checkpoint's step (its AdamW steps)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+    weights = dcp_model_state(model)
+    dcp.load(weights, storage_reader=HuggingFaceStorageReader(f"{path}/model"))
+    # strict=False: the tied lm_head.weight is not in it, and is wte's tensor anyway.
+    set_model_state_dict(model, weights, options=StateDictOptions(strict=False))
+    # get_optimizer_state_dict gives a fresh optimizer its state (a step at lr 0) to load into.
+    state, tensors = dcp_optimizer_state(model, optimizer)
+    dcp.load(tensors, storage_reader=HuggingFaceStorageReader(f"{path}/optim"))
+    state.update(tensors)
+    set_optimizer_state_dict(model, optimizer, state, options=_flat_options())
+    return max(int(v.item()) for k, v in tensors.items() if k.endswith(".step"))
+
+
 # ---- one rank ------------------------------------------------------------------------------
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -643,6 +713,9 @@ def train(rank, world, args):
     b, t, accum, batches = load_batches(args.batches)
     if args.steps is not None:
         batches = batches[:args.steps]
+    if args.resume_dcp:
+        resumed = load_dcp(args.resume_dcp, model, optimizer)
+        batches = [(step, micro) for step, micro in batches if step > resumed]
     if b % world:
         raise RuntimeError(f"global batch {b} is not divisible by {world} ranks")
     rows = b // world
@@ -734,6 +807,8 @@ def train(rank, world, args):
                 line["loss_scale"] = loss_scale
             metrics.write(json.dumps(line) + "\n")
             metrics.flush()
+        if args.save_dcp and step == args.save_dcp_step:
+            save_dcp(args.save_dcp, model, optimizer)
         if rank == 0 and not args.quiet:
             print(f"{args.mode} W={world} step {step} | loss {mean_loss:.6f} | grad norm "
                   f"{norm:.6f} | {accum * b * t / step_s:.0f} tokens/s", flush=True)
@@ -821,6 +896,13 @@ def parser():
     p.add_argument("--all-gather", type=parse_all_gather, default=None,
                    help="fp (default) or int8[:BLOCK]: every unit's all-gather through an FSDP2 "
                         "custom AllGather that quantizes blockwise, as fsdp-train --all-gather")
+    p.add_argument("--save-dcp", metavar="DIR",
+                   help="fsdp2: after step --save-dcp-step, save the model and AdamW state with "
+                        "DCP's HuggingFaceStorageWriter into DIR/model and DIR/optim")
+    p.add_argument("--save-dcp-step", type=int, default=None)
+    p.add_argument("--resume-dcp", metavar="DIR",
+                   help="fsdp2: load the model and AdamW state from DIR/model and DIR/optim "
+                        "with DCP's HuggingFaceStorageReader, then train the steps after its step")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -840,6 +922,10 @@ def parse(p, argv):
                 "no-all-reduce are FSDP2's; use --mode fsdp2")
     if args.replicate < 1 or args.nproc % args.replicate:
         p.error(f"--replicate {args.replicate} does not divide --nproc {args.nproc}")
+    if (args.save_dcp or args.resume_dcp) and (args.mode != "fsdp2" or args.adamw != "torch"):
+        p.error("--save-dcp/--resume-dcp are for --mode fsdp2 with --adamw torch")
+    if bool(args.save_dcp) != (args.save_dcp_step is not None):
+        p.error("--save-dcp DIR and --save-dcp-step K go together")
     if args.accum_mode == "no-all-reduce" and args.replicate == 1:
         p.error("--accum-mode no-all-reduce skips the all-reduce across replicas: give --replicate")
     return args

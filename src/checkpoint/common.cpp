@@ -3,11 +3,14 @@
 // unique_named_parameters().
 #include "checkpoint/common.h"
 
+#include <fsdp/grad_scaler.h>
 #include <fsdp/util/error.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -212,6 +215,34 @@ std::string shape_string(c10::IntArrayRef shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
+}
+
+void check_save_options(const SaveOptions& options) {
+  TORCH_CHECK(options.step() >= 0, "the step must be non-negative, got ", options.step());
+  TORCH_CHECK(options.keep_last() >= 0, "keep_last must be non-negative, got ",
+              options.keep_last());
+  const auto user = nlohmann::json::parse(options.user_json(), nullptr, /*allow_exceptions=*/false);
+  TORCH_CHECK(user.is_object(), "user_json must be a JSON object, got '",
+              options.user_json().substr(0, 80), "'");
+  // A state a scaler would refuse to load is refused now (the check names the value).
+  if (options.grad_scaler()) ShardedGradScaler(std::nullopt).load_state(*options.grad_scaler());
+}
+
+void check_same_on_every_rank(ProcessGroup* group, int64_t count, uint64_t signature,
+                              const std::string& what) {
+  if (group == nullptr || group->size() <= 1) return;
+  const int world = group->size();
+  int64_t mine[2] = {count, 0};
+  std::memcpy(&mine[1], &signature, sizeof(signature));
+  at::Tensor all = at::empty({2 * world}, at::kLong);
+  group->all_gather_into_tensor(all, at::from_blob(mine, {2}, at::kLong))->wait();
+  const auto* v = all.const_data_ptr<int64_t>();
+  for (int r = 0; r < world; ++r) {
+    TORCH_CHECK(v[2 * r] == mine[0] && v[2 * r + 1] == mine[1], what, " failed: rank ", r,
+                " stores other parameters or optimizer states than rank ", group->rank(), " (",
+                v[2 * r], " tensors against ", mine[0],
+                "); every rank must save the same model and optimizer");
+  }
 }
 
 }  // namespace fsdp::checkpoint::detail

@@ -13,6 +13,7 @@
 // distinct row range is stored once, by the first rank (in world order) that holds it.
 #pragma once
 
+#include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/comm/process_group.h>
 #include <fsdp/fully_shard.h>
 
@@ -87,5 +88,14 @@ void agree(ProcessGroup* group, const std::exception_ptr& error, const std::stri
 
 // "[3, 4]".
 std::string shape_string(c10::IntArrayRef shape);
+
+// A save's checks of its options, before anything is written: a non-negative step and
+// keep_last, user_json a JSON object, a gradient scaler state that a scaler would load.
+void check_save_options(const SaveOptions& options);
+
+// Collective (world > 1): every rank must store the same tensors (count of them, and a hash of
+// what they are), which the save's collectives rely on. Throws on every rank otherwise.
+void check_same_on_every_rank(ProcessGroup* group, int64_t count, uint64_t signature,
+                              const std::string& what);
 
 }  // namespace fsdp::checkpoint::detail

@@ -21,19 +21,18 @@
 #include <fsdp/checkpoint/format.h>
 #include <fsdp/checkpoint/safetensors.h>
 
+#include "checkpoint/adamw_state.h"
 #include "checkpoint/checksum.h"
 #include "checkpoint/common.h"
 #include "checkpoint/file_util.h"
+#include "checkpoint/step_dirs.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/adamw.h>
 #include <csignal>
-#include <nlohmann/json.hpp>
 
-#include <dirent.h>
 #include <sys/stat.h>
 #include <algorithm>
 #include <cerrno>
@@ -51,46 +50,13 @@ namespace {
 using detail::LocalParam;
 using Clock = std::chrono::steady_clock;
 
-constexpr char kIndexName[] = "metadata.json";
-constexpr char kLatestName[] = "latest";
+constexpr const char* kIndexName = kIndexFileName;
 constexpr char kModelPrefix[] = "model/";
 constexpr uint64_t kMaxIndexBytes = 256ull << 20;
 constexpr size_t kMaxListed = 40;
-// The AdamW states we store, by the name used in keys ("optim/<state>/<parameter>").
-constexpr const char* kStates[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::string step_dir_name(int64_t step) {
-  char buf[40];
-  std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
-  return buf;
-}
-
-// Parses "step_<digits>" (what `latest` may name and what pruning deletes); nullopt otherwise.
-std::optional<int64_t> parse_step_dir_name(const std::string& name) {
-  if (name.size() <= 5 || name.size() > 5 + 18 || name.compare(0, 5, "step_") != 0)
-    return std::nullopt;
-  int64_t step = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    step = step * 10 + (name[i] - '0');
-  }
-  return step;
-}
-
-std::vector<std::string> list_directory(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  TORCH_CHECK(d != nullptr, detail::system_error("cannot list", dir));
-  while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  ::closedir(d);
-  return names;
 }
 
 int64_t as_i64(uint64_t v) {
@@ -102,40 +68,6 @@ uint64_t as_u64(int64_t v) {
   uint64_t out;
   std::memcpy(&out, &v, sizeof(v));
   return out;
-}
-
-torch::optim::AdamW* as_adamw(torch::optim::Optimizer* optimizer) {
-  if (optimizer == nullptr) return nullptr;
-  auto* adamw = dynamic_cast<torch::optim::AdamW*>(optimizer);
-  TORCH_CHECK(adamw != nullptr,
-              "checkpoints store the state of torch::optim::AdamW only; this optimizer is another "
-              "type (pass nullptr to save or load the model alone)");
-  return adamw;
-}
-
-// The options of the param group that holds p, or nullptr when the optimizer does not train p.
-const torch::optim::AdamWOptions* options_of(torch::optim::AdamW& optimizer, const at::Tensor& p) {
-  for (auto& group : optimizer.param_groups()) {
-    for (const auto& q : group.params()) {
-      if (q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
-        return &static_cast<const torch::optim::AdamWOptions&>(group.options());
-      }
-    }
-  }
-  return nullptr;
-}
-
-torch::optim::AdamWParamState* state_of(torch::optim::AdamW& optimizer, const at::Tensor& p) {
-  auto& states = optimizer.state();
-  auto it = states.find(p.unsafeGetTensorImpl());
-  if (it == states.end()) return nullptr;
-  return static_cast<torch::optim::AdamWParamState*>(it->second.get());
-}
-
-at::Tensor state_tensor(torch::optim::AdamWParamState& s, const std::string& kind) {
-  if (kind == "exp_avg") return s.exp_avg();
-  if (kind == "exp_avg_sq") return s.exp_avg_sq();
-  return s.max_exp_avg_sq();
 }
 
 // The shape a shard of `rows` rows is stored with: the global shape with dim 0 = rows (a 0-D
@@ -162,10 +94,10 @@ std::vector<Slot> plan_slots(const std::vector<LocalParam>& locals, torch::optim
     const LocalParam& lp = locals[i];
     slots.push_back({kModelPrefix + lp.name, i, &lp, lp.param.detach(), 0});
     if (adamw == nullptr) continue;
-    torch::optim::AdamWParamState* s = state_of(*adamw, lp.param);
+    torch::optim::AdamWParamState* s = detail::state_of(*adamw, lp.param);
     if (s == nullptr) continue;
-    for (const char* kind : kStates) {
-      at::Tensor t = state_tensor(*s, kind);
+    for (const char* kind : detail::kAdamWStates) {
+      at::Tensor t = detail::state_tensor(*s, kind);
       if (!t.defined()) continue;
       TORCH_CHECK(t.numel() == lp.param.numel() && t.is_contiguous(), "optimizer state ", kind,
                   " of '", lp.name, "' has shape ", t.sizes(), ", not its parameter's local shape");
@@ -230,35 +162,6 @@ std::optional<uint64_t> kill_hook(int64_t step, int rank) {
 
 void kill_if(const std::optional<KillPoint>& point, const char* phase) {
   if (point && point->phase == phase) ::raise(SIGKILL);
-}
-
-at::Tensor cpu_rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_cpu_rng_state(const std::string& bytes) {
-  at::Tensor state = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
-void prune(const std::string& root, const std::string& kept, int keep_last) {
-  if (keep_last <= 0) return;
-  std::vector<std::pair<int64_t, std::string>> others;
-  for (const auto& name : list_directory(root)) {
-    if (name == kept) continue;
-    if (auto step = parse_step_dir_name(name)) {
-      if (detail::is_directory(root + "/" + name)) others.emplace_back(*step, name);
-    }
-  }
-  std::sort(others.rbegin(), others.rend());
-  for (size_t i = static_cast<size_t>(keep_last - 1); i < others.size(); ++i) {
-    detail::remove_all(root + "/" + others[i].second);
-  }
 }
 
 CheckpointIndex read_index(const std::string& dir) {
@@ -386,44 +289,12 @@ int64_t fill_rows(const std::string& key, const TensorRecord& record, const Loca
 // bytes; then, per slot, its checksum.
 constexpr size_t kHead = 3;
 
-// The save's checks of its options, before anything is written.
-void check_save_options(const SaveOptions& options) {
-  TORCH_CHECK(options.step() >= 0, "the step must be non-negative, got ", options.step());
-  TORCH_CHECK(options.keep_last() >= 0, "keep_last must be non-negative, got ",
-              options.keep_last());
-  const auto user = nlohmann::json::parse(options.user_json(), nullptr, /*allow_exceptions=*/false);
-  TORCH_CHECK(user.is_object(), "user_json must be a JSON object, got '",
-              options.user_json().substr(0, 80), "'");
-  // A state a scaler would refuse to load is refused now (the check names the value).
-  if (options.grad_scaler()) ShardedGradScaler(std::nullopt).load_state(*options.grad_scaler());
-}
-
-// Rank 0 only: creates the temporary directory, removing those of crashed saves.
-void prepare_tmp_dir(const std::string& root, const std::string& tmp_dir) {
-  detail::make_directories(root);
-  for (const auto& name : list_directory(root)) {
-    if (name.rfind(".tmp-", 0) == 0) detail::remove_all(root + "/" + name);  // crashed saves
-  }
-  detail::make_directories(tmp_dir);
-}
-
 // Collective (world > 1): every rank must store the same tensors; the all-gathers of the save
 // rely on it.
-void check_same_slots(ProcessGroup* group, const std::vector<Slot>& slots, int world, int rank,
+void check_same_slots(ProcessGroup* group, const std::vector<Slot>& slots,
                       const std::string& what) {
-  if (group == nullptr || world <= 1) return;
-  const int64_t signature[2] = {static_cast<int64_t>(slots.size()), as_i64(slots_signature(slots))};
-  at::Tensor all = at::empty({2 * world}, at::kLong);
-  group->all_gather_into_tensor(all, at::from_blob(const_cast<int64_t*>(signature), {2}, at::kLong))
-      ->wait();
-  for (int r = 0; r < world; ++r) {
-    TORCH_CHECK(all[2 * r].item<int64_t>() == signature[0] &&
-                    all[2 * r + 1].item<int64_t>() == signature[1],
-                what, " failed: rank ", r,
-                " stores other parameters or optimizer states than rank ", rank, " (",
-                all[2 * r].item<int64_t>(), " tensors against ", signature[0],
-                "); every rank must save the same model and optimizer");
-  }
+  detail::check_same_on_every_rank(group, static_cast<int64_t>(slots.size()),
+                                   slots_signature(slots), what);
 }
 
 // Collective: who stores which rows, one copy of each distinct row range (HSDP replicas, and
@@ -560,7 +431,7 @@ CheckpointIndex build_index(const SaveOptions& options, int world, const std::ve
   }
   if (adamw != nullptr) {
     for (const auto& lp : locals) {
-      if (auto* s = state_of(*adamw, lp.param)) {
+      if (auto* s = detail::state_of(*adamw, lp.param)) {
         index.optimizer = "AdamW";
         index.optimizer_steps[lp.name] = s->step();
       }
@@ -572,7 +443,7 @@ CheckpointIndex build_index(const SaveOptions& options, int world, const std::ve
 // Rank 0 only: writes the index into tmp_dir, renames tmp_dir into place, points `latest` at
 // it, and prunes old checkpoints.
 void publish(const CheckpointIndex& index, const std::string& root, const std::string& tmp_dir,
-             const std::string& final_dir, const std::string& dir_name, int keep_last) {
+             const std::string& dir_name, int keep_last) {
   const std::string text = serialize_checkpoint_index(index);
   try {
     parse_checkpoint_index(text);  // never publish an index we could not read back
@@ -590,12 +461,10 @@ void publish(const CheckpointIndex& index, const std::string& root, const std::s
     file.sync();
     file.close();
   }
-  detail::fsync_directory(tmp_dir);
-  detail::publish_directory(tmp_dir, final_dir);
-  kill_if(kill, "rename");
-  detail::write_file_atomically(root + "/" + kLatestName, dir_name + "\n",
-                                [&] { kill_if(kill, "latest"); });
-  prune(root, dir_name, keep_last);
+  detail::PublishHooks hooks;
+  hooks.after_rename = [&] { kill_if(kill, "rename"); };
+  hooks.before_latest_rename = [&] { kill_if(kill, "latest"); };
+  detail::publish_step_dir(root, tmp_dir, dir_name, keep_last, hooks);
 }
 
 // The optimizer states to load, per local parameter (empty for one the optimizer does not
@@ -608,10 +477,9 @@ std::vector<std::vector<std::string>> optimizer_kinds(const std::string& dir,
   std::vector<std::string> missing;
   for (size_t i = 0; i < locals.size(); ++i) {
     const LocalParam& lp = locals[i];
-    const auto* group_options = options_of(adamw, lp.param);
+    const auto* group_options = detail::options_of(adamw, lp.param);
     if (group_options == nullptr) continue;  // not trained by this optimizer
-    kinds[i] = {"exp_avg", "exp_avg_sq"};
-    if (group_options->amsgrad()) kinds[i].push_back("max_exp_avg_sq");
+    kinds[i] = detail::state_kinds(*group_options);
     for (const auto& kind : kinds[i]) {
       const std::string key = "optim/" + kind + "/" + lp.name;
       auto it = index.tensors.find(key);
@@ -626,25 +494,6 @@ std::vector<std::vector<std::string>> optimizer_kinds(const std::string& dir,
     TORCH_CHECK(false, message);
   }
   return kinds;
-}
-
-// The AdamW state of lp.param, created uninitialized (and recorded in `created`) when the
-// optimizer has none yet: fill_rows then writes every row, padding included.
-torch::optim::AdamWParamState& state_to_load(torch::optim::AdamW& adamw, const LocalParam& lp,
-                                             bool amsgrad, std::vector<void*>& created) {
-  auto& states = adamw.state();
-  auto it = states.find(lp.param.unsafeGetTensorImpl());
-  if (it == states.end()) {
-    at::NoGradGuard no_grad;
-    const at::Tensor p = lp.param.detach();
-    auto state = std::make_unique<torch::optim::AdamWParamState>();
-    state->exp_avg(at::empty_like(p, at::MemoryFormat::Contiguous));
-    state->exp_avg_sq(at::empty_like(p, at::MemoryFormat::Contiguous));
-    if (amsgrad) state->max_exp_avg_sq(at::empty_like(p, at::MemoryFormat::Contiguous));
-    it = states.emplace(lp.param.unsafeGetTensorImpl(), std::move(state)).first;
-    created.push_back(lp.param.unsafeGetTensorImpl());
-  }
-  return static_cast<torch::optim::AdamWParamState&>(*it->second);
 }
 
 // fill_rows into a local tensor of lp's shape (the parameter or a state): under Shard(d > 0)
@@ -663,11 +512,11 @@ int64_t load_optimizer_state(const CheckpointIndex& index, const LocalParam& lp,
                              const std::vector<std::string>& kinds, torch::optim::AdamW& adamw,
                              const std::vector<SafetensorsReader>& readers,
                              std::vector<void*>& created) {
-  auto& s = state_to_load(adamw, lp, kinds.size() == 3, created);
+  auto& s = detail::state_to_load(adamw, lp.param, kinds.size() == 3, created);
   s.step(index.optimizer_steps.at(lp.name));
   int64_t bytes = 0;
   for (const auto& kind : kinds) {
-    at::Tensor t = state_tensor(s, kind);
+    at::Tensor t = detail::state_tensor(s, kind);
     TORCH_CHECK(t.defined() && t.is_contiguous() && t.numel() == lp.param.numel(),
                 "optimizer state ", kind, " of '", lp.name, "' is missing or mis-shaped");
     const std::string key = "optim/" + kind + "/" + lp.name;
@@ -676,33 +525,12 @@ int64_t load_optimizer_state(const CheckpointIndex& index, const LocalParam& lp,
   return bytes;
 }
 
-// Restores the CPU RNG state saved by `rank` (rank 0's when the checkpoint has fewer ranks).
-void restore_rng(const std::string& dir, const CheckpointIndex& index, int rank) {
-  if (index.rng_states.empty()) return;
-  const size_t r = static_cast<size_t>(rank) < index.rng_states.size() ? rank : 0;
-  try {
-    set_cpu_rng_state(index.rng_states[r]);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "checkpoint '", dir,
-                "' has an RNG state this build cannot restore: ", e.what_without_backtrace());
-  }
-}
-
 }  // namespace
 
 std::string resolve_checkpoint(const std::string& path) {
-  if (detail::path_exists(path + "/" + kIndexName)) return path;
-  const std::string latest_path = path + "/" + kLatestName;
-  TORCH_CHECK(detail::path_exists(latest_path), "no checkpoint at '", path, "': it holds neither ",
-              kIndexName, " nor ", kLatestName);
-  std::string name = detail::read_file(latest_path, 256);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  TORCH_CHECK(parse_step_dir_name(name).has_value(), "'", latest_path,
-              "' must name a step_<n> directory, but holds '", name.substr(0, 60), "'");
-  const std::string dir = path + "/" + name;
-  TORCH_CHECK(detail::path_exists(dir + "/" + kIndexName), "'", latest_path, "' names '", name,
-              "', which has no ", kIndexName);
-  return dir;
+  return detail::resolve_step_dir(
+      path, [](const std::string& dir) { return detail::path_exists(dir + "/" + kIndexName); },
+      kIndexName);
 }
 
 SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
@@ -711,7 +539,7 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
   const auto start = Clock::now();
   const int world = group ? group->size() : 1;
   const int rank = group ? group->rank() : 0;
-  const std::string dir_name = step_dir_name(options.step());
+  const std::string dir_name = detail::step_dir_name(options.step());
   const std::string final_dir = root + "/" + dir_name;
   const std::string tmp_dir = root + "/.tmp-" + dir_name;
   const std::string what = "saving checkpoint '" + final_dir + "'";
@@ -722,16 +550,16 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
   torch::optim::AdamW* adamw = nullptr;
   std::exception_ptr error;
   try {
-    check_save_options(options);
-    adamw = as_adamw(optimizer);
+    detail::check_save_options(options);
+    adamw = detail::as_adamw(optimizer);
     locals = detail::local_params(model, group);
     slots = plan_slots(locals, adamw);
-    if (rank == 0) prepare_tmp_dir(root, tmp_dir);
+    if (rank == 0) detail::prepare_tmp_dir(root, tmp_dir);
   } catch (...) {
     error = std::current_exception();
   }
   detail::agree(group, error, what);
-  check_same_slots(group, slots, world, rank, what);
+  check_same_slots(group, slots, what);
   std::vector<std::vector<detail::RowRange>> writers;
   try {
     writers = assign_writers(group, locals, slots, world, rank);
@@ -742,7 +570,7 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
 
   // Phase 2: every rank writes its file.
   std::vector<int64_t> mine(kHead + slots.size(), 0);
-  const at::Tensor rng = cpu_rng_state();
+  const at::Tensor rng = detail::cpu_rng_state();
   error = write_rank_file(group, tmp_dir, slots, options.step(), rank, world, rng, mine);
   detail::agree(group, error, what);
   const Gathered all = gather_records(group, world, mine, rng);
@@ -755,7 +583,7 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
     if (rank == 0) {
       const CheckpointIndex index =
           build_index(options, world, mine, all, slots, writers, locals, adamw);
-      publish(index, root, tmp_dir, final_dir, dir_name, options.keep_last());
+      publish(index, root, tmp_dir, dir_name, options.keep_last());
     }
   } catch (...) {
     error = std::current_exception();
@@ -777,7 +605,7 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
     const std::string& dir = result.path;
     const CheckpointIndex index = read_index(dir);
     const std::vector<LocalParam> locals = detail::local_params(model, group);
-    adamw = as_adamw(optimizer);
+    adamw = detail::as_adamw(optimizer);
     const bool with_optimizer = adamw != nullptr && !index.optimizer.empty();
     TORCH_CHECK(!with_optimizer || index.optimizer == "AdamW", "checkpoint '", dir,
                 "' holds the state of a ", index.optimizer, " optimizer, not AdamW");
@@ -796,7 +624,7 @@ LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
       if (kinds[i].empty()) continue;
       result.bytes_read += load_optimizer_state(index, lp, kinds[i], *adamw, readers, created);
     }
-    restore_rng(dir, index, rank);
+    detail::restore_cpu_rng_state(dir, index.rng_states, rank);
     result.step = index.step;
     result.user_json = index.user_json;
     if (const auto& g = index.grad_scaler) {

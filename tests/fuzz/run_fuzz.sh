@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bounded libFuzzer runs of the parsers that need no LibTorch, built with clang's
 # -fsanitize=fuzzer,address,undefined: the checkpoint formats (src/checkpoint/format.cpp: the
-# safetensors header parser and the sharded checkpoint's index parser), the data library
+# safetensors header parser and the sharded checkpoint's index parser; dcp_format.cpp: DCP's
+# DCP_SHARDING_INFO, the chunks' assembly and our fsdp.json beside them), the data library
 # (src/data/: the tokenizer.json loader, encoding arbitrary bytes with two built-in
 # tokenizers, and the llm.c token shard parser) and Hugging Face config.json parsing
 # (models/hf/hf_config.cpp, with the configurations' own checks).
@@ -43,7 +44,9 @@ compile() {  # compile SOURCE: prints the object's path
 }
 export -f compile; export work sanitizers FSDP_CCACHE
 hf_sources=(models/hf/hf_config.cpp models/llama/llama_config.cpp models/gpt2/gpt2_config.cpp)
-sources=(src/checkpoint/format.cpp src/data/*.cpp "${hf_sources[@]}" tests/fuzz/fuzz_*.cpp)
+checkpoint_sources=(src/checkpoint/format.cpp src/checkpoint/json_checks.cpp
+                    src/checkpoint/dcp_format.cpp)
+sources=("${checkpoint_sources[@]}" src/data/*.cpp "${hf_sources[@]}" tests/fuzz/fuzz_*.cpp)
 printf '%s\n' "${sources[@]}" | xargs -P "$(nproc)" -I{} bash -c 'compile {}' >/dev/null
 obj() { for f in "$@"; do echo "$work/obj/$(echo "$f" | tr / _).o"; done; }
 link() {  # link TARGET LIBS... from its entry point and the sources it tests
@@ -52,7 +55,7 @@ link() {  # link TARGET LIBS... from its entry point and the sources it tests
   clang++ -fsanitize=fuzzer,$sanitizers $(obj tests/fuzz/fuzz_$target.cpp) "$@" -o "$work/fuzz_$target"
   mkdir -p "$work/corpus_$target"
 }
-for target in safetensors index; do link $target $(obj src/checkpoint/format.cpp) -lxxhash; done
+for target in safetensors index dcp_hf; do link $target $(obj "${checkpoint_sources[@]}") -lxxhash; done
 for target in tokenizer_json tokenizer_encode token_shard; do
   link $target $(obj src/data/*.cpp) -lpcre2-8 -lutf8proc
 done
@@ -83,6 +86,22 @@ for i, path in enumerate([f"{seeds}/model.safetensors"] + sorted(glob.glob(f"{se
 PY
   cp "$seeds"/ckpt/step_*/metadata.json "$work/corpus_index/real_index"
 fi
+# DCP-HF seeds: a rank file as FSDP2 writes it (an empty chunk, a 0-D step), then 0xff and a
+# manifest.
+python3 - "$work/corpus_dcp_hf/fsdp2_rank" <<'PY'
+import json, struct, sys
+info = {"w": {"saved_offsets": [2, 0]}, "e": {"saved_offsets": [4]}, "s": {"saved_offsets": []}}
+h = json.dumps({"__metadata__": {"DCP_SHARDING_INFO": json.dumps(info), "DCP_VERSION": "1.0",
+                                 "format": "pt"},
+                "w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+                "e": {"dtype": "F32", "shape": [0], "data_offsets": [24, 24]},
+                "s": {"dtype": "F32", "shape": [], "data_offsets": [24, 28]}}).encode()
+manifest = {"format": "fsdp-dcp-hf-checkpoint", "version": 1, "world_size": 2, "step": 3,
+            "files": [{"path": "model/shard-00001-model-00001-of-00001.safetensors", "bytes": 9}],
+            "rng_cpu": ["00ff"], "user": {}, "xxh3_64": "0000000000000000"}
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(28) + b"\xff" +
+                              json.dumps(manifest).encode())
+PY
 echo '{"format":"fsdp-sharded-checkpoint","version":1,"world_size":1,"step":0,"files":[{"name":"rank_00000-of-00001.safetensors","bytes":8,"xxh3_64":"0000000000000000"}],"tensors":{},"xxh3_64":"0000000000000000"}' \
   > "$work/corpus_index/minimal"
 
@@ -161,11 +180,11 @@ PY
 status=0
 limit=(-max_total_time="$seconds")
 [ -z "${FSDP_FUZZ_RUNS:-}" ] || limit=(-runs="$FSDP_FUZZ_RUNS")
-for target in ${FSDP_FUZZ_TARGETS:-safetensors index tokenizer_json tokenizer_encode token_shard hf_config}; do
+for target in ${FSDP_FUZZ_TARGETS:-safetensors index dcp_hf tokenizer_json tokenizer_encode token_shard hf_config}; do
   log="$work/fuzz_$target.log"
   dict=()
   case "$target" in
-    safetensors|index|tokenizer_json|hf_config) dict=(-dict="$PWD/tests/fuzz/json.dict") ;;
+    safetensors|index|dcp_hf|tokenizer_json|hf_config) dict=(-dict="$PWD/tests/fuzz/json.dict") ;;
   esac
   ( cd "$work" && ./fuzz_$target "${limit[@]}" -max_len="${FSDP_FUZZ_MAX_LEN:-65536}" -timeout=10 \
       -rss_limit_mb=2048 "${dict[@]}" -print_final_stats=1 \

@@ -158,6 +158,8 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--save", "--save /etc/hostname/ckpt"},
     {"fsdp-train", "--save-every", "--save /tmp/unused --save-every -1"},
     {"fsdp-train", "--save-every", "--save-every 5"},  // needs --save
+    {"fsdp-train", "--checkpoint-format", "--checkpoint-format pickle"},
+    {"fsdp-train", "--checkpoint-format", "--checkpoint-format dcp-hf"},  // without --save
     {"fsdp-train", "--resume", "--resume /nonexistent/ckpt"},
     {"fsdp-train", "--resume", "--resume /etc/hostname"},
     {"fsdp-train", "--resume", "--resume auto"},  // without --save

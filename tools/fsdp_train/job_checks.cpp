@@ -151,6 +151,9 @@ void check_placement(const ParallelismConfig& p) {
 void check_checkpointing(const CheckpointConfig& c, const ModelConfig& m) {
   TORCH_CHECK(c.save_every >= 0, "--save-every must be non-negative, got ", c.save_every);
   TORCH_CHECK(c.save_every == 0 || !c.save_dir.empty(), "--save-every needs --save DIR");
+  TORCH_CHECK(c.format == checkpoint::CheckpointFormat::kSharded || !c.save_dir.empty(),
+              "--checkpoint-format ", checkpoint::checkpoint_format_name(c.format),
+              " is the layout of --save's checkpoints; give --save DIR");
   TORCH_CHECK(c.resume.empty() || m.init_from.empty(),
               "--resume and --init-from both set the weights; give one of them");
   TORCH_CHECK(c.resume != "auto" || !c.save_dir.empty(),

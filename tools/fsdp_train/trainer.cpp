@@ -639,7 +639,7 @@ void load_initial_state(Run& run) {
   const std::string resume_dir = resume_dir_of(run);
   if (resume_dir.empty()) return;
   const checkpoint::LoadResult loaded =
-      checkpoint::load_sharded(resume_dir, *run.model, run.optimizer.get(), run.group.get());
+      checkpoint::load_checkpoint(resume_dir, *run.model, run.optimizer.get(), run.group.get());
   check_resume_compatible(o, loaded.user_json);
   restore_grad_scaler(run, loaded);
   run.first_step = loaded.step;
@@ -725,8 +725,9 @@ void save_checkpoint(Run& run, const TokenDataset& data, int64_t step) {
   auto options = checkpoint::SaveOptions().step(step).user_json(
       run_state_json(run.o, data, step, skipped_steps(run)));
   if (run.scaler) options.grad_scaler(run.scaler->state());
-  const auto saved = checkpoint::save_sharded(run.o.checkpoint.save_dir, *run.model,
-                                              run.optimizer.get(), run.group.get(), options);
+  const auto saved =
+      checkpoint::save_checkpoint(run.o.checkpoint.format, run.o.checkpoint.save_dir, *run.model,
+                                  run.optimizer.get(), run.group.get(), options);
   if (!run.printing) return;
   fmt::print("fsdp-train: saved {} ({:.1f} MB in {:.2f}s, {:.0f} MB/s)\n", saved.path,
              saved.bytes / 1e6, saved.seconds, saved.bytes / 1e6 / saved.seconds);

@@ -40,6 +40,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace torch::nn {
 class Module;
@@ -110,6 +111,29 @@ std::string resolve_checkpoint(const std::string& path);
 // load had to create are removed again).
 LoadResult load_sharded(const std::string& path, torch::nn::Module& model,
                         torch::optim::Optimizer* optimizer, ProcessGroup* group);
+
+// --- either sharded format ---
+
+// The layouts a sharded checkpoint can take: ours (above: one file per rank and metadata.json)
+// or PyTorch DCP's Hugging Face layout (dcp_hf.h), which PyTorch FSDP2 reads and writes.
+enum class CheckpointFormat { kSharded, kDcpHf };
+
+// "sharded" and "dcp-hf", and back (nullopt for any other name); every name, in enum order.
+const char* checkpoint_format_name(CheckpointFormat format);
+std::optional<CheckpointFormat> parse_checkpoint_format(const std::string& name);
+std::vector<std::string> checkpoint_format_names();
+
+// The format of the checkpoint at path (a checkpoint directory, or a root whose `latest` names
+// one). Throws when path holds no checkpoint of either format.
+CheckpointFormat checkpoint_format_of(const std::string& path);
+
+// save_sharded or save_dcp_hf.
+SaveResult save_checkpoint(CheckpointFormat format, const std::string& root,
+                           const torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                           ProcessGroup* group, const SaveOptions& options = {});
+// load_sharded or load_dcp_hf, whichever checkpoint_format_of(path) says.
+LoadResult load_checkpoint(const std::string& path, torch::nn::Module& model,
+                           torch::optim::Optimizer* optimizer, ProcessGroup* group);
 
 // --- full checkpoints ---
 
