@@ -201,9 +201,10 @@ std::shared_ptr<const models::ModelSpec> model_spec_of(const JobConfig& o) {
   // Hugging Face model keeps its own (often padded past the tokenizer's ids, which load_datasets
   // checks fit).
   const bool pretrained = models::is_pretrained_dir(m.name);
-  overrides.vocab_size = m.vocab_size != 0                        ? m.vocab_size
-                         : o.data.tokenizer.empty() || pretrained ? 0
-                                                                  : tokenizer_vocab_size(o.data.tokenizer);
+  overrides.vocab_size = m.vocab_size != 0 ? m.vocab_size
+                         : o.data.tokenizer.empty() || pretrained
+                             ? 0
+                             : tokenizer_vocab_size(o.data.tokenizer);
   overrides.max_seq_len = m.n_positions;
   overrides.dim = m.n_embd;
   overrides.n_layers = m.n_layer;
