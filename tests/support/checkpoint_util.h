@@ -56,13 +56,31 @@ inline double max_abs_difference(const std::string& a, const std::string& b) {
   return worst;
 }
 
-// An empty directory under the test temp dir, unique per name and process.
+// The temp_dir()s this process made, removed when it exits (by the process that made them: a
+// forked child that exits must not remove its parent's).
+struct TempDirs {
+  pid_t owner = ::getpid();
+  std::vector<std::string> dirs;
+  ~TempDirs() {
+    if (::getpid() != owner) return;
+    for (const auto& dir : dirs) remove_all(dir);
+  }
+};
+
+inline TempDirs& temp_dirs() {
+  static TempDirs made;
+  return made;
+}
+
+// An empty directory under the test temp dir, unique per name and process, removed with
+// everything in it when the process exits.
 inline std::string temp_dir(const std::string& name) {
   std::string base = ::testing::TempDir();
   if (!base.empty() && base.back() != '/') base += '/';
   const std::string dir = base + "fsdp_ckpt_" + std::to_string(::getpid()) + "_" + name;
   remove_all(dir);
   ::mkdir(dir.c_str(), 0755);
+  temp_dirs().dirs.push_back(dir);
   return dir;
 }
 

@@ -165,7 +165,7 @@ TEST(JobConfigFile, WhatAFileGetsWrongIsRefusedByName) {
       {"syntax", "[training\nsteps = 3\n", "line 1, column 10"},
       {"range", "[training]\nsteps = -3\n", "--steps: -3 is less than 0"},
       {"name", "[parallelism]\nstrategy = \"zero9\"\n",
-       "--strategy: must be full_shard, shard_grad_op, no_shard, hybrid_shard or whole_tensor, "
+       "--strategy must be full_shard, shard_grad_op, no_shard, hybrid_shard or whole_tensor, "
        "got 'zero9'"},
       {"nan", "[training]\nlr = nan\n", "--lr: nan is not a finite number"},
       {"cross", "[training]\nglobal_batch = 3\n", "--global-batch 3 is not divisible"},

@@ -19,18 +19,20 @@ using train::value_named;
 template <class T>
 CLI::Option* named(ConfigFlags& flags, const std::string& section, const std::string& names,
                    T& value, const NameTable<T>& table, const std::string& help) {
+  const std::string flag = names.substr(0, names.find(','));
   return flags.typed<T>(
       section, names, value,
-      [&table](const std::string& text) { return value_named(table, "", text); },
+      [flag, &table](const std::string& text) { return value_named(table, flag, text); },
       [&table](const T& v) { return name_of(table, v); }, help + ": " + names_joined(table));
 }
 
 template <class T>
 CLI::Option* named(ConfigFlags& flags, const std::string& section, const std::string& names,
                    std::optional<T>& value, const NameTable<T>& table, const std::string& help) {
+  const std::string flag = names.substr(0, names.find(','));
   return flags.typed<T>(
       section, names, value,
-      [&table](const std::string& text) { return value_named(table, "", text); },
+      [flag, &table](const std::string& text) { return value_named(table, flag, text); },
       [&table](const T& v) { return name_of(table, v); }, help + ": " + names_joined(table));
 }
 
@@ -318,6 +320,9 @@ void add_checkpoint_flags(ConfigFlags& flags, train::CheckpointConfig& c) {
   flags.value("checkpoint", "--save-every", c.save_every, "Also save a checkpoint every N steps")
       ->check(kNonNegative)
       ->capture_default_str();
+  named(flags, "checkpoint", "--checkpoint-format", c.format, train::checkpoint_format_names(),
+        "Layout of --save's checkpoints: sharded (ours) or dcp-hf (PyTorch DCP's "
+        "HuggingFaceStorageWriter layout, which FSDP2 loads); --resume reads either");
   flags
       .value("checkpoint", "--resume", c.resume,
              "Continue from this checkpoint directory (or a --save directory: its latest); "
