@@ -12,6 +12,7 @@
 //   parameters, 1e-5), and SmolLM2's shape sharded at W = 2 gives transformers' logits.
 #include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/checkpoint/safetensors.h>
+#include <fsdp/data/token_shard.h>
 #include <fsdp/fully_shard.h>
 #include <models/model.h>
 
@@ -376,6 +377,31 @@ TEST_F(HfFamilies, SmolLM2ShapeShardedOverTwoRanksGivesTransformersLogits) {
   EXPECT_LE(diffs[0], 1e-5);
   EXPECT_LE(diffs[1], 1e-5);
   EXPECT_NEAR(loss, want_loss, 1e-5 * want_loss);
+}
+
+// fsdp-train --init-from DIR without --model trains DIR's model (its config.json): the losses
+// are those of naming the directory with --model too, bit for bit.
+TEST_F(HfFamilies, TheTrainerTakesTheModelFromTheInitFromDirectory) {
+  const std::string dir = theirs(family_cases().front().name);
+  const std::string tokens = root_ + "/tokens.bin";
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < 600; ++i) ids.push_back((i * 7 + 3) % 96);  // the cases' vocabulary
+  data::write_shard(tokens, ids, data::ShardFormat::kUint16);
+  const std::string common = fsdp_train_binary() +
+                             " --nproc 2 --steps 2 --global-batch 4 --seq-len 16 --quiet"
+                             " --init-from " +
+                             dir + " --data " + tokens;
+  const std::string named = root_ + "/named.jsonl", implied = root_ + "/implied.jsonl";
+  const CommandResult a = run_command(common + " --model " + dir + " --metrics " + named, 240);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const CommandResult b = run_command(common + " --metrics " + implied, 240);
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const auto want = read_json_lines(named), got = read_json_lines(implied);
+  ASSERT_EQ(want.size(), 2u);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < want.size(); ++s) {
+    EXPECT_EQ(got[s]["loss"].get<double>(), want[s]["loss"].get<double>()) << "step " << s + 1;
+  }
 }
 
 }  // namespace
