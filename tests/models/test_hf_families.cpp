@@ -380,7 +380,8 @@ TEST_F(HfFamilies, SmolLM2ShapeShardedOverTwoRanksGivesTransformersLogits) {
 }
 
 // fsdp-train --init-from DIR without --model trains DIR's model (its config.json): the losses
-// are those of naming the directory with --model too, bit for bit.
+// are those of naming the directory with --model too, bit for bit. Its --export copies DIR's
+// tokenizer and generation files beside the weights.
 TEST_F(HfFamilies, TheTrainerTakesTheModelFromTheInitFromDirectory) {
   const std::string dir = theirs(family_cases().front().name);
   const std::string tokens = root_ + "/tokens.bin";
@@ -394,8 +395,19 @@ TEST_F(HfFamilies, TheTrainerTakesTheModelFromTheInitFromDirectory) {
   const std::string named = root_ + "/named.jsonl", implied = root_ + "/implied.jsonl";
   const CommandResult a = run_command(common + " --model " + dir + " --metrics " + named, 240);
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  const CommandResult b = run_command(common + " --metrics " + implied, 240);
+  const std::string marker = "{\"eos_token\": \"</s>\"}\n";
+  write_text(dir + "/special_tokens_map.json", marker);
+  const std::string exported = root_ + "/exported";
+  ASSERT_TRUE(make_directories(exported));
+  const CommandResult b = run_command(
+      common + " --metrics " + implied + " --export " + exported + "/model.safetensors", 240);
   ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(read_bytes(exported + "/special_tokens_map.json"),
+            read_bytes(dir + "/special_tokens_map.json"));
+  // save_pretrained wrote generation_config.json beside transformers' weights.
+  const std::string generation = read_bytes(dir + "/generation_config.json");
+  ASSERT_FALSE(generation.empty());
+  EXPECT_EQ(read_bytes(exported + "/generation_config.json"), generation);
   const auto want = read_json_lines(named), got = read_json_lines(implied);
   ASSERT_EQ(want.size(), 2u);
   ASSERT_EQ(got.size(), want.size());

@@ -31,6 +31,7 @@
 #include <fsdp/wrap_policy.h>
 #include <fsdp_train/corpus.h>
 #include <fsdp_train/data.h>
+#include <fsdp_train/export.h>
 #include <fsdp_train/nonfinite.h>
 #include <fsdp_train/schedule.h>
 #include <fsdp_train/sources.h>
@@ -910,32 +911,6 @@ void save_final(Run& run, const TokenDataset& data) {
   save_checkpoint(run, data, o.training.steps);
 }
 
-// --export: the model as Hugging Face safetensors, and config.json beside it (rank 0).
-void export_model(const Run& run) {
-  const JobConfig& o = run.o;
-  if (o.checkpoint.export_path.empty()) return;
-  checkpoint::ExportOptions export_options;
-  export_options.layout(run.spec->hf_layout());
-  export_options.max_shard_bytes(o.checkpoint.export_max_shard_bytes);
-  if (o.checkpoint.export_dtype == at::kBFloat16) export_options.dtype(at::kBFloat16);
-  const auto exported =
-      checkpoint::save_full(o.checkpoint.export_path, *run.model, run.group.get(), export_options);
-  if (run.rank != 0) return;
-  // (No std::filesystem: libtorch.so exports a clashing copy of parts of it.)
-  const auto slash = o.checkpoint.export_path.rfind('/');
-  const std::string config_path =
-      (slash == std::string::npos ? "" : o.checkpoint.export_path.substr(0, slash + 1)) +
-      "config.json";
-  std::ofstream config_file(config_path, std::ios::out | std::ios::trunc);
-  config_file << run.spec->hf_config_json(export_options.dtype().value_or(at::kFloat));
-  config_file.close();
-  TORCH_CHECK(config_file.good(), "cannot write '", config_path, "'");
-  if (run.printing) {
-    fmt::print("fsdp-train: exported {} and {} ({:.1f} MB in {:.2f}s)\n", o.checkpoint.export_path,
-               config_path, exported.bytes / 1e6, exported.seconds);
-  }
-}
-
 void write_trace(Run& run) {
   const JobConfig& o = run.o;
   if (o.metrics.trace_dir.empty()) return;
@@ -1084,7 +1059,7 @@ TrainSummary train(const JobConfig& o, const std::shared_ptr<ProcessGroup>& grou
     save_periodically(run, data.train, step + 1);
   }
   save_final(run, data.train);
-  export_model(run);
+  export_model(run.o, *run.spec, *run.model, run.group.get(), run.printing);
   write_trace(run);
   if (run.printing && !summary.steps.empty()) {
     fmt::print("fsdp-train: final loss {:.4f} nats vs unigram entropy {:.4f} nats, {:.1f}s\n",
