@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks that every project include goes to the same layer or one below it.
 
-The layers, bottom up, are those of DESIGN.md: util, comm, mesh, runtime, then checkpoint and
+The layers, bottom up, are those of docs/design.md: util, comm, mesh, runtime, then checkpoint and
 estimate, then models, then train (the training pieces: job config, ...), then tools (the
 trainer program and the other programs). data (tokenizers and
 token files) stands apart: it needs nothing but util-like helpers of its own. CMake gives each

@@ -7,9 +7,9 @@
 //   --tokenizer FILE, --data SPEC   what fsdp::data::TokenCorpus takes: text, .jsonl
 //                                   (--text-field) and .bin files, comma-separated, globs
 //   no --data                       the embedded corpus (tokenized when --tokenizer is given):
-//                                   all of it trains, and its last 10% (trained on too: a
-//                                   sanity check, not held out) is evaluated unless
-//                                   --val-data names held-out data
+//                                   its first 90% trains, and its last 10%, held out (never
+//                                   trained on), is evaluated unless --val-data names other
+//                                   held-out data
 // --val-data SPEC is read as --data is.
 #pragma once
 
