@@ -1,6 +1,7 @@
 #include <train/job_config.h>
 
 #include <fsdp/comm/comm_hooks.h>
+#include <models/model.h>
 
 #include <ostream>
 
@@ -122,6 +123,16 @@ std::ostream& operator<<(std::ostream& out, const AllGatherSetting& setting) {
 
 std::ostream& operator<<(std::ostream& out, const WrapPolicySetting& setting) {
   return out << to_string(setting);
+}
+
+models::SizeOverrides size_overrides(const ModelConfig& m) {
+  models::SizeOverrides overrides;
+  overrides.vocab_size = m.vocab_size;
+  overrides.max_seq_len = m.n_positions;
+  overrides.dim = m.n_embd;
+  overrides.n_layers = m.n_layer;
+  overrides.n_heads = m.n_head;
+  return overrides;
 }
 
 std::string dtype_name(at::ScalarType dtype) {

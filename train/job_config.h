@@ -22,6 +22,10 @@
 #include <utility>
 #include <vector>
 
+namespace fsdp::models {
+struct SizeOverrides;  // models/model.h
+}  // namespace fsdp::models
+
 namespace fsdp::train {
 
 enum class LrScheduleKind { kConstant, kCosine, kWsd };
@@ -217,6 +221,10 @@ std::ostream& operator<<(std::ostream& out, const AllGatherSetting& setting);
 std::ostream& operator<<(std::ostream& out, const WrapPolicySetting& setting);
 // "fp32", "bf16", "fp16" (or LibTorch's name for another dtype).
 std::string dtype_name(at::ScalarType dtype);
+
+// The model section's size overrides (0: the model's own), as ModelSpec::with_overrides takes
+// them. The vocabulary is --vocab-size's only: a tokenizer's is the trainer's business.
+models::SizeOverrides size_overrides(const ModelConfig& model);
 
 // The dtype gradients are reduced in: reduce_dtype, else param_dtype.
 inline at::ScalarType reduce_dtype_of(const ParallelismConfig& p) {

@@ -143,13 +143,15 @@ std::vector<std::string> ConfigFlags::file_args(const std::vector<std::string>& 
     throw std::invalid_argument(out.str());
   }
   std::map<std::string, const ConfigFlag*> by_name;
-  std::string sections;
+  std::vector<std::string> section_names;
   for (const auto& f : flags_) {
     by_name[f.section + "." + f.key] = &f;
-    if (sections.find(f.section) == std::string::npos) {
-      sections += (sections.empty() ? "" : ", ") + f.section;
+    if (std::find(section_names.begin(), section_names.end(), f.section) == section_names.end()) {
+      section_names.push_back(f.section);
     }
   }
+  std::string sections;
+  for (const auto& name : section_names) sections += (sections.empty() ? "" : ", ") + name;
   std::vector<std::string> out;
   for (const auto& [section_key, section_node] : file) {
     const std::string section(section_key.str());

@@ -16,19 +16,10 @@ using train::NameTable;
 using train::value_named;
 
 // A setting named by a table (--strategy, --param-dtype, ...): its flag takes the names only.
-template <class T>
+// value is a T, or a std::optional<T> for a setting that may stay unset.
+template <class T, class Value>
 CLI::Option* named(ConfigFlags& flags, const std::string& section, const std::string& names,
-                   T& value, const NameTable<T>& table, const std::string& help) {
-  const std::string flag = names.substr(0, names.find(','));
-  return flags.typed<T>(
-      section, names, value,
-      [flag, &table](const std::string& text) { return value_named(table, flag, text); },
-      [&table](const T& v) { return name_of(table, v); }, help + ": " + names_joined(table));
-}
-
-template <class T>
-CLI::Option* named(ConfigFlags& flags, const std::string& section, const std::string& names,
-                   std::optional<T>& value, const NameTable<T>& table, const std::string& help) {
+                   Value& value, const NameTable<T>& table, const std::string& help) {
   const std::string flag = names.substr(0, names.find(','));
   return flags.typed<T>(
       section, names, value,

@@ -44,17 +44,10 @@ inline at::ScalarType compute_dtype(const ModelFlags& f) {
 
 // The model's spec with the size flags applied; their errors name the flags.
 inline std::shared_ptr<const fsdp::models::ModelSpec> sized_spec(const ModelFlags& f) {
-  const train::ModelConfig& m = f.job.model;
-  fsdp::models::SizeOverrides overrides;
-  overrides.vocab_size = m.vocab_size;
-  overrides.max_seq_len = m.n_positions;
-  overrides.dim = m.n_embd;
-  overrides.n_layers = m.n_layer;
-  overrides.n_heads = m.n_head;
   // A directory's config.json errors name the file, not these flags.
-  const auto spec = fsdp::models::resolve_model_spec(m.name);
+  const auto spec = fsdp::models::resolve_model_spec(f.job.model.name);
   try {
-    return spec->with_overrides(overrides);
+    return spec->with_overrides(train::size_overrides(f.job.model));
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "--n-embd, --n-head, --n-layer, --vocab-size or --n-positions: ",
                 e.what_without_backtrace());

@@ -196,19 +196,13 @@ void check_model_fits_data(const JobConfig& o, const models::ModelSpec& spec) {
 std::shared_ptr<const models::ModelSpec> model_spec_of(const JobConfig& o) {
   const ModelConfig& m = o.model;
   const auto spec = models::resolve_model_spec(m.name);
-  models::SizeOverrides overrides;
+  models::SizeOverrides overrides = size_overrides(m);
   // A tokenizer's vocabulary is a registered model's, unless --vocab-size says otherwise; a
   // Hugging Face model keeps its own (often padded past the tokenizer's ids, which load_datasets
   // checks fit).
-  const bool pretrained = models::is_pretrained_dir(m.name);
-  overrides.vocab_size = m.vocab_size != 0 ? m.vocab_size
-                         : o.data.tokenizer.empty() || pretrained
-                             ? 0
-                             : tokenizer_vocab_size(o.data.tokenizer);
-  overrides.max_seq_len = m.n_positions;
-  overrides.dim = m.n_embd;
-  overrides.n_layers = m.n_layer;
-  overrides.n_heads = m.n_head;
+  if (m.vocab_size == 0 && !o.data.tokenizer.empty() && !models::is_pretrained_dir(m.name)) {
+    overrides.vocab_size = tokenizer_vocab_size(o.data.tokenizer);
+  }
   if (overrides.vocab_size == 0 && overrides.max_seq_len == 0 && overrides.dim == 0 &&
       overrides.n_layers == 0 && overrides.n_heads == 0) {
     return spec;
