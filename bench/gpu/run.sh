@@ -515,7 +515,8 @@ step_sanitizer() {
   local rc=$?
   [ "$DRY" = 0 ] || return 0
   local summary
-  summary="$(cat "$WORK/logs/sanitizer/summary.txt" 2> /dev/null)"
+  # One line per check in the file; one line in status.tsv, whose rows are lines.
+  summary="$(paste -sd ';' "$WORK/logs/sanitizer/summary.txt" 2> /dev/null | sed 's/;/; /g')"
   record sanitizer exit:="$rc" summary="${summary:-none}"
   if [ "$rc" = 3 ]; then
     STEP_NOTE="refused: $(cat "$WORK/logs/sanitizer/refused.txt" 2> /dev/null)"

@@ -106,7 +106,7 @@ check() {
 
 probe
 san=("$SANITIZER" --error-exitcode 1 --tool)  # then the tool's name
-one_rank=("$BUILD/test_cuda" --gtest_filter='NcclCuda.OneRank*')
+one_rank=("$BUILD/tests/test_cuda" --gtest_filter='NcclCuda.OneRank*')
 # fsdp-train's tiny GPT-2, 3 steps on one rank; rank_env before it (a fresh port each time).
 tiny=("$BUILD/fsdp-train" --model tiny --steps 3 --global-batch 4 --seq-len 64 --quiet
       --device cuda --backend nccl)

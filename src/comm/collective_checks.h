@@ -52,8 +52,9 @@ inline int64_t reduce_scatter_sent_bytes(int64_t input_bytes, int size) {
 inline int64_t all_reduce_sent_bytes(int64_t bytes, int size) {
   return 2 * (size - 1) * bytes / size;
 }
-inline int64_t broadcast_sent_bytes(int64_t bytes, int rank, int root) {
-  return rank == root ? bytes : 0;
+// A group of one sends nothing, whichever rank is the root.
+inline int64_t broadcast_sent_bytes(int64_t bytes, int rank, int root, int size) {
+  return size > 1 && rank == root ? bytes : 0;
 }
 inline int64_t reduce_sent_bytes(int64_t bytes, int rank, int root) {
   return rank == root ? 0 : bytes;

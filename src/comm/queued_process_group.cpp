@@ -158,7 +158,7 @@ WorkHandle QueuedProcessGroup::broadcast(const at::Tensor& tensor, int root) {
     c.broadcast.calls += 1;
     c.broadcast.payload_bytes += bytes;
   });
-  const int64_t sent = broadcast_sent_bytes(bytes, rank_, root);
+  const int64_t sent = broadcast_sent_bytes(bytes, rank_, root, size_);
   return enqueue("broadcast", {tensor}, [this, tensor, root, sent](const OpContext& op) {
     if (size_ == 1) {
       return;

@@ -1,7 +1,7 @@
 // The nccl backend on a GPU (ctest label `cuda`): every collective in fp32, bf16 and fp16, on
 // one rank in this process and on two ranks as two processes, each result compared with the
-// gloo backend's on CPU copies of the same inputs; its counters against gloo's; a CPU tensor
-// refused; a collective one rank never joins timing out with an error that names the rank and
+// gloo backend's on CPU copies of the same inputs; its counters against gloo's; host tensors
+// staged through the device, and a call mixing devices refused; a collective one rank never joins timing out with an error that names the rank and
 // the op, both when the host waits for it and when only a stream does (the watchdog's message,
 // naming the unit too). Without a CUDA device every test skips, with the reason, and ctest
 // shows it skipped.
@@ -172,15 +172,42 @@ TEST(NcclCuda, OneRankRunsEveryCollectiveInEveryDtypeAsGlooDoes) {
   EXPECT_EQ(compare_counters(*nccl, *gloo), "");
 }
 
-TEST(NcclCuda, CpuTensorIsRefusedNamingBothDevices) {
+// The runtime's agreement collectives hold int64s and bytes on the host: the group stages them
+// through its device and returns a completed Work (see [Note: host tensors over NCCL]).
+TEST(NcclCuda, HostTensorsAreStagedThroughTheDeviceAsGlooMovesThem) {
+  SKIP_WITHOUT_CUDA();
+  auto store = make_in_process_store(std::chrono::seconds(60));
+  ProcessGroupOptions options = test_options(std::chrono::seconds(60));
+  options.cuda_device = 0;
+  options.backend = "nccl";
+  auto nccl = init_process_group(store, 0, 1, options);
+  const at::Tensor mine = at::arange(13, at::kLong) * 7 - 40;
+  at::Tensor all = at::full({13}, -1, at::kLong);
+  WorkHandle work = nccl->all_gather_into_tensor(all, mine);
+  EXPECT_TRUE(work->is_completed());
+  work->wait();
+  EXPECT_TRUE(at::equal(all, mine)) << all;
+  at::Tensor summed = at::arange(1024, at::kByte);
+  nccl->all_reduce(summed, ReduceOp::kSum)->wait();
+  EXPECT_TRUE(at::equal(summed, at::arange(1024, at::kByte)));
+  at::Tensor sent = at::full({5}, 3.5f);
+  nccl->broadcast(sent, /*root=*/0)->wait();
+  EXPECT_TRUE(at::equal(sent, at::full({5}, 3.5f)));
+  EXPECT_EQ(nccl->counters().all_gather.calls, 1);
+  EXPECT_EQ(nccl->counters().all_gather.payload_bytes, 13 * 8);
+}
+
+TEST(NcclCuda, MixedDevicesAreRefusedNamingBoth) {
   SKIP_WITHOUT_CUDA();
   ProcessGroupOptions options = test_options();
   options.cuda_device = 0;
   options.backend = "nccl";
   auto nccl = init_process_group(make_in_process_store(std::chrono::seconds(60)), 0, 1, options);
-  EXPECT_EQ(error_message([&] { nccl->all_reduce(at::ones({4}), ReduceOp::kSum); }),
-            "fsdp: rank 0 of 1: all_reduce: the nccl backend moves cuda:0 tensors, but tensor is "
-            "on cpu");
+  const at::Tensor on_device = at::ones({4}, at::TensorOptions(nccl->device()));
+  // The first line is the refusal; the flight recorder's report of the group follows it.
+  EXPECT_THAT(error_message([&] { nccl->all_gather_into_tensor(at::empty({4}), on_device); }),
+              ::testing::StartsWith("fsdp: rank 0 of 1: all_gather_into_tensor: the nccl backend "
+                                    "moves cuda:0 tensors, but output is on cpu\n"));
   // The refusal came before anything was issued: the group still works.
   at::Tensor t = at::ones({4}, at::TensorOptions(nccl->device()));
   nccl->all_reduce(t, ReduceOp::kSum)->wait();
@@ -195,6 +222,11 @@ void child_check(bool ok, const std::string& what) {
   if (ok) return;
   ++child_failures;
   std::cerr << "CHILD FAILURE: " << what << std::endl;
+}
+
+// Where a rank is, on stderr at once: a rank that runs out of time shows how far it got.
+void progress(int rank, const char* what) {
+  std::cerr << "rank " << rank << ": " << what << std::endl;
 }
 
 // Rank 0's side of a collective rank 1 never joins, waited on through a stream as the runtime
@@ -238,9 +270,11 @@ int child_main() {
   child_check(nccl->device() == c10::Device(c10::kCUDA, env.local_rank % c10::cuda::device_count()),
               "device " + nccl->device().str());
 
+  progress(env.rank, "connected gloo and nccl");
   for (const auto& fault : compare_every_collective(*nccl, *gloo)) child_check(false, fault);
   const std::string counters = compare_counters(*nccl, *gloo);
   child_check(counters.empty(), counters);
+  progress(env.rank, "compared every collective with gloo's");
 
   // A subgroup of both ranks in reverse order: its rank 0 is world rank 1.
   auto reversed = nccl->split({1, 0}, "reversed");
@@ -252,12 +286,14 @@ int child_main() {
     child_check(at::equal(t.cpu(), at::full({3}, 2.0f)), "broadcast over the reversed split");
   }
 
+  progress(env.rank, "broadcast over a split");
   // A collective rank 1 never joins: rank 0's wait must give up after the timeout, naming the
   // rank and the op. Rank 1 stays alive meanwhile (a dead peer would fail it sooner, another way).
   ProcessGroupOptions short_options = options;
   short_options.timeout = std::chrono::seconds(3);
   auto lonely = init_process_group(store, env.rank, env.world_size, short_options);
   auto lonely_on_stream = init_process_group(store, env.rank, env.world_size, short_options);
+  progress(env.rank, "connected the groups that time out");
   if (env.rank == 0) {
     at::Tensor t = at::ones({16}, at::TensorOptions(lonely->device()));
     const std::string message =
@@ -265,7 +301,9 @@ int child_main() {
     child_check(message.find("fsdp: rank 0 of 2: all_reduce timed out after 3000 ms waiting for "
                              "rank 1") != std::string::npos,
                 "timeout message: '" + message + "'");
+    progress(env.rank, "checked a host wait's timeout");
     check_stream_wait_timeout(*lonely_on_stream);
+    progress(env.rank, "checked a stream-ordered wait's timeout");
     tcp->set("timeout_checked", std::vector<uint8_t>{1});
     tcp->wait({"rank_1_done"});  // rank 0 hosts the store: it goes last
   } else {
@@ -278,6 +316,10 @@ int child_main() {
   std::fflush(nullptr);
   std::_Exit(child_failures == 0 ? 0 : 1);
 }
+
+// Within bench/gpu/run.sh's limit for the whole cuda label, so that a rank stuck in NCCL ends
+// with its output in this test's report rather than the step's.
+constexpr int kChildSeconds = 50;
 
 TEST(NcclCuda, TwoRanksAsProcessesMatchGlooInEveryDtype) {
   SKIP_WITHOUT_CUDA();
@@ -296,7 +338,7 @@ TEST(NcclCuda, TwoRanksAsProcessesMatchGlooInEveryDtype) {
     if (r == 0) env += "FSDP_MASTER_LISTEN_FD=" + std::to_string(socket.fd()) + " ";
     if (devices < 2)
       env += "NCCL_HOSTID=fsdp-test-rank-" + std::to_string(r) + " NCCL_SOCKET_IFNAME=lo ";
-    ranks.emplace_back([&results, r, cmd = env + self] { results[r] = run_command(cmd, 300); });
+    ranks.emplace_back([&results, r, cmd = env + self] { results[r] = run_command(cmd, kChildSeconds); });
   }
   for (auto& t : ranks) t.join();
   const std::string both = results[0].output + "\n---- rank 1 ----\n" + results[1].output;

@@ -18,6 +18,8 @@
 //   quoting it.
 // - Reduce-scatter is NCCL's own (ncclReduceScatter): each rank sends (W-1)/W of the input.
 //   kAvg is NCCL's ncclAvg, in the tensor's dtype.
+// - Tensors all on the host are staged through the device (see [Note: host tensors over
+//   NCCL]); a call mixing devices is refused, naming both.
 // - The Work keeps its tensors alive until it completed, so a caller dropping them early does
 //   not free memory the NCCL kernel still reads or writes.
 #include "nccl_process_group.h"
@@ -33,7 +35,9 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <initializer_list>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -223,6 +227,27 @@ class NcclWork final : public Work, public std::enable_shared_from_this<NcclWork
   std::exception_ptr error_;
 };
 
+// [Note: host tensors over NCCL]
+// The runtime's agreement collectives (the job's settings, checkpoint metadata, the per-step
+// stats, the non-finite report) hold a few int64s on the host, and must run on whatever group
+// trains. NCCL moves only device memory, so a call whose tensors are all on the CPU copies them
+// to the group's device, runs the op there, waits for it within the deadline, and copies the
+// written tensor back: the call returns a Work that has completed. That costs two small copies
+// and a host wait, which these calls already pay (they read the result at once); the
+// runtime's bulk traffic is on the device and never takes this path. A call that mixes host
+// and device tensors, or names another device, is still refused by the argument checks.
+class StagedWork final : public Work {
+ public:
+  explicit StagedWork(const Work& device_op) { copy_times_from(device_op); }
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+
+bool all_on_host(std::initializer_list<at::Tensor> tensors) {
+  return std::all_of(tensors.begin(), tensors.end(),
+                     [](const at::Tensor& t) { return t.defined() && t.device().is_cpu(); });
+}
+
 // "CUDA_VISIBLE_DEVICES=..." when the environment narrows the devices, for the no-device error.
 std::string visible_devices_note() {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
@@ -276,6 +301,10 @@ class NcclProcessGroup final : public ProcessGroup {
   std::string backend_name() const override { return "nccl"; }
 
   WorkHandle all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) override {
+    if (all_on_host({output, input})) {
+      return staged({output, input},
+                    [&](const Tensors& d) { return all_gather_into_tensor(d[0], d[1]); });
+    }
     check_all_gather_args(*this, output, input);
     const int64_t payload = output.nbytes();
     const int64_t sent = all_gather_sent_bytes(input.nbytes(), size());
@@ -295,6 +324,10 @@ class NcclProcessGroup final : public ProcessGroup {
 
   WorkHandle reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
                                    ReduceOp op) override {
+    if (all_on_host({output, input})) {
+      return staged({output, input},
+                    [&](const Tensors& d) { return reduce_scatter_tensor(d[0], d[1], op); });
+    }
     check_reduce_scatter_args(*this, output, input);
     const int64_t payload = input.nbytes();
     const int64_t sent = reduce_scatter_sent_bytes(payload, size());
@@ -315,6 +348,9 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
   WorkHandle all_reduce(const at::Tensor& tensor, ReduceOp op) override {
+    if (all_on_host({tensor})) {
+      return staged({tensor}, [&](const Tensors& d) { return all_reduce(d[0], op); });
+    }
     check_all_reduce_args(*this, tensor, op);
     const int64_t bytes = tensor.nbytes();
     const int64_t sent = all_reduce_sent_bytes(bytes, size());
@@ -333,9 +369,12 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
   WorkHandle broadcast(const at::Tensor& tensor, int root) override {
+    if (all_on_host({tensor})) {
+      return staged({tensor}, [&](const Tensors& d) { return broadcast(d[0], root); });
+    }
     check_broadcast_args(*this, tensor, root);
     const int64_t bytes = tensor.nbytes();
-    const int64_t sent = broadcast_sent_bytes(bytes, rank(), root);
+    const int64_t sent = broadcast_sent_bytes(bytes, rank(), root, size());
     update_counters([&](CommCounters& c) {
       c.broadcast.calls += 1;
       c.broadcast.payload_bytes += bytes;
@@ -353,6 +392,9 @@ class NcclProcessGroup final : public ProcessGroup {
 
   // ncclReduce reads the non-roots' buffers and writes only the root's, as our contract asks.
   WorkHandle reduce(const at::Tensor& tensor, int root, ReduceOp op) override {
+    if (all_on_host({tensor})) {
+      return staged({tensor}, [&](const Tensors& d) { return reduce(d[0], root, op); });
+    }
     check_reduce_args(*this, tensor, root);
     const int64_t bytes = tensor.nbytes();
     const int64_t sent = reduce_sent_bytes(bytes, rank(), root);
@@ -404,6 +446,20 @@ class NcclProcessGroup final : public ProcessGroup {
 
   static c10d::ReduceOp c10d_op(ReduceOp op) {
     return op == ReduceOp::kAvg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+  }
+
+  using Tensors = std::vector<at::Tensor>;
+
+  // Runs op on device copies of host (all on the CPU), waits for it, and copies the first
+  // tensor, the one every op writes, back (see [Note: host tensors over NCCL]).
+  WorkHandle staged(const Tensors& host, const std::function<WorkHandle(const Tensors&)>& op) {
+    Tensors on_device;
+    on_device.reserve(host.size());
+    for (const at::Tensor& t : host) on_device.push_back(t.to(device_));
+    WorkHandle work = op(on_device);
+    work->wait();
+    host[0].copy_(on_device[0]);
+    return std::make_shared<StagedWork>(*work);
   }
 
   // Starts op with start() and returns its Work; on_success runs when a wait() saw it succeed.
