@@ -1,10 +1,10 @@
 // The nccl backend on a GPU (ctest label `cuda`): every collective in fp32, bf16 and fp16, on
 // one rank in this process and on two ranks as two processes, each result compared with the
 // gloo backend's on CPU copies of the same inputs; its counters against gloo's; host tensors
-// staged through the device, and a call mixing devices refused; a collective one rank never joins timing out with an error that names the rank and
-// the op, both when the host waits for it and when only a stream does (the watchdog's message,
-// naming the unit too). Without a CUDA device every test skips, with the reason, and ctest
-// shows it skipped.
+// staged through the device, and a call mixing devices refused; a collective one rank never joins
+// timing out with an error that names the rank and the op, both when the host waits for it and when
+// only a stream does (the watchdog's message, naming the unit too). Without a CUDA device every
+// test skips, with the reason, and ctest shows it skipped.
 //
 // Two ranks need two processes: NCCL puts one rank per device per host in a communicator. With
 // two or more GPUs rank r uses device r; with one, each process gets its own NCCL_HOSTID (and
@@ -338,7 +338,8 @@ TEST(NcclCuda, TwoRanksAsProcessesMatchGlooInEveryDtype) {
     if (r == 0) env += "FSDP_MASTER_LISTEN_FD=" + std::to_string(socket.fd()) + " ";
     if (devices < 2)
       env += "NCCL_HOSTID=fsdp-test-rank-" + std::to_string(r) + " NCCL_SOCKET_IFNAME=lo ";
-    ranks.emplace_back([&results, r, cmd = env + self] { results[r] = run_command(cmd, kChildSeconds); });
+    ranks.emplace_back(
+        [&results, r, cmd = env + self] { results[r] = run_command(cmd, kChildSeconds); });
   }
   for (auto& t : ranks) t.join();
   const std::string both = results[0].output + "\n---- rank 1 ----\n" + results[1].output;

@@ -37,11 +37,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <initializer_list>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <thread>
