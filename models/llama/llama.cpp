@@ -220,12 +220,17 @@ at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
 
 LlamaRotary::LlamaRotary(const LlamaConfig& config) : inv_freq_(llama_inv_freq(config)) {}
 
-std::pair<at::Tensor, at::Tensor> LlamaRotary::cos_sin(int64_t seq_len,
-                                                       at::ScalarType dtype) const {
-  const at::Tensor positions = at::arange(seq_len, at::kLong).to(at::kFloat).unsqueeze(1);
-  const at::Tensor freqs = positions * inv_freq_.unsqueeze(0);
-  const at::Tensor angles = at::cat({freqs, freqs}, -1);
-  return {angles.cos().to(dtype), angles.sin().to(dtype)};
+std::pair<at::Tensor, at::Tensor> LlamaRotary::cos_sin(int64_t seq_len, at::ScalarType dtype,
+                                                       c10::Device device) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (last_.seq_len != seq_len || last_.dtype != dtype || last_.device != device) {
+    const at::Tensor positions = at::arange(seq_len, at::kLong).to(at::kFloat).unsqueeze(1);
+    const at::Tensor freqs = positions * inv_freq_.unsqueeze(0);
+    const at::Tensor angles = at::cat({freqs, freqs}, -1);
+    last_ = Table{seq_len, dtype, device, angles.cos().to(dtype).to(device),
+                  angles.sin().to(dtype).to(device)};
+  }
+  return {last_.cos, last_.sin};
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config, const ParamTable& params,
@@ -258,7 +263,7 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x) {
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   at::Tensor v = split(linear(v_proj, x), n_kv_heads_).transpose(1, 2);
-  const auto [cos, sin] = rotary_->cos_sin(seq, q.scalar_type());
+  const auto [cos, sin] = rotary_->cos_sin(seq, q.scalar_type(), q.device());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (n_kv_heads_ != n_heads_) {

@@ -36,7 +36,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fsdp::models {
@@ -92,15 +94,29 @@ TORCH_MODULE(LlamaRMSNorm);
 // cos and sin of the rotary angles for positions 0..T-1, [T, head_dim] in float32 (transformers'
 // layout: the head_dim / 2 frequencies twice). Not a module and holds no buffer: nothing of it
 // is saved in checkpoints (transformers' inv_freq is not persistent either).
+//
+// The angles are computed on the CPU, so that every device gets the same table bit for bit,
+// and copied once to the device that asks; the last table is kept, since every layer of a
+// forward (and its recomputation) asks for the same one, and a host-to-device copy per layer
+// would stall the device.
 class LlamaRotary {
  public:
   explicit LlamaRotary(const LlamaConfig& config);
-  // cos, sin for seq_len positions in dtype.
-  std::pair<at::Tensor, at::Tensor> cos_sin(int64_t seq_len, at::ScalarType dtype) const;
+  // cos, sin for seq_len positions in dtype, on device.
+  std::pair<at::Tensor, at::Tensor> cos_sin(int64_t seq_len, at::ScalarType dtype,
+                                            c10::Device device) const;
   const at::Tensor& inv_freq() const { return inv_freq_; }
 
  private:
+  struct Table {
+    int64_t seq_len = -1;
+    at::ScalarType dtype = at::kFloat;
+    c10::Device device = c10::kCPU;
+    at::Tensor cos, sin;
+  };
   at::Tensor inv_freq_;
+  mutable std::mutex mutex_;  // The layers of a model share one rotary.
+  mutable Table last_;
 };
 
 // Modules below are built from the model's ParamTable (llama_params): their sizes and biases

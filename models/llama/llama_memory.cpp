@@ -63,7 +63,10 @@ ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int
 
   ModelMemorySpec spec;
   spec.root_param_shapes = params.root_shapes();  // embed_tokens (= lm_head when tied), norm
-  spec.root_saved_before_bytes = 0;               // the embedding keeps only the caller's token ids
+  // The embedding keeps only the caller's token ids; the rotary table (cos and sin [T, head_dim]),
+  // which every layer's rotation keeps, is one for the model (LlamaRotary keeps it between
+  // steps), made in the first layer's forward.
+  spec.root_saved_before_bytes = 2 * seq_len * hd * e;
   spec.root_saved_after_bytes = norm_saved + loss.saved_bytes;  // final norm, the loss
   spec.root_forward_workspace_bytes = loss.forward_workspace_bytes;
   spec.root_backward_peak_bytes = loss.backward_peak_bytes;
@@ -71,8 +74,8 @@ ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int
   // gpt2_memory.cpp). Untied: the embedding's dense gradient is its only one, already counted.
   spec.root_stem_backward_peak_bytes = c.tie_word_embeddings ? 2 * v * d * e : 0;
 
-  const int64_t attention_saved = btq /*rotated q*/ + kv_saved + btq /*output*/ + logsumexp +
-                                  2 * seq_len * hd * e /*cos, sin*/ + qk_norm_saved;
+  const int64_t attention_saved =
+      btq /*rotated q*/ + kv_saved + btq /*output*/ + logsumexp + qk_norm_saved;
   const int64_t full_saved = 2 * norm_saved + attention_saved + 4 * btf;
   // The first step of a layer's backward, down_proj's, gives the gradient of the MLP product
   // [B, T, f] and down_proj's weight gradient; the product's backward adds the activation's and

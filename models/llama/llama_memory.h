@@ -17,10 +17,11 @@ namespace fsdp::models {
 // keeps them, in float32 even when computing in bf16), each RMSNorm's rsqrt [B, T, 1] float32
 // and two [B, T, d] (the normalized value and its weighted output), the rotated q and the
 // key/value heads repeated to h heads (or k and v themselves without grouping), the attention
-// output and its float logsumexp, this layer's cos and sin [T, head_dim], Qwen3's q and k norms
-// (as a residual norm's, less the weighted output), and the MLP's gate output, its activation,
-// the up output and their product ([B, T, f] each). After the layers: the final norm's as above
-// and the float32 log-softmax of the logits [B, T, V] (models/common/memory.h). With activation
+// output and its float logsumexp, Qwen3's q and k norms (as a residual norm's, less the
+// weighted output), and the MLP's gate output, its activation, the up output and their product
+// ([B, T, f] each). After the layers: the final norm's as above
+// and the float32 log-softmax of the logits [B, T, V] (models/common/memory.h); once for the
+// model, the rotary table, cos and sin [T, head_dim], which every layer keeps. With activation
 // checkpointing a layer keeps its input and the generator state and recomputes the rest during
 // its backward.
 // The saved bytes equal the counting allocator's measurement exactly, in fp32 and bf16, grouped

@@ -42,6 +42,7 @@
 #include <exception>
 #include <functional>
 #include <initializer_list>
+#include <iostream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -97,6 +98,9 @@ struct NcclState {
       if (!broken.empty()) return message + "; the group was broken before that by: " + broken;
       broken = message;
     }
+    // Said before the abort, which waits on NCCL: were it to hang (on a device whose kernels
+    // still wait for a peer), the rank would otherwise end without a word.
+    std::cerr << message << " (aborting the NCCL communicator)" << std::endl;
     try {
       pg->abort();
     } catch (const std::exception&) {
@@ -434,14 +438,10 @@ class NcclProcessGroup final : public ProcessGroup {
  private:
   // Its expiry breaks the group with our message, so the next call here throws it, and aborts
   // the communicator. The host may not call the group again for a while (or at all, after a
-  // last step), so the message goes to stderr at once as well.
+  // last step), so the message goes to stderr at once as well: fail() writes it there.
   static std::shared_ptr<StreamWatchdog> make_watchdog(const std::shared_ptr<NcclState>& state) {
     return std::make_shared<StreamWatchdog>(
-        [state](const std::string& message) {
-          TORCH_WARN(message);
-          state->fail(message);
-        },
-        kStreamWaitAborted);
+        [state](const std::string& message) { state->fail(message); }, kStreamWaitAborted);
   }
 
   static c10d::ReduceOp c10d_op(ReduceOp op) {
