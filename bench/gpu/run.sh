@@ -19,7 +19,8 @@
 #               the GPU against ours on the CPU and against PyTorch FSDP2 on the GPU (losses,
 #               grad norms, parameters, 1e-5 relative); llama-1b bf16, ours against FSDP2
 #               (losses and grad norms, 1e-2)
-#   speed       bf16, one rank, ours against FSDP2 on the same GPU: gpt2 8 x 1024 and llama-1b
+#   speed       bf16, one rank, ours against FSDP2 (with torch's AdamW as it is by default on
+#               CUDA, multi-tensor) on the same GPU: gpt2 8 x 1024 and llama-1b
 #               4 x 2048; median step time, tokens/s, MFU (fsdp-plan's model FLOPs over the
 #               dense bf16 peak of bench/hardware/<gpu>.json), the allocator peaks FSDP2
 #               reports, and each run's device footprint from nvidia-smi
@@ -224,7 +225,7 @@ print(torch.__version__, torch.version.cuda, ".".join(map(str, n)) or "n/a")' 2>
   read -r torch_version cuda_version nccl_version <<< "$versions"
   record machine gpu="${gpu:-none}" gpus:="$GPUS" driver="${driver:-n/a}" \
     torch="${torch_version:-?}" cuda="${cuda_version:-?}" nccl="${nccl_version:-?}" \
-    hardware="$(basename "$HARDWARE")" commit="$(git -C "$ROOT" log -1 --format=%h 2> /dev/null)" \
+    hardware="$(basename "$HARDWARE")" commit="$(git -C "$ROOT" describe --always --dirty 2> /dev/null)" \
     python="$PYTHON" cores:="$JOBS"
   nvidia-smi > "$LOGS/nvidia-smi.log" 2>&1
 }
@@ -394,12 +395,12 @@ export_init() {
   run "init_$1" "$TRAIN" --nproc 1 --model "$1" --steps 0 --quiet --export "$dir/model.safetensors"
 }
 
-# compare NAME TOL A_DIR B_DIR [weights]: the two runs' metrics (and exports), as a check.
+# compare NAME TOL A B [weights|-] [--across-devices]: report.py compare of two runs' outputs.
 compare() {
   local name="$1" tol="$2" a="$3" b="$4" wa=- wb=-
   if [ "${5:-}" = weights ]; then wa="$a/model.safetensors" wb="$b/model.safetensors"; fi
   run "compare_$name" "$PYTHON" "$REPORT" compare --name "$name" --tolerance "$tol" \
-    --record "$WORK/records.jsonl" "$a/metrics.jsonl" "$wa" "$b/metrics.jsonl" "$wb"
+    --record "$WORK/records.jsonl" "${@:6}" "$a/metrics.jsonl" "$wa" "$b/metrics.jsonl" "$wb"
   check "$name" $? "tolerance $tol (numbers: summary.md, logs/compare_$name.log)"
 }
 
@@ -428,7 +429,8 @@ equal_runs() {
   if [ "$cpu" = 1 ]; then
     run "eq_${model}_${dtype}_cpu" "$TRAIN" --nproc "$W" "${shape[@]}" --backend gloo \
       --metrics "$d/cpu/metrics.jsonl" "${export_cpu[@]}"
-    check "${model}_${dtype}_cpu" $? && compare "${model}_${dtype}_gpu_vs_cpu" "$tol" "$d/gpu" "$d/cpu" "$weights"
+    check "${model}_${dtype}_cpu" $? && compare "${model}_${dtype}_gpu_vs_cpu" "$tol" "$d/gpu" "$d/cpu" "$weights" \
+      --across-devices
   fi
   rm -f "$d"/*/model.safetensors
 }
@@ -471,7 +473,7 @@ speed_pair() {
         --backend nccl --timeout-s 60 --metrics "$d/ours/metrics.jsonl" --dump-batches "$d/batches.bin"
     else
       run "speed_${model}_fsdp2" "$PYTHON" "$REFERENCE" --mode fsdp2 --device cuda --nproc 1 \
-        --init "$init" --batches "$d/batches.bin" --param-dtype bf16 \
+        --init "$init" --batches "$d/batches.bin" --param-dtype bf16 --adamw-foreach \
         --metrics "$d/fsdp2/metrics.jsonl" --quiet
     fi
     rc=$?

@@ -31,7 +31,8 @@ models/llama/llama.cpp); config.json beside --init (written by --export) says wh
   divided by K before backward (K > 1: gradient accumulation, see --accum-mode);
 - the optimizer: AdamW(lr, betas (0.9, 0.95), eps 1e-8 (torch::optim::AdamW's default too),
   weight_decay on 2-D and larger parameters only, as fsdp-train; --decay-all: on every one),
-  single-tensor implementation (foreach=False; CPU's default anyway); gradient
+  single-tensor implementation (foreach=False; CPU's default anyway; --adamw-foreach: the
+  multi-tensor one, torch's default on CUDA, for speed comparisons); gradient
   clipping with torch.nn.utils.clip_grad_norm_(max_norm), norm reported before clipping;
 - the reported loss: the mean over ranks and micro-batches of the micro-batch mean losses;
 - fp16 (--param-dtype fp16): torch.amp.GradScaler(init_scale, growth_factor, backoff_factor,
@@ -699,7 +700,8 @@ def train(rank, world, args):
                        "weight_decay": 0.0})
     if args.adamw == "torch":
         optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
-                                      weight_decay=args.weight_decay, foreach=False)
+                                      weight_decay=args.weight_decay,
+                                      foreach=args.adamw_foreach)
     else:
         optimizer = LibTorchAdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
                                   weight_decay=args.weight_decay)
@@ -891,6 +893,9 @@ def parser():
     p.add_argument("--adamw", choices=["torch", "libtorch"], default="torch",
                    help="torch: torch.optim.AdamW; libtorch: torch::optim::AdamW's arithmetic "
                         "(see LibTorchAdamW)")
+    p.add_argument("--adamw-foreach", action="store_true",
+                   help="torch.optim.AdamW's multi-tensor implementation (its default on CUDA), "
+                        "for speed comparisons; without it the single-tensor one, for equality")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu (gloo) or cuda (NCCL; rank r on GPU r mod the GPU count)")
     p.add_argument("--all-gather", type=parse_all_gather, default=None,
