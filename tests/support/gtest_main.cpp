@@ -3,9 +3,24 @@
 // sets SKIP_RETURN_CODE 77): a suite is never counted as passed while part of it did not run
 // (it needs a GPU, root or network namespaces the machine lacks). Its log names each skipped
 // test with the reason.
+//
+// FSDP_TEST_POISON_EMPTY=1 makes every at::empty fill its memory (floats with NaN, integers
+// with their largest value; ATen's deterministic mode), so that code reading memory it never
+// wrote fails every time instead of when the allocator happens to hand back dirty memory. It
+// is a diagnosis for a test that fails now and then: deterministic mode also swaps a few
+// kernels, so numbers compared with an outside reference can move.
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <cstring>
+
 int main(int argc, char** argv) {
+  if (const char* poison = std::getenv("FSDP_TEST_POISON_EMPTY");
+      poison != nullptr && std::strcmp(poison, "1") == 0) {
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    at::globalContext().setDeterministicFillUninitializedMemory(true);
+  }
   ::testing::InitGoogleTest(&argc, argv);
   const int failed = RUN_ALL_TESTS();
   if (failed == 0 && ::testing::UnitTest::GetInstance()->skipped_test_count() > 0) return 77;
