@@ -17,7 +17,7 @@
 #
 # With MPI=1 (and a build with the mpi backend), ours also runs as an mpirun job on the mpi
 # backend, alternating with the other two, and the summary adds its ratios to ours on gloo and
-# to FSDP2. FSDP_MPI_POLL passes through to it (spin, yield or backoff; see README).
+# to FSDP2. FSDP_MPI_POLL passes through to it (spin, yield or backoff; see docs/launching.md).
 #
 # Environment: FSDP_TRAIN_BIN (default ./build/fsdp-train), PYTHON (default: the python3 whose
 # torch the build uses, as in scripts/run.sh), MPI (default 0), MPIRUN (default mpirun

@@ -45,7 +45,7 @@ struct AlphaBeta {
   double beta_s_per_byte = 0;
 };
 
-// A machine, as a hardware file (JSON, see bench/hardware/ and README "fsdp-plan") describes it.
+// A machine, as a hardware file (JSON, see bench/hardware/ and docs/planning.md) describes it.
 // Rates are per device; on a CPU host (cpu_cores > 0) the device is the host, and the ranks
 // launched on it share its cores as fsdp-train does (each max(1, cores / ranks) intra-op
 // threads).

@@ -16,9 +16,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <regex>
-#include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -163,41 +160,6 @@ TEST(FsdpPlanProgram, RefusesAHardwareFileWithoutItsFieldAndWithoutHardware) {
   r = run_command(program_path("fsdp-plan") + " 2>&1", 60);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--hardware FILE is required"));
-}
-
-// README documents fsdp-plan as test_readme_flags.cpp checks the other programs: every flag of
-// its --help appears in backticks, and every flag of its section's table exists.
-TEST(FsdpPlanProgram, ReadmeDocumentsEveryFlag) {
-  std::ifstream in(FSDP_SOURCE_DIR "/README.md");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string readme = buffer.str();
-  const CommandResult help = run_command(program_path("fsdp-plan") + " --help", 60);
-  ASSERT_EQ(help.exit_code, 0) << help.output;
-  std::set<std::string> flags;
-  const std::regex flag(R"((^|[\s,])(--[a-z][a-z0-9-]*))");
-  for (std::sregex_iterator it(help.output.begin(), help.output.end(), flag), end; it != end;
-       ++it) {
-    flags.insert((*it)[2]);
-  }
-  flags.erase("--help");
-  EXPECT_GT(flags.size(), 20u);
-  for (const auto& f : flags) {
-    EXPECT_TRUE(std::regex_search(readme, std::regex("`" + f + "[` =]")))
-        << "fsdp-plan " << f << " is in --help but not in README.md";
-  }
-  const size_t start = readme.find("## fsdp-plan");
-  ASSERT_NE(start, std::string::npos);
-  std::istringstream section(readme.substr(start, readme.find("\n## ", start + 3) - start));
-  const std::regex row(R"(^\| `(--[a-z][a-z0-9-]*)[` ])");
-  std::smatch m;
-  int rows = 0;
-  for (std::string line; std::getline(section, line);) {
-    if (!std::regex_search(line, m, row)) continue;
-    ++rows;
-    EXPECT_EQ(flags.count(m[1]), 1u) << "README.md documents fsdp-plan " << m[1];
-  }
-  EXPECT_GE(rows, 5);
 }
 
 double median_step_s(const std::string& metrics) {

@@ -163,8 +163,9 @@ TEST(FsdpTrainData, ShardsTrainWithoutATokenizerAndOutOfVocabularyIdsAreNamed) {
   EXPECT_THAT(refused.output, HasSubstr("300"));
 }
 
-// The README's real-text demo at small scale: a tokenizer trained on fortunes, llama-debug on
-// 2 ranks with held-out loss, the export loaded by transformers, which generates from it.
+// The real-text demo of docs/data.md at small scale: a tokenizer trained on fortunes,
+// llama-debug on 2 ranks with held-out loss, the export loaded by transformers, which generates
+// from it.
 TEST(FortunesDemo, RunsEndToEndAtSmallScale) {
   const std::string out = temp_path("demo");
   const CommandResult r =

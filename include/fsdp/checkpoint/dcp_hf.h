@@ -24,8 +24,8 @@
 // From PyTorch (dcp = torch.distributed.checkpoint, HF = its HuggingFace* classes):
 //   sd = {k: v for k, v in get_model_state_dict(model).items() if k in
 //   dict(model.named_parameters())} dcp.load(sd,
-//   storage_reader=HuggingFaceStorageReader(f"{step_dir}/model")) (optimizer likewise, README:
-//   "PyTorch DCP's Hugging Face layout")
+//   storage_reader=HuggingFaceStorageReader(f"{step_dir}/model")) (optimizer likewise,
+//   docs/checkpoints.md: "PyTorch DCP's Hugging Face layout")
 #pragma once
 
 #include <fsdp/checkpoint/checkpoint.h>
