@@ -1,8 +1,8 @@
 # The Debian package: `cd build && cpack` (CPACK_GENERATOR is DEB) writes
 # fsdp_<version>_<arch>.deb with exactly what `cmake --install` installs (the programs, the
-# layer libraries, the headers and the CMake package), under /usr. No rebuild: cpack runs the
-# install rules on the tree as built. scripts/check_package.sh builds it, unpacks it and builds
-# examples/minimal against it.
+# layer libraries, the headers, the CMake package and fsdp-plan's hardware files), under /usr,
+# from the tree as built (no rebuild: build first, e.g. scripts/run.sh build).
+# scripts/check_package.sh makes it, unpacks it and builds examples/minimal against it.
 #
 # [Note: LibTorch is not a Debian dependency]
 # Everything here is built against the LibTorch inside PyTorch's pip wheel (torch 2.11.0), which
@@ -17,6 +17,9 @@
 set(FSDP_PACKAGE_MAINTAINER "fsdp maintainers <fsdp-maintainers@example.org>"
     CACHE STRING "The Debian package's Maintainer field")
 
+# cpack packages the tree as built, as `cmake --install` does: its "preinstall" step would
+# otherwise build `all` first, the test suite included, which the package does not hold.
+set(CMAKE_SKIP_INSTALL_ALL_DEPENDENCY ON)
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME fsdp)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
@@ -47,10 +50,14 @@ set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 # this is built on; the programs are native code, so naming another would be wrong.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS "${TORCH_INSTALL_PREFIX}/lib")
+# Without a CUDA toolkit, torch::cudart is the wheel's libcudart (CMakeLists.txt), in a folder of
+# its own; with one, it is a toolkit target and the programs do not load it directly.
 if(TARGET torch::cudart)
   get_target_property(_fsdp_cudart torch::cudart INTERFACE_LINK_LIBRARIES)
-  get_filename_component(_fsdp_cudart "${_fsdp_cudart}" DIRECTORY)
-  list(APPEND CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS "${_fsdp_cudart}")
+  if(_fsdp_cudart AND IS_ABSOLUTE "${_fsdp_cudart}")
+    get_filename_component(_fsdp_cudart "${_fsdp_cudart}" DIRECTORY)
+    list(APPEND CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS "${_fsdp_cudart}")
+  endif()
 endif()
 # dpkg-shlibdeps finds what the programs load (libc, libstdc++, libxxhash, libpcre2, utf8proc,
 # Open MPI, ...). The CMake package needs more at a user's link time: the static libraries'
