@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The Debian package, checked as a user gets it. cpack makes fsdp_<version>_<arch>.deb from the
+# tree as built (its install rules only: no rebuild; cmake/packaging.cmake); dpkg-deb must show
+# its control fields and the programs, a header and the CMake package among its files; dpkg -x
+# unpacks it (no root, no dpkg -i) into build/package/root, whose files must carry no
+# RPATH/RUNPATH and no path into this clone; then scripts/check_example.sh builds and runs
+# examples/minimal against its usr/, exactly as against `cmake --install`'s prefix. Needs a
+# build (scripts/run.sh). The unpacked tree and the example's build stay at fixed paths in
+# build/, so that the compiler cache hits on a rerun.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fail() {
+  echo "check_package: $*" >&2
+  exit 1
+}
+
+version="$(sed -n 's/^project(fsdp VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)"
+arch="$(dpkg --print-architecture)"
+deb="build/fsdp_${version}_${arch}.deb"
+rm -f "$deb"
+(cd build && cpack -G DEB >/dev/null)
+[ -f "$deb" ] || fail "cpack made no $deb"
+
+info="$(dpkg-deb --info "$deb")"
+for field in "Package: fsdp" "Version: $version" "Architecture: $arch" "Section: devel" \
+  "Maintainer: " "Depends: .*libc6" "Depends: .*libxxhash-dev" "Description: " " .*torch/lib"; do
+  echo "$info" | grep -q "^ $field" || fail "dpkg-deb --info $deb has no '$field':
+$info"
+done
+contents="$(dpkg-deb --contents "$deb" | awk '{print $NF}')"
+for f in bin/fsdp-train bin/fsdp-estimate bin/fsdp-plan bin/fsdp-tokenize bin/fsdp-comm-bench \
+  include/fsdp/fully_shard.h lib/libfsdp_comm.a lib/cmake/fsdp/fsdpConfig.cmake \
+  lib/cmake/fsdp/fsdpTargets.cmake share/fsdp/hardware/h100_sxm.json; do
+  echo "$contents" | grep -qx "\./usr/$f" || fail "$deb holds no /usr/$f"
+done
+
+root=build/package/root
+rm -rf "$root"
+mkdir -p "$root"
+dpkg -x "$deb" "$root"
+# The build tree's RPATH names this clone's .venv; an installed file must not keep it.
+while IFS= read -r f; do
+  [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = '177ELF' ] || continue
+  ! readelf -d "$f" | grep -E 'R(UN)?PATH' || fail "$f has an RPATH/RUNPATH"
+done < <(find "$root" -type f)
+! grep -rl "$PWD" "$root/usr/lib/cmake" "$root/usr/include" || fail "these files name $PWD"
+
+bash scripts/check_example.sh "$root/usr" build/package/example
+echo "check_package: $deb ($(du -h "$deb" | cut -f1)): fields, contents, no RPATH; examples/minimal built and run against it"
