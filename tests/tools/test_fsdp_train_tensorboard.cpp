@@ -122,11 +122,11 @@ TEST(TensorBoardTrain, Fp16AddsTheLossScale) {
   const auto tags =
       expect_tensorboard_matches_metrics("tensorboard_fp16", "--nproc 1 --param-dtype fp16", 2);
   EXPECT_THAT(tags, ::testing::Contains("train/loss_scale"));
-  EXPECT_THAT(tags, ::testing::Not(::testing::Contains("val/loss")));
 }
 
-// A directory that cannot be made is refused before training, naming the flag, the path and the
-// system's reason.
+// A directory that cannot be made is refused before training, naming the flag, the path and
+// why. (As root, which CI is, a directory without write permission cannot be shown refused:
+// access() grants root everything.)
 TEST(TensorBoardTrain, AnUnusableDirectoryIsRefusedAtStart) {
   const std::string dir = temp_dir("tensorboard_bad");
   write_bytes(dir + "/file", "not a directory");
@@ -135,7 +135,7 @@ TEST(TensorBoardTrain, AnUnusableDirectoryIsRefusedAtStart) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("--tensorboard"));
   EXPECT_THAT(r.output, HasSubstr(dir + "/file"));
-  EXPECT_THAT(r.output, HasSubstr("Not a directory"));
+  EXPECT_THAT(r.output, HasSubstr("is not a directory"));
 }
 
 }  // namespace
