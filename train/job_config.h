@@ -188,6 +188,8 @@ struct MetricsConfig {
   int64_t log_every = 100;
   bool quiet = false;     // no progress lines
   std::string trace_dir;  // each rank's timeline as DIR/rank<N>.json; empty: none
+  // Rank 0's TensorBoard event file in this directory (tensorboard_writer.h); empty: none.
+  std::string tensorboard_dir;
 };
 
 struct DebugConfig {

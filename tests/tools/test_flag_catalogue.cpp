@@ -154,6 +154,9 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--wrap-policy", "--wrap-policy min-params:99999999999999999999"},
     {"fsdp-train", "--trace", "--trace /etc/hostname"},
     {"fsdp-train", "--trace", "--trace /nonexistent/a/b"},
+    {"fsdp-train", "--tensorboard", "--tensorboard /etc/hostname"},
+    {"fsdp-train", "--tensorboard", "--tensorboard /nonexistent/a/b"},
+    {"fsdp-train", "--tensorboard", "--tensorboard ''"},
     {"fsdp-train", "--save", "--save /etc/hostname"},
     {"fsdp-train", "--save", "--save /etc/hostname/ckpt"},
     {"fsdp-train", "--save-every", "--save /tmp/unused --save-every -1"},
@@ -449,13 +452,47 @@ TEST(FlagCatalogueProcesses, CoversEveryFlag) {
     const std::set<std::string> flags = flags_in_help(r.output);
     EXPECT_GT(flags.size(), 5u) << program << "'s --help was not understood";
     for (const std::string& flag : flags) {
-      if (flag == "--help") continue;
+      // Neither takes a value to get wrong; --version has its own cases below.
+      if (flag == "--help" || flag == "--version") continue;
       // A flag with two names (--world-size,--nproc) is covered by either.
       const bool has_case =
           cases.count(flag) > 0 || ((program == "fsdp-estimate" || program == "fsdp-plan") &&
                                     flag == "--nproc" && cases.count("--world-size") > 0);
       EXPECT_TRUE(has_case) << program << " " << flag << " has no bad-value case in the catalogue";
     }
+  }
+}
+
+const char* const kPrograms[] = {"fsdp-train", "fsdp-estimate", "fsdp-plan", "fsdp-tokenize",
+                                 "fsdp-comm-bench"};
+
+// "<program> <version> (<commit>)\n": CMake's project version, and git describe's commit (or
+// "unknown"), one word either way.
+void expect_version_line(const std::string& program, const std::string& output) {
+  const std::regex line("^" + program + " " FSDP_PROJECT_VERSION R"( \(([0-9A-Za-z._-]+)\)\n$)");
+  EXPECT_TRUE(std::regex_match(output, line)) << program << " --version printed '" << output << "'";
+}
+
+// --version on every program, in process: status 0, the line, nothing else (not even the
+// required flags fsdp-tokenize otherwise asks for), the same commit everywhere.
+TEST(FlagCatalogue, EveryProgramPrintsItsVersion) {
+  std::set<std::string> commits;
+  for (const char* program : kPrograms) {
+    auto cli = make_cli(program);
+    const tools::CheckOutcome outcome = tools::parse_and_check(*cli, {"--version"});
+    EXPECT_EQ(outcome.exit_code, 0) << program << ":\n" << outcome.output;
+    expect_version_line(program, outcome.output);
+    commits.insert(outcome.output.substr(outcome.output.find('(')));
+  }
+  EXPECT_EQ(commits.size(), 1u) << "the programs disagree on the commit";
+}
+
+// The same as real processes: exit status 0 and the line on stdout.
+TEST(FlagCatalogueProcesses, EveryProgramPrintsItsVersion) {
+  for (const char* program : kPrograms) {
+    const CommandResult r = run_command(program_path(program) + " --version 2>/dev/null", 60);
+    EXPECT_EQ(r.exit_code, 0) << program << ":\n" << r.output;
+    expect_version_line(program, r.output);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <climits>
@@ -77,6 +78,14 @@ inline std::string path_problem(const std::string& path, mode_t kind) {
   return "";
 }
 
+// "" if this process may create files in the directory dir, else why not (the system's reason:
+// permissions, a read-only file system), so a run is refused before it trains rather than when
+// it first writes.
+inline std::string writable_problem(const std::string& dir) {
+  if (::access(dir.c_str(), W_OK | X_OK) == 0) return "";
+  return "'" + dir + "' is not writable: " + std::strerror(errno);
+}
+
 inline std::string parent_of(const std::string& path) {
   const auto slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
@@ -134,7 +143,8 @@ inline std::string directory_problem(std::string dir, bool created_with_parents)
          errno == ENOENT) {
     dir = parent_of(dir);
   }
-  return path_problem(dir, S_IFDIR);
+  const std::string problem = path_problem(dir, S_IFDIR);
+  return problem.empty() ? writable_problem(dir) : problem;
 }
 
 }  // namespace detail
@@ -163,7 +173,8 @@ inline CLI::Validator output_dir(bool created_with_parents = false) {
         if (p.empty()) return "an empty path is not a directory";
         struct stat st {};
         if (::stat(p.c_str(), &st) == 0) {
-          return S_ISDIR(st.st_mode) ? "" : "'" + p + "' exists and is not a directory";
+          return S_ISDIR(st.st_mode) ? detail::writable_problem(p)
+                                     : "'" + p + "' exists and is not a directory";
         }
         std::string trimmed = p;
         while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();

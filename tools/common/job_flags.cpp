@@ -348,6 +348,11 @@ void add_metrics_flags(ConfigFlags& flags, train::MetricsConfig& m) {
              "Write each rank's timeline (Chrome trace JSON) to DIR/rank<N>.json, and its flight "
              "record there if a collective fails")
       ->check(output_dir());
+  flags
+      .value("metrics", "--tensorboard", m.tensorboard_dir,
+             "Write the step's scalars (loss, lr, grad norm, throughput, memory) as a TensorBoard "
+             "event file in DIR (rank 0)")
+      ->check(output_dir());
 }
 
 void add_debug_flags(ConfigFlags& flags, train::DebugConfig& d) {

@@ -6,7 +6,15 @@
 #include <iostream>
 #include <sstream>
 
+#ifndef FSDP_VERSION
+#error "CMakeLists.txt defines FSDP_VERSION and FSDP_GIT_DESCRIBE for this file"
+#endif
+
 namespace fsdp::tools {
+
+std::string version_line(const std::string& program) {
+  return program + " " FSDP_VERSION " (" FSDP_GIT_DESCRIBE ")";
+}
 
 std::string ProgramCli::error_line(const std::exception& e) const {
   return std::string(name()) + ": error: " + e.what();
@@ -43,6 +51,8 @@ CheckOutcome reporting(const ProgramCli& cli, Fn&& fn) {
 // false with outcome filled on an error or --help.
 bool define_and_parse(ProgramCli& cli, CLI::App& app, const std::vector<std::string>& args,
                       CheckOutcome& outcome) {
+  app.set_version_flag("--version", version_line(cli.name()),
+                       "Print the program's version and commit, then exit");
   cli.add_flags(app);
   ConfigFlags* settings = cli.config_flags();
   if (settings == nullptr) return parse(app, args, outcome);
@@ -72,7 +82,7 @@ int run_program(ProgramCli& cli, int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   CheckOutcome outcome;
   if (!define_and_parse(cli, app, args, outcome)) {
-    // CLI11 prints --help's text to stdout and errors to stderr.
+    // CLI11 prints --help's text and --version's line to stdout, errors to stderr.
     std::fputs(outcome.output.c_str(), outcome.exit_code == 0 ? stdout : stderr);
     return outcome.exit_code;
   }

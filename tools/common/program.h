@@ -38,14 +38,19 @@ class ProgramCli {
   virtual ConfigFlags* config_flags() { return nullptr; }
 };
 
+// What every program's --version prints: "<program> <project version> (<commit>)", e.g.
+// "fsdp-train 0.1.0 (55791ee-dirty)": CMake's project(VERSION) and `git describe --always
+// --dirty` when the build was configured ("unknown" outside a git checkout).
+std::string version_line(const std::string& program);
+
 // main(): parses argv into cli (after --config's file, when the program takes one), checks,
 // runs (or with --print-config prints the settings on stdout and returns 0). A parse error prints
-// CLI11's message and returns its exit code; an error thrown by check() or run() prints
-// cli.error_line() on stderr and returns 1.
+// CLI11's message and returns its exit code (--help and --version print on stdout and return 0);
+// an error thrown by check() or run() prints cli.error_line() on stderr and returns 1.
 int run_program(ProgramCli& cli, int argc, char** argv);
 
 // What run_program does before run(): the exit status and what it printed. A command line that
-// passes gives {0, ""} (and --help its text with status 0).
+// passes gives {0, ""} (and --help its text, --version its line, with status 0).
 struct CheckOutcome {
   int exit_code = 0;
   std::string output;

@@ -35,6 +35,7 @@
 #include <fsdp_train/nonfinite.h>
 #include <fsdp_train/schedule.h>
 #include <fsdp_train/sources.h>
+#include <fsdp_train/step_metrics.h>
 #include <models/model.h>
 
 #include <ATen/ATen.h>
@@ -92,39 +93,6 @@ int64_t optimizer_bytes(torch::optim::AdamW& optimizer) {
     bytes += tensor_bytes({s.exp_avg(), s.exp_avg_sq(), s.max_exp_avg_sq()});
   }
   return bytes;
-}
-
-nlohmann::json to_json(const StepRecord& r) {
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& s : r.ranks) {
-    ranks.push_back({{"rank", s.rank},
-                     {"param_bytes", s.param_bytes},
-                     {"grad_bytes", s.grad_bytes},
-                     {"optim_bytes", s.optim_bytes},
-                     {"peak_unsharded_bytes", s.peak_unsharded_bytes},
-                     {"all_gather_bytes", s.all_gather_bytes},
-                     {"reduce_scatter_bytes", s.reduce_scatter_bytes},
-                     {"all_reduce_bytes", s.all_reduce_bytes},
-                     {"broadcast_bytes", s.broadcast_bytes},
-                     {"reduce_bytes", s.reduce_bytes},
-                     {"peak_rss_bytes", s.peak_rss_bytes},
-                     {"sent_bytes", s.sent_bytes},
-                     {"peak_alloc_bytes", s.peak_alloc_bytes},
-                     {"activation_bytes", s.activation_bytes}});
-  }
-  nlohmann::json line = {{"step", r.step},
-                         {"loss", r.loss},
-                         {"grad_norm", r.grad_norm},
-                         {"tokens_per_s", r.tokens_per_s},
-                         {"step_s", r.step_s},
-                         {"exposed_comm_s", r.exposed_comm_s},
-                         {"lr", r.lr},
-                         {"skipped_steps", r.skipped_steps},
-                         {"units", r.units},
-                         {"ranks", ranks}};
-  if (r.val_loss) line["val_loss"] = *r.val_loss;
-  if (r.loss_scale) line["loss_scale"] = *r.loss_scale;
-  return line;
 }
 
 // The RankStepStats fields every rank sends, named once for packing and unpacking.
@@ -295,7 +263,7 @@ struct Run {
   bool printing = false;  // rank 0 without --quiet
 
   c10::Device device = at::kCPU;  // where the model computes (--device)
-  bool count_memory = false;      // --metrics counts CPU tensor bytes
+  bool count_memory = false;      // --metrics or --tensorboard counts CPU tensor bytes
   // Activation bytes are counted on this (the compute) thread only: a collective's temporaries
   // on the process group's thread are not autograd's, whenever they happen to be freed.
   std::shared_ptr<MemoryCounter> thread_memory = std::make_shared<MemoryCounter>();
@@ -313,8 +281,8 @@ struct Run {
   std::unique_ptr<torch::optim::AdamW> optimizer;
   LrSchedule schedule;
 
-  std::ofstream metrics;
-  std::ofstream batches;  // --dump-batches, format in trainer.h
+  std::optional<StepMetrics> metrics;  // rank 0
+  std::ofstream batches;               // --dump-batches, format in trainer.h
   int64_t first_step = 0;
   double elapsed = 0;                       // seconds spent in steps so far
   int64_t skipped_steps = 0;                // non-finite steps skipped (--skip-nonfinite)
@@ -527,11 +495,7 @@ void build_model(Run& run) {
 void open_outputs(Run& run) {
   const JobConfig& o = run.o;
   if (run.rank != 0) return;
-  if (!o.metrics.path.empty()) {
-    run.metrics.open(o.metrics.path, std::ios::out | std::ios::trunc);
-    TORCH_CHECK(run.metrics.good(), "cannot open --metrics file '", o.metrics.path,
-                "' for writing");
-  }
+  run.metrics.emplace(o.metrics);
   if (!o.debug.dump_batches_path.empty()) {
     run.batches.open(o.debug.dump_batches_path, std::ios::out | std::ios::trunc | std::ios::binary);
     TORCH_CHECK(run.batches.good(), "cannot open --dump-batches file '", o.debug.dump_batches_path,
@@ -707,8 +671,9 @@ void set_up(Run& run) {
   run.rank = run.group ? run.group->rank() : 0;
   run.printing = run.rank == 0 && !run.o.metrics.quiet;
   run.schedule = lr_schedule_of(run.o);
-  // --metrics counts CPU tensor bytes from here on (the corpus, loaded before, is not counted).
-  run.count_memory = !run.o.metrics.path.empty();
+  // --metrics and --tensorboard count CPU tensor bytes from here on (the corpus, loaded before,
+  // is not counted).
+  run.count_memory = !run.o.metrics.path.empty() || !run.o.metrics.tensorboard_dir.empty();
   if (run.count_memory) {
     install_cpu_memory_counter();
     run.count_thread.emplace(run.thread_memory);
@@ -870,9 +835,7 @@ StepRecord record_step(Run& run, int64_t step, double loss, double norm, const S
 }
 
 void write_metrics(Run& run, const StepRecord& record) {
-  if (!run.metrics.is_open()) return;
-  run.metrics << to_json(record).dump() << '\n';
-  run.metrics.flush();
+  if (run.metrics) run.metrics->write(record);
 }
 
 void print_progress(const Run& run, const StepRecord& r) {
