@@ -65,6 +65,9 @@ class Model {
   virtual at::Tensor forward(const at::Tensor& idx) = 0;
   // Mean cross-entropy (in nats) of logits [B, T, V] against targets [B, T].
   virtual at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) const;
+  // Summed cross-entropy (in nats) over the targets that are not -100 (fine-tuning data's
+  // masked positions); the trainer divides it by the batch's count of trained targets.
+  virtual at::Tensor summed_loss(const at::Tensor& logits, const at::Tensor& targets) const;
   virtual void set_activation_checkpoint(bool on) = 0;
 };
 

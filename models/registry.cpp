@@ -45,6 +45,10 @@ at::Tensor Model::loss(const at::Tensor& logits, const at::Tensor& targets) cons
   return models::loss(logits, targets);
 }
 
+at::Tensor Model::summed_loss(const at::Tensor& logits, const at::Tensor& targets) const {
+  return models::summed_loss(logits, targets);
+}
+
 std::shared_ptr<const ModelSpec> model_spec(const std::string& name) {
   for (const auto& spec : registry()) {
     if (spec->name() == name) return spec;

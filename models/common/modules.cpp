@@ -42,16 +42,33 @@ TiedLinearImpl::TiedLinearImpl(const at::Tensor& tied_weight) {
 
 at::Tensor TiedLinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight); }
 
-at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) {
+namespace {
+
+void check_loss_shapes(const at::Tensor& logits, const at::Tensor& targets) {
   TORCH_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
                   logits.size(1) == targets.size(1),
               "loss expects logits [B, T, V] and targets [B, T], got logits ", logits.sizes(),
               " and targets ", targets.sizes());
+}
+
+// Reduced-precision logits only: float64 ones (the float64 equivalence tests) stay float64.
+at::Tensor flat_logits(const at::Tensor& logits) {
   const at::Tensor flat = logits.reshape({-1, logits.size(2)});
-  // Reduced-precision logits only: float64 ones (the float64 equivalence tests) stay float64.
-  return at::cross_entropy_loss(
-      c10::isReducedFloatingType(flat.scalar_type()) ? flat.to(at::kFloat) : flat,
-      targets.reshape({-1}));
+  return c10::isReducedFloatingType(flat.scalar_type()) ? flat.to(at::kFloat) : flat;
+}
+
+}  // namespace
+
+at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) {
+  check_loss_shapes(logits, targets);
+  return at::cross_entropy_loss(flat_logits(logits), targets.reshape({-1}));
+}
+
+at::Tensor summed_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  check_loss_shapes(logits, targets);
+  constexpr int64_t kIgnoreIndex = -100;  // fsdp/data/labeled.h's, which models cannot include
+  return at::cross_entropy_loss(flat_logits(logits), targets.reshape({-1}), {}, at::Reduction::Sum,
+                                kIgnoreIndex);
 }
 
 torch::nn::Linear make_linear(const ParamSpec* weight, const ParamSpec* bias) {

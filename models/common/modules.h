@@ -31,6 +31,11 @@ using UnitBuiltCallback =
 // Returns a float32 scalar (float64 for float64 logits).
 at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets);
 
+// As loss, but summed over the targets that train, those not -100 (fine-tuning data's masked
+// positions, PyTorch's ignore_index): the caller divides by the count of trained targets of the
+// whole batch, which may span ranks. 0 when no target trains.
+at::Tensor summed_loss(const at::Tensor& logits, const at::Tensor& targets);
+
 // Seed of the generator that initializes the parameter called name (a Hugging Face name), for a
 // model seeded with seed. Uses FNV-1a over the name (stable across compilers and runs, unlike
 // std::hash) mixed with the seed through SplitMix64.

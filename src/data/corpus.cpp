@@ -4,7 +4,10 @@
 // corpus that loads holds only ids the model can embed.
 #include <fsdp/data/corpus.h>
 #include <fsdp/data/error.h>
+#include <fsdp/data/labeled.h>
 #include <fsdp/data/token_shard.h>
+
+#include "data/records.h"
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +18,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 namespace fsdp::data {
@@ -60,9 +64,91 @@ void check_ids(const std::vector<uint32_t>& out, size_t first, const CorpusOptio
   }
 }
 
+void require_tokenizer(const CorpusOptions& options, const std::string& path, const char* what) {
+  FSDP_DATA_CHECK(options.tokenizer != nullptr, "data file '", path, "' is ", what,
+                  ", which needs a tokenizer (only .bin token shards and input_ids/labels JSON ",
+                  "lines do not)");
+}
+
+// The record of one JSON line, or null for a blank line.
+nlohmann::json parse_record(std::string_view line, const std::string& where) {
+  if (line.find_first_not_of(" \t\r") == std::string_view::npos) return nullptr;
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    detail::throw_data_error(where, ": malformed JSON: ", e.what());
+  }
+  FSDP_DATA_CHECK(doc.is_object(), where, ": a JSON-lines document must be an object, not ",
+                  doc.type_name());
+  return doc;
+}
+
+// How the records of one JSON-lines file become tokens: its form, taken from its first record.
+class JsonlReader {
+ public:
+  JsonlReader(const std::string& path, const CorpusOptions& options, LabeledTokens out)
+      : path_(path), options_(options), out_(out) {}
+
+  void add(const nlohmann::json& doc, size_t line_no) {
+    const std::string where = path_ + ":" + std::to_string(line_no);
+    const JsonlForm mine = form_of_record(doc, where);
+    if (!form_) start(mine, line_no);
+    // A record without the file's keys is named by the appender, which misses them.
+    FSDP_DATA_CHECK(mine == *form_ || mine == JsonlForm::kText, where, ": a record of the ",
+                    jsonl_form_name(mine), " form in a file of the ", jsonl_form_name(*form_),
+                    " form (a file's form is its first record's, line ", first_line_, ")");
+    switch (*form_) {
+      case JsonlForm::kPromptCompletion:
+        return append_prompt_completion(doc, *options_.tokenizer, separator_, options_.vocab_size,
+                                        where, out_);
+      case JsonlForm::kTokenIds:
+        return append_token_ids(doc, options_.vocab_size, where, out_);
+      case JsonlForm::kText:
+        return add_text(doc, where);
+    }
+  }
+
+ private:
+  void start(JsonlForm form, size_t line_no) {
+    form_ = form;
+    first_line_ = line_no;
+    if (form == JsonlForm::kTokenIds) return;
+    require_tokenizer(
+        options_, path_,
+        form == JsonlForm::kText ? "JSON lines of text" : "prompt/completion JSON lines");
+    if (form == JsonlForm::kText) {
+      separator_ = separator(options_, path_);
+      return;
+    }
+    const auto eos = options_.tokenizer->eos_id();
+    FSDP_DATA_CHECK(eos.has_value(), "prompt/completion file '", path_, "' ends each example ",
+                    "with EOS, but the tokenizer names none (give its tokenizer_config.json)");
+    separator_ = *eos;
+  }
+
+  void add_text(const nlohmann::json& doc, const std::string& where) {
+    auto it = doc.find(options_.text_field);
+    FSDP_DATA_CHECK(it != doc.end() && it->is_string(), where, ": no string field '",
+                    options_.text_field, "' (set the text field)");
+    const size_t first = out_.tokens.size();
+    out_.tokens.push_back(separator_);
+    options_.tokenizer->encode(it->get_ref<const std::string&>(), out_.tokens);
+    check_ids(out_.tokens, first, options_, where);
+  }
+
+  const std::string& path_;
+  const CorpusOptions& options_;
+  LabeledTokens out_;
+  std::optional<JsonlForm> form_;
+  size_t first_line_ = 0;
+  uint32_t separator_ = 0;  // text: before each document; prompt/completion: EOS after each
+};
+
+// Fine-tuning records append their labels to labels; text documents append none.
 void load_jsonl(const std::string& path, const std::string& text, const CorpusOptions& options,
-                std::vector<uint32_t>& out) {
-  const uint32_t sep = separator(options, path);
+                std::vector<uint32_t>& out, std::vector<int32_t>& labels) {
+  JsonlReader reader(path, options, LabeledTokens{out, labels});
   size_t line_no = 0;
   for (size_t pos = 0; pos < text.size();) {
     size_t end = text.find('\n', pos);
@@ -70,23 +156,36 @@ void load_jsonl(const std::string& path, const std::string& text, const CorpusOp
     ++line_no;
     const std::string_view line(text.data() + pos, end - pos);
     pos = end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    nlohmann::json doc;
-    try {
-      doc = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      detail::throw_data_error(path, ":", line_no, ": malformed JSON: ", e.what());
-    }
-    FSDP_DATA_CHECK(doc.is_object(), path, ":", line_no, ": a JSON-lines document must be an ",
-                    "object, not ", doc.type_name());
-    auto it = doc.find(options.text_field);
-    FSDP_DATA_CHECK(it != doc.end() && it->is_string(), path, ":", line_no, ": no string field '",
-                    options.text_field, "' (set the text field)");
-    const size_t first = out.size();
-    out.push_back(sep);
-    options.tokenizer->encode(it->get_ref<const std::string&>(), out);
-    check_ids(out, first, options, path + ":" + std::to_string(line_no));
+    const nlohmann::json doc = parse_record(line, path + ":" + std::to_string(line_no));
+    if (!doc.is_null()) reader.add(doc, line_no);
   }
+}
+
+// The tokens of one file appended to out, and when it carries labels, its labels to labels.
+uint64_t load_file_tokens(const std::string& path, const CorpusOptions& options,
+                          std::vector<uint32_t>& out, std::vector<int32_t>& labels) {
+  if (ends_with(path, ".bin")) {
+    read_shard(path, options.vocab_size, out, &labels);
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  }
+  const std::string text = read_all(path);
+  if (ends_with(path, ".jsonl")) {
+    load_jsonl(path, text, options, out, labels);
+  } else {
+    require_tokenizer(options, path, "text");
+    const size_t first = out.size();
+    out.push_back(separator(options, path));
+    options.tokenizer->encode(text, out);
+    check_ids(out, first, options, path);
+  }
+  return text.size();
+}
+
+// labels up to end: the tokens from labels->size() on train as themselves.
+void label_as_tokens(const std::vector<uint32_t>& out, size_t end, std::vector<int32_t>& labels) {
+  labels.reserve(out.size());
+  for (size_t i = labels.size(); i < end; ++i) labels.push_back(static_cast<int32_t>(out[i]));
 }
 
 }  // namespace
@@ -122,24 +221,23 @@ std::vector<std::string> expand_data_spec(const std::string& spec) {
 }
 
 uint64_t load_data_file(const std::string& path, const CorpusOptions& options,
-                        std::vector<uint32_t>& out) {
-  if (ends_with(path, ".bin")) {
-    read_shard(path, options.vocab_size, out);
-    struct stat st {};
-    return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+                        std::vector<uint32_t>& out, std::vector<int32_t>* labels) {
+  const size_t first = out.size();
+  std::vector<int32_t> file_labels;
+  const uint64_t bytes = load_file_tokens(path, options, out, file_labels);
+  if (file_labels.empty() && (labels == nullptr || labels->empty())) return bytes;
+  if (labels == nullptr) {
+    out.resize(first);
+    detail::throw_data_error("data file '", path, "' carries labels (fine-tuning data), which ",
+                             "this reader does not take");
   }
-  FSDP_DATA_CHECK(options.tokenizer != nullptr, "data file '", path,
-                  "' is text, which needs a tokenizer (only .bin token shards do not)");
-  const std::string text = read_all(path);
-  if (ends_with(path, ".jsonl")) {
-    load_jsonl(path, text, options, out);
+  label_as_tokens(out, first, *labels);
+  if (file_labels.empty()) {
+    label_as_tokens(out, out.size(), *labels);
   } else {
-    const size_t first = out.size();
-    out.push_back(separator(options, path));
-    options.tokenizer->encode(text, out);
-    check_ids(out, first, options, path);
+    labels->insert(labels->end(), file_labels.begin(), file_labels.end());
   }
-  return text.size();
+  return bytes;
 }
 
 TokenCorpus TokenCorpus::load(const std::string& spec, const CorpusOptions& options) {
@@ -150,7 +248,7 @@ TokenCorpus TokenCorpus::load(const std::string& spec, const CorpusOptions& opti
   corpus.files_ = expand_data_spec(spec);
   for (const auto& path : corpus.files_) {
     const size_t before = corpus.tokens_.size();
-    const uint64_t bytes = load_data_file(path, opts, corpus.tokens_);
+    const uint64_t bytes = load_data_file(path, opts, corpus.tokens_, &corpus.labels_);
     if (opts.on_file) opts.on_file(path, bytes, corpus.tokens_.size() - before);
   }
   return corpus;

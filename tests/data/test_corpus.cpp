@@ -118,6 +118,31 @@ TEST(FsdpTokenize, WritesTheShardTheLibraryGives) {
   EXPECT_EQ(shard, TokenCorpus::load(dir.file("a.txt") + "," + dir.file("b.jsonl"), o).tokens());
 }
 
+// Fine-tuning inputs make a labeled shard, holding the corpus's tokens and labels.
+TEST(FsdpTokenize, WritesALabeledShardForFineTuningData) {
+  TempDir dir;
+  write_file(dir.file("tokenizer.json"), test::tiny_tokenizer().dump());
+  write_file(dir.file("tokenizer_config.json"), R"({"eos_token": "<|endoftext|>"})");
+  write_file(dir.file("a.txt"), "the other theme");
+  write_file(dir.file("b.jsonl"), "{\"prompt\": \"the\", \"completion\": \" then\"}\n");
+  auto [rc, err] =
+      run_tokenize("--tokenizer " + dir.file("tokenizer.json") + " --output " +
+                   dir.file("out.bin") + " " + dir.file("a.txt") + " " + dir.file("b.jsonl"));
+  ASSERT_EQ(rc, 0) << err;
+  std::vector<uint32_t> shard;
+  std::vector<int32_t> labels;
+  read_shard(dir.file("out.bin"), 260, shard, &labels);
+  Tokenizer t = tiny();
+  CorpusOptions o;
+  o.tokenizer = &t;
+  const TokenCorpus c = TokenCorpus::load(dir.file("a.txt") + "," + dir.file("b.jsonl"), o);
+  EXPECT_EQ(shard, c.tokens());
+  EXPECT_EQ(labels, c.labels());
+  // The prompt "the" is two tokens, the only ones that do not train.
+  const std::string trained = std::to_string(c.tokens().size() - 2);
+  EXPECT_NE(err.find("labeled: " + trained + " of them train"), std::string::npos) << err;
+}
+
 TEST(FsdpTokenize, ValidatesFlagsBeforeWork) {
   TempDir dir;
   write_file(dir.file("tokenizer.json"), test::tiny_tokenizer().dump());

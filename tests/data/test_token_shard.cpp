@@ -83,8 +83,8 @@ TEST(TokenShard, RefusesBadShardsNamingTheProblem) {
   magic[0] ^= 1;
   expect_error(magic, std::nullopt, {"magic", "offset 0"});
   std::vector<uint8_t> version = good;
-  version[4] = 2;
-  expect_error(version, std::nullopt, {"version 2", "offset 4"});
+  version[4] = 3;  // 2 is a labeled shard's (fine-tuning data)
+  expect_error(version, std::nullopt, {"version 3", "offset 4"});
   std::vector<uint8_t> count = good;
   count[11] = 0x80;
   expect_error(count, std::nullopt, {"negative token count"});

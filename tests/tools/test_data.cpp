@@ -1,12 +1,14 @@
 // Trainer data tests: the global batch is a pure function of (text, step, sizes, seed), its
-// micro-batches tile it in rank order, targets are the inputs shifted by one, errors name the
-// offending values, and the built-in corpus is fixed bytes with a known entropy.
+// micro-batches tile it in rank order, targets are the inputs shifted by one (fine-tuning
+// data's: the labels shifted by one, masks included, and the summed loss leaves them out),
+// errors name the offending values, and the built-in corpus is fixed bytes with a known entropy.
 #include "support/test_support.h"
 
 #include <ATen/ATen.h>
 #include <fsdp_train/corpus.h>
 #include <fsdp_train/data.h>
 #include <gtest/gtest.h>
+#include <models/common/modules.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -51,6 +53,69 @@ TEST(TokenDataset, RowsAreWindowsOfTheTextAndTargetsAreShiftedInputs) {
     const std::string window = row_text(inputs[b]) + row_text(targets[b].slice(0, 39));
     EXPECT_NE(text.find(window), std::string::npos) << "row " << b;
   }
+}
+
+// Token i is id i; the label of every third token is masked, the others are 1000 + i, so a
+// target shows which label it came from.
+TokenDataset labeled_counting(int64_t n) {
+  const at::Tensor tokens = at::arange(n, at::kInt);
+  const at::Tensor labels =
+      at::where(tokens % 3 == 0, at::full({n}, -100, at::kInt), tokens + 1000).to(at::kInt);
+  return TokenDataset(tokens, labels, "counting");
+}
+
+TEST(TokenDataset, LabeledTargetsAreTheNextPositionsLabels) {
+  const TokenDataset data = labeled_counting(50);
+  EXPECT_TRUE(data.labeled());
+  auto [inputs, targets] = data.global_batch(4, 6, 10, 3);
+  ASSERT_EQ(targets.sizes(), at::IntArrayRef({6, 10}));
+  EXPECT_EQ(targets.scalar_type(), at::kLong);
+  for (int64_t b = 0; b < 6; ++b) {
+    for (int64_t t = 0; t < 10; ++t) {
+      const int64_t next = inputs[b][t].item<int64_t>() + 1;  // the next token's position
+      const int64_t want = next % 3 == 0 ? -100 : 1000 + next;
+      EXPECT_EQ(targets[b][t].item<int64_t>(), want) << "row " << b << " position " << t;
+    }
+  }
+  // The inputs are the windows a plain dataset of the same tokens draws.
+  const TokenDataset plain(at::arange(50, at::kInt), "counting");
+  EXPECT_TRUE(at::equal(inputs, plain.global_batch(4, 6, 10, 3).first));
+  EXPECT_FALSE(plain.labeled());
+  EXPECT_EQ(trained_targets(targets), (targets != -100).sum().item<int64_t>());
+  EXPECT_EQ(trained_targets(at::tensor({-100, 3, -100, 0}, at::kLong)), 2);
+}
+
+TEST(TokenDataset, LabelsMustMatchTheTokens) {
+  try {
+    TokenDataset(at::arange(5, at::kInt), at::arange(4, at::kInt), "short labels");
+    FAIL() << "labels of another length were accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("short labels: labels must be a 1-D int32 CPU tensor as "
+                                         "long as the int32 token ids (5)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The summed loss is the cross-entropy of the trained targets only: masked positions add
+// nothing to it nor to the gradient, and the mean over trained targets is its quotient.
+TEST(MaskedLoss, SummedLossLeavesMaskedTargetsOut) {
+  at::manual_seed(3);
+  const at::Tensor logits = at::randn({2, 3, 5}, at::kFloat).requires_grad_(true);
+  const at::Tensor targets = at::tensor({1, -100, 4, -100, -100, 0}, at::kLong).view({2, 3});
+  const at::Tensor summed = models::summed_loss(logits, targets);
+  const at::Tensor logp = at::log_softmax(logits.detach().view({6, 5}), 1);
+  const double want = -(logp[0][1] + logp[2][4] + logp[5][0]).item<double>();
+  EXPECT_NEAR(summed.item<double>(), want, 1e-6 * want);
+  summed.backward();
+  const at::Tensor grad = logits.grad().view({6, 5});
+  for (const int64_t masked : {1, 3, 4}) EXPECT_EQ(grad[masked].abs().sum().item<double>(), 0.0);
+  // The mean over trained targets is PyTorch's ignore_index mean.
+  const at::Tensor mean = at::cross_entropy_loss(logits.detach().view({6, 5}), targets.view({-1}));
+  EXPECT_NEAR(summed.item<double>() / 3, mean.item<double>(), 1e-6);
+  // No trained target: 0, not NaN.
+  EXPECT_EQ(models::summed_loss(logits.detach(), at::full({2, 3}, -100, at::kLong)).item<double>(),
+            0.0);
 }
 
 TEST(TokenDataset, EveryWindowIncludingTheLastCanBeDrawn) {

@@ -208,7 +208,8 @@ void add_data_flags(ConfigFlags& flags, train::DataConfig& d) {
       .value("data", "--data", d.path,
              "Training data: a text file (its bytes are the tokens), llm.c .bin shards, or with "
              "--tokenizer text, .jsonl and .bin files, comma-separated, globs; default: the "
-             "embedded corpus")
+             "embedded corpus. Fine-tuning .jsonl (prompt/completion, or input_ids/labels, "
+             "which need no tokenizer) and labeled shards train their unmasked tokens only")
       ->check(data_spec());
   flags
       .value("data", "--tokenizer", d.tokenizer,
@@ -337,7 +338,9 @@ void add_checkpoint_flags(ConfigFlags& flags, train::CheckpointConfig& c) {
 
 void add_metrics_flags(ConfigFlags& flags, train::MetricsConfig& m) {
   flags
-      .value("metrics", "--metrics", m.path, "Write one JSON object per step to this file (rank 0)")
+      .value("metrics", "--metrics", m.path,
+             "Write one JSON object per step to this file (rank 0); on fine-tuning data its "
+             "tokens_per_s counts trained (unmasked) targets only")
       ->check(output_file());
   flags.value("metrics", "--log-every", m.log_every, "Print progress every N steps")
       ->check(kPositive)
@@ -359,7 +362,7 @@ void add_debug_flags(ConfigFlags& flags, train::DebugConfig& d) {
   flags
       .value("debug", "--dump-batches", d.dump_batches_path,
              "Write every step's global (inputs, targets) batch to this file (rank 0; format "
-             "in trainer.h)")
+             "in trainer.h; fine-tuning data's masked targets are -100)")
       ->check(output_file());
 }
 

@@ -3,6 +3,10 @@
 //
 //   fsdp-tokenize --tokenizer tokenizer.json --output train.bin 'data/*.jsonl' notes.txt
 //
+// Fine-tuning files (prompt/completion or input_ids/labels JSON lines, fsdp/data/labeled.h)
+// make the shard a labeled one (token_shard.h), which keeps which tokens train, so a large set
+// is tokenized once and fsdp-train reads it without a tokenizer.
+//
 // Every flag is checked before any work (missing file, directory instead of file, output
 // directory absent), and each message names its flag. Progress goes to stderr, one line per
 // input file with its MB/s, then a summary; stdout stays empty. Exit status 0 on success, 1 on
@@ -11,11 +15,13 @@
 
 #include <fsdp/data/corpus.h>
 #include <fsdp/data/error.h>
+#include <fsdp/data/labeled.h>
 #include <fsdp/data/token_shard.h>
 #include <fsdp/data/tokenizer.h>
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -88,7 +94,8 @@ class TokenizeCli : public ProgramCli {
  public:
   const char* name() const override { return "fsdp-tokenize"; }
   const char* description() const override {
-    return "fsdp-tokenize: tokenize text / JSON-lines files into an llm.c token shard";
+    return "fsdp-tokenize: tokenize text / JSON-lines files into an llm.c token shard (a labeled "
+           "one for prompt/completion or input_ids/labels fine-tuning data)";
   }
   // A data error reads "fsdp-tokenize: <what>": the message names the flag or the file.
   std::string error_line(const std::exception& e) const override {
@@ -101,7 +108,10 @@ class TokenizeCli : public ProgramCli {
     app.add_option("--tokenizer-config", config_path_,
                    "tokenizer_config.json naming BOS/EOS (default: the one next to --tokenizer, "
                    "if any)");
-    app.add_option("--output", output_, "Token shard to write (.bin)")->required();
+    app.add_option("--output", output_,
+                   "Token shard to write (.bin); labeled (version 2 / 8, int32 labels after the "
+                   "tokens) when an input is fine-tuning data")
+        ->required();
     app.add_option("--text-field", text_field_, "Field of a JSON-lines document holding its text")
         ->capture_default_str();
     app.add_option("--format", format_,
@@ -110,7 +120,8 @@ class TokenizeCli : public ProgramCli {
         ->capture_default_str();
     app.add_flag("--quiet", quiet_, "No progress lines");
     app.add_option("inputs", inputs_,
-                   "Input files or globs (.jsonl: JSON lines; .bin: token shards; else text)")
+                   "Input files or globs (.jsonl: JSON lines of text, prompt/completion or "
+                   "input_ids/labels; .bin: token shards; else text)")
         ->required();
   }
 
@@ -140,10 +151,11 @@ class TokenizeCli : public ProgramCli {
     const auto start = std::chrono::steady_clock::now();
     uint64_t total_bytes = 0;
     std::vector<uint32_t> tokens;
+    std::vector<int32_t> labels;  // empty unless an input carries labels
     for (size_t i = 0; i < files_.size(); ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       const size_t before = tokens.size();
-      const uint64_t bytes = data::load_data_file(files_[i], options, tokens);
+      const uint64_t bytes = data::load_data_file(files_[i], options, tokens, &labels);
       total_bytes += bytes;
       if (!quiet_) {
         const double s = seconds_since(t0);
@@ -152,13 +164,17 @@ class TokenizeCli : public ProgramCli {
                      s > 0 ? bytes / 1e6 / s : 0.0);
       }
     }
-    data::write_shard(output_, tokens, shard_format);
+    data::write_shard(output_, tokens, shard_format, labels.empty() ? nullptr : &labels);
     if (!quiet_) {
       const double s = seconds_since(start);
-      std::fprintf(stderr, "wrote %s: %zu tokens (%s) from %.2f MB in %.2f s, %.1f MB/s\n",
+      const size_t trained =
+          labels.size() - std::count(labels.begin(), labels.end(), data::kIgnoreIndex);
+      const std::string labeled =
+          labels.empty() ? "" : ", labeled: " + std::to_string(trained) + " of them train";
+      std::fprintf(stderr, "wrote %s: %zu tokens (%s%s) from %.2f MB in %.2f s, %.1f MB/s\n",
                    output_.c_str(), tokens.size(),
                    shard_format == data::ShardFormat::kUint16 ? "uint16" : "uint32",
-                   total_bytes / 1e6, s, s > 0 ? total_bytes / 1e6 / s : 0.0);
+                   labeled.c_str(), total_bytes / 1e6, s, s > 0 ? total_bytes / 1e6 / s : 0.0);
     }
     return 0;
   }

@@ -7,6 +7,7 @@
 // micro-batches are slices of the global batch.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <fsdp/data/labeled.h>
 #include <fsdp_train/data.h>
 
 #include <cerrno>
@@ -82,6 +83,16 @@ TokenDataset::TokenDataset(at::Tensor tokens, std::string source)
               tokens_.scalar_type(), " of ", tokens_.dim(), " dimensions");
 }
 
+TokenDataset::TokenDataset(at::Tensor tokens, at::Tensor labels, std::string source)
+    : TokenDataset(std::move(tokens), std::move(source)) {
+  labels_ = std::move(labels);
+  TORCH_CHECK(tokens_.scalar_type() == at::kInt && labels_.scalar_type() == at::kInt &&
+                  labels_.dim() == 1 && labels_.device().is_cpu() &&
+                  labels_.size(0) == tokens_.size(0),
+              source_, ": labels must be a 1-D int32 CPU tensor as long as the int32 token ids (",
+              tokens_.size(0), "), got ", labels_.scalar_type(), " of shape ", labels_.sizes());
+}
+
 void TokenDataset::check_seq_len(int64_t seq_len) const {
   const char* unit = tokens_.scalar_type() == at::kByte ? "bytes" : "tokens";
   TORCH_CHECK(seq_len > 0, "seq_len must be positive, got ", seq_len);
@@ -104,8 +115,19 @@ std::pair<at::Tensor, at::Tensor> TokenDataset::global_batch(int64_t step, int64
   at::Tensor index = starts + at::arange(seq_len + 1, long_options);  // [B, T + 1]
   at::Tensor windows_tensor =
       tokens_.index_select(0, index.view({-1})).view({global_batch, seq_len + 1}).to(at::kLong);
+  if (labeled()) {
+    // A window's first label belongs to no prediction: the targets start at its second.
+    const at::Tensor targets =
+        labels_.index_select(0, index.slice(1, 1, seq_len + 1).reshape({-1})).to(at::kLong);
+    return {windows_tensor.slice(1, 0, seq_len).contiguous(),
+            targets.view({global_batch, seq_len})};
+  }
   return {windows_tensor.slice(1, 0, seq_len).contiguous(),
           windows_tensor.slice(1, 1, seq_len + 1).contiguous()};
+}
+
+int64_t trained_targets(const at::Tensor& targets) {
+  return (targets != data::kIgnoreIndex).sum().item<int64_t>();
 }
 
 at::Tensor micro_batch(const at::Tensor& global, int64_t rank, int64_t world) {

@@ -5,6 +5,12 @@
 // Every rank computes the same global batch from (seed, step) alone and keeps its own rows, so
 // the W micro-batches of a step, concatenated in rank order, are exactly the batch a single
 // process would train on, for any world size.
+//
+// Fine-tuning data (fsdp/data/labeled.h) also carries one label per token, kIgnoreIndex (-100)
+// where the token does not train. A window packs examples as it packs documents, and its
+// targets are the labels shifted left by one (targets[t] = labels[o + t + 1]), so the positions
+// that predict a prompt's tokens leave the loss, among them the last of the example before,
+// whose next token is the prompt's first.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -27,6 +33,8 @@ class TokenDataset {
   // Token ids: a 1-D uint8 or int32 CPU tensor (taken as it is, not copied). source names them
   // in error messages.
   TokenDataset(at::Tensor tokens, std::string source);
+  // Token ids with their labels: both 1-D int32 CPU tensors of the same length.
+  TokenDataset(at::Tensor tokens, at::Tensor labels, std::string source);
 
   // Number of tokens (bytes for a text).
   int64_t size() const { return tokens_.size(0); }
@@ -34,13 +42,19 @@ class TokenDataset {
   // corpus; batches are widened to int64.
   const at::Tensor& tokens() const { return tokens_; }
   const std::string& source() const { return source_; }
+  // Whether the tokens carry labels (fine-tuning data): then targets hold kIgnoreIndex where
+  // nothing trains, and the loss is the mean over the others.
+  bool labeled() const { return labels_.defined(); }
+  // The labels: [N] int32 when labeled(), else undefined.
+  const at::Tensor& labels() const { return labels_; }
 
   // Throws naming the text's length and the needed length unless the text holds at least one
   // window of seq_len + 1 bytes.
   void check_seq_len(int64_t seq_len) const;
 
   // The global batch of training step `step`: (inputs, targets), each [global_batch, seq_len]
-  // int64 on the CPU, targets = inputs shifted left by one token. Row b starts at an offset
+  // int64 on the CPU, targets = inputs shifted left by one token (labeled: the labels shifted
+  // left by one). Row b starts at an offset
   // drawn uniformly from [0, size() - seq_len - 1] by a SplitMix64 stream seeded from
   // (seed, step) (never torch's global generator), in row order: the same arguments give the
   // same rows in the same order on every rank, thread and run. Thread-safe.
@@ -49,8 +63,12 @@ class TokenDataset {
 
  private:
   at::Tensor tokens_;  // [N] uint8 (one byte per token keeps large texts cheap) or int32
+  at::Tensor labels_;  // [N] int32, or undefined: every token trains
   std::string source_;
 };
+
+// How many targets train: those that are not kIgnoreIndex.
+int64_t trained_targets(const at::Tensor& targets);
 
 // Rank `rank`'s rows of a global batch: rows [rank * B / world, (rank + 1) * B / world) of
 // dim 0, as views. Throws unless 0 <= rank < world and world divides B (naming both).

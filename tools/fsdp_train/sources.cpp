@@ -8,6 +8,7 @@
 
 #include <fsdp/data/corpus.h>
 #include <fsdp/data/error.h>
+#include <fsdp/data/labeled.h>
 #include <fsdp/data/tokenizer.h>
 #include <fsdp_train/corpus.h>
 
@@ -32,9 +33,13 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-bool all_shards(const std::string& spec) {
+// Files of token ids, which need no tokenizer: llm.c shards and input_ids/labels JSON lines.
+bool all_token_files(const std::string& spec) {
   for (const auto& file : data::expand_data_spec(spec)) {
-    if (!ends_with(file, ".bin")) return false;
+    const bool ids =
+        ends_with(file, ".bin") ||
+        (ends_with(file, ".jsonl") && data::jsonl_form_of(file) == data::JsonlForm::kTokenIds);
+    if (!ids) return false;
   }
   return true;
 }
@@ -58,20 +63,32 @@ std::unique_ptr<data::Tokenizer> load_tokenizer(const std::string& path) {
   }
 }
 
+// int32 holds every id and label: vocabularies stay below 2^31.
+at::Tensor int32_tensor(const void* values, size_t n) {
+  at::Tensor t = at::empty({static_cast<int64_t>(n)}, at::kInt);
+  if (n > 0) std::memcpy(t.data_ptr<int32_t>(), values, n * 4);
+  return t;
+}
+
 TokenDataset from_ids(const std::vector<uint32_t>& ids, std::string source) {
-  at::Tensor tokens = at::empty({static_cast<int64_t>(ids.size())}, at::kInt);
-  if (!ids.empty()) std::memcpy(tokens.data_ptr<int32_t>(), ids.data(), ids.size() * 4);
-  return TokenDataset(std::move(tokens), std::move(source));
+  return TokenDataset(int32_tensor(ids.data(), ids.size()), std::move(source));
+}
+
+TokenDataset from_corpus(const data::TokenCorpus& corpus, std::string source) {
+  if (!corpus.labeled()) return from_ids(corpus.tokens(), std::move(source));
+  return TokenDataset(int32_tensor(corpus.tokens().data(), corpus.tokens().size()),
+                      int32_tensor(corpus.labels().data(), corpus.labels().size()),
+                      std::move(source));
 }
 
 // --data or --val-data SPEC (flag names it in messages).
 TokenDataset load_spec(const JobConfig& o, const std::string& flag, const std::string& spec,
                        data::Tokenizer* tokenizer, int64_t model_vocab) {
-  if (tokenizer == nullptr && !all_shards(spec)) {
+  if (tokenizer == nullptr && !all_token_files(spec)) {
     const auto files = data::expand_data_spec(spec);
     TORCH_CHECK(files.size() == 1 && files[0] == spec, flag, " '", spec, "' names ", files.size(),
                 " files; without --tokenizer it takes one text file (its bytes are the tokens) "
-                "or llm.c .bin shards only");
+                "or token files only (llm.c .bin shards, input_ids/labels .jsonl)");
     return TokenDataset::from_file(spec);
   }
   data::CorpusOptions options;
@@ -79,7 +96,7 @@ TokenDataset load_spec(const JobConfig& o, const std::string& flag, const std::s
   options.text_field = o.data.text_field;
   options.vocab_size = static_cast<uint64_t>(model_vocab);
   const data::TokenCorpus corpus = data::TokenCorpus::load(spec, options);
-  return from_ids(corpus.tokens(), flag + " '" + spec + "'");
+  return from_corpus(corpus, flag + " '" + spec + "'");
 }
 
 // The embedded corpus's bytes [begin, end), tokenized when there is a tokenizer.
@@ -99,7 +116,7 @@ TokenDataset embedded_part(data::Tokenizer* tokenizer, size_t begin, size_t end,
 }  // namespace
 
 bool feeds_bytes(const JobConfig& o) {
-  return o.data.tokenizer.empty() && (o.data.path.empty() || !all_shards(o.data.path));
+  return o.data.tokenizer.empty() && (o.data.path.empty() || !all_token_files(o.data.path));
 }
 
 int64_t tokenizer_vocab_size(const std::string& path) { return load_tokenizer(path)->vocab_size(); }

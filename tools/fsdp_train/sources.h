@@ -2,10 +2,13 @@
 // token sequences (data.h) that batches are drawn from.
 //
 //   no --tokenizer, --data FILE     the file's bytes are the tokens (ids 0..255)
-//   no --tokenizer, --data *.bin    llm.c token shards (every file of the spec ends in .bin);
-//                                   every id must be below the model's vocabulary
-//   --tokenizer FILE, --data SPEC   what fsdp::data::TokenCorpus takes: text, .jsonl
-//                                   (--text-field) and .bin files, comma-separated, globs
+//   no --tokenizer, --data *.bin    token files: llm.c shards (.bin, labeled ones too) and
+//                                   input_ids/labels .jsonl (fsdp/data/labeled.h); every id
+//                                   must be below the model's vocabulary
+//   --tokenizer FILE, --data SPEC   what fsdp::data::TokenCorpus takes: text, .jsonl (text
+//                                   under --text-field, prompt/completion, input_ids/labels)
+//                                   and .bin files, comma-separated, globs; any fine-tuning
+//                                   file makes the dataset labeled (data.h)
 //   no --data                       the embedded corpus (tokenized when --tokenizer is given):
 //                                   its first 90% trains, and its last 10%, held out (never
 //                                   trained on), is evaluated unless --val-data names other
@@ -32,7 +35,7 @@ struct Datasets {
 // seq_len + 1 tokens).
 Datasets load_datasets(const JobConfig& options, int64_t model_vocab);
 
-// Whether the tokens are a text's bytes (no tokenizer, and --data not all .bin shards).
+// Whether the tokens are a text's bytes (no tokenizer, and --data not all token files).
 bool feeds_bytes(const JobConfig& options);
 
 // The vocabulary size of the tokenizer.json at path (its BOS/EOS config is not needed for it).

@@ -7,7 +7,10 @@
 // - every parameter's initial value depends only on its name and the seed (models/model.h), so
 //   the sharded model, built and sharded unit by unit, starts where the reference starts;
 // - the reported loss is the mean over ranks of the micro-batch losses, which equals the
-//   reference's loss on the global batch because micro-batches have equal sizes.
+//   reference's loss on the global batch because micro-batches have equal sizes; fine-tuning
+//   data, whose ranks train different numbers of targets, scales each rank's summed loss so
+//   that the same mean is the global mean over trained targets (see [Note: the mean over
+//   trained targets]).
 // - the learning rate of step s is lr_at(schedule, s) (schedule.h), set on every param group
 //   before the optimizer step: no state, so a resumed run takes the same rates;
 // - the held-out loss runs forward only, without autograd, after the step's numbers are taken:
@@ -51,6 +54,7 @@
 #include <csignal>
 #include <sstream>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -285,6 +289,7 @@ struct Run {
   std::ofstream batches;               // --dump-batches, format in trainer.h
   int64_t first_step = 0;
   double elapsed = 0;                       // seconds spent in steps so far
+  double tokens_done = 0;                   // tokens trained in those steps (tokens_per_s's)
   int64_t skipped_steps = 0;                // non-finite steps skipped (--skip-nonfinite)
   std::optional<ShardedGradScaler> scaler;  // fp16's dynamic loss scaling
   int64_t overflow_skips = 0;               // steps skipped because gradients overflowed (fp16)
@@ -532,6 +537,12 @@ void print_banner(const Run& run, const TokenDataset& data, double unigram_entro
       run.world, run.world == 1 ? "" : "s", o.training.steps, o.training.global_batch,
       o.training.seq_len, data.source(), data.size(),
       data.tokens().scalar_type() == at::kByte ? "bytes" : "tokens", unigram_entropy);
+  if (data.labeled()) {
+    fmt::print(
+        "fsdp-train: fine-tuning data: {} of its {} tokens train (the others are masked); the "
+        "loss is the mean over trained targets, and tokens/s counts those\n",
+        trained_targets(data.labels()), data.size());
+  }
   if (run.root) {
     fmt::print("fsdp-train: {} FSDP units (--wrap-policy {}), parameter elements each: {}\n",
                run.units, to_string(o.parallelism.wrap_policy), describe_units(run));
@@ -620,11 +631,32 @@ void load_initial_state(Run& run) {
   report_resume_mismatches(o, loaded.user_json);
 }
 
-// The mean over ranks of a rank's loss (one all-reduce when there are ranks).
-double mean_over_ranks(const at::Tensor& loss, const Run& run) {
+// The sum over ranks of a rank's loss (one all-reduce when there are ranks).
+double sum_over_ranks(const at::Tensor& loss, const Run& run) {
   at::Tensor sum = loss.detach().to(at::kDouble).reshape({1});
   if (run.group) run.group->all_reduce(sum, ReduceOp::kSum)->wait();
-  return sum.item<double>() / run.world;
+  return sum.item<double>();
+}
+
+double mean_over_ranks(const at::Tensor& loss, const Run& run) {
+  return sum_over_ranks(loss, run) / run.world;
+}
+
+// [Note: the mean over trained targets]
+// Plain data: each rank's loss is the mean over its targets (each of grad_accum slices scaled
+// by 1/grad_accum), and the gradient reduction's mean over the W ranks makes the gradient that
+// of the global batch's mean, since every rank trains as many targets. Fine-tuning data masks
+// targets (kIgnoreIndex), so ranks and slices train different numbers of them and a mean of
+// means would weigh them unequally. There each slice's loss is its summed cross-entropy times
+// W / N, N the count of trained targets in the whole global batch: the reduction's mean over
+// the ranks makes the gradient that of sum / N, the global mean over trained targets, and the
+// reported loss, the mean over ranks of each rank's slices, is that same sum / N. Every rank
+// draws the whole global batch (data.h), so N is counted locally: no collective. A batch with no
+// trained target has loss 0 and no gradient (N is taken as 1).
+at::Tensor masked_loss(const Run& run, const at::Tensor& logits, const at::Tensor& targets,
+                       int64_t trained) {
+  const double scale = double(run.world) / double(std::max<int64_t>(trained, 1));
+  return run.built->summed_loss(logits, targets) * scale;
 }
 
 // The step's rate on every parameter group: the optimizer state a resume loads carries no
@@ -641,20 +673,29 @@ double set_learning_rate(Run& run, int64_t step) {
 // --val-batches global batches of the held-out data, drawn from one fixed seed so every
 // evaluation sees the same tokens; rank r takes its rows as in training. Returns the mean loss
 // over the batches, averaged over ranks. Collective. The passes are left out of --trace.
+// Fine-tuning data: the mean over every trained target of the batches, as in training.
 double validation_loss(Run& run, const TokenDataset& val) {
   const JobConfig& o = run.o;
   torch::NoGradGuard no_grad;
   const bool tracing = !o.metrics.trace_dir.empty();
   run.tracer->enable(false);
   double sum = 0;
+  int64_t trained = 0;
   for (int64_t b = 0; b < o.data.val_batches; ++b) {
     const auto global = val.global_batch(b, o.training.global_batch, o.training.seq_len, kValSeed);
     const auto [host_inputs, host_targets] = micro_batch(global, run.rank, run.world);
     const at::Tensor inputs = host_inputs.to(run.device);
     const at::Tensor targets = host_targets.to(run.device);
-    sum += mean_over_ranks(run.built->loss(run.built->forward(inputs), targets), run);
+    const at::Tensor logits = run.built->forward(inputs);
+    if (val.labeled()) {
+      trained += trained_targets(global.second);
+      sum += sum_over_ranks(run.built->summed_loss(logits, targets), run);
+    } else {
+      sum += mean_over_ranks(run.built->loss(logits, targets), run);
+    }
   }
   run.tracer->enable(tracing);
+  if (val.labeled()) return sum / static_cast<double>(std::max<int64_t>(trained, 1));
   return sum / static_cast<double>(o.data.val_batches);
 }
 
@@ -770,16 +811,20 @@ void set_accumulation_state(Run& run, bool last_micro_batch) {
 
 // The rank's micro-batch runs as grad_accum slices, each loss scaled by 1/grad_accum, so the
 // summed gradient is the same mean as one pass over the micro-batch. Returns the summed loss.
+// trained: fine-tuning data's count of trained targets in the global batch ([Note: the mean
+// over trained targets]).
 at::Tensor forward_backward(Run& run, const at::Tensor& inputs, const at::Tensor& targets,
-                            StepProbe& probe, bool inject_nan) {
+                            StepProbe& probe, bool inject_nan, std::optional<int64_t> trained) {
   const int accum = run.o.training.grad_accum;
   const int64_t slice = inputs.size(0) / accum;
   at::Tensor loss;
   for (int k = 0; k < accum; ++k) {
     set_accumulation_state(run, k == accum - 1);
-    at::Tensor micro = run.built->loss(run.built->forward(inputs.narrow(0, k * slice, slice)),
-                                       targets.narrow(0, k * slice, slice));
-    if (accum > 1) micro = micro / accum;
+    const at::Tensor logits = run.built->forward(inputs.narrow(0, k * slice, slice));
+    const at::Tensor slice_targets = targets.narrow(0, k * slice, slice);
+    at::Tensor micro = trained ? masked_loss(run, logits, slice_targets, *trained)
+                               : run.built->loss(logits, slice_targets);
+    if (accum > 1 && !trained) micro = micro / accum;
     if (inject_nan) micro = micro * std::numeric_limits<double>::quiet_NaN();
     if (k == 0) probe.activation_bytes = activation_bytes_since(run, probe);
     (run.scaler ? run.scaler->scale(micro) : micro).backward();
@@ -803,7 +848,9 @@ void optimizer_step(Run& run) {
 }
 
 // Every rank's numbers for the step (collective: gathers them to every rank).
-StepRecord record_step(Run& run, int64_t step, double loss, double norm, const StepProbe& probe) {
+// tokens: what the step trained on (tokens_per_s's numerator).
+StepRecord record_step(Run& run, int64_t step, double loss, double norm, const StepProbe& probe,
+                       int64_t tokens) {
   RankStepStats mine;
   mine.rank = run.rank;
   if (run.count_memory) mine.activation_bytes = probe.activation_bytes;
@@ -824,11 +871,11 @@ StepRecord record_step(Run& run, int64_t step, double loss, double norm, const S
   }
   const double step_s = std::chrono::duration<double>(Clock::now() - probe.start).count();
   run.elapsed += step_s;
-  const int64_t tokens_per_step = run.o.training.global_batch * run.o.training.seq_len;
+  run.tokens_done += double(tokens);
   return StepRecord{step + 1,
                     loss,
                     norm,
-                    tokens_per_step / step_s,
+                    tokens / step_s,
                     step_s,
                     run.mesh ? run.mesh->stats().exposed_comm_s() : 0.0,
                     gather_stats(mine, run.group.get())};
@@ -849,8 +896,7 @@ void print_progress(const Run& run, const StepRecord& r) {
   fmt::print(
       "step {:>5}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:>8.0f} tokens/s | ETA "
       "{}{}\n",
-      r.step, o.training.steps, r.loss, val, r.lr, r.grad_norm,
-      double(o.training.global_batch * o.training.seq_len * done) / run.elapsed,
+      r.step, o.training.steps, r.loss, val, r.lr, r.grad_norm, run.tokens_done / run.elapsed,
       format_duration(eta), scale);
   std::fflush(stdout);
 }
@@ -969,11 +1015,14 @@ StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
       data.global_batch(step, o.training.global_batch, o.training.seq_len, o.training.seed);
   dump_batch(run, step, global);
   const auto [inputs, targets] = micro_batch(global, run.rank, run.world);
+  // Fine-tuning data trains (and tokens_per_s counts) only the targets its labels keep.
+  const std::optional<int64_t> trained =
+      data.labeled() ? std::optional<int64_t>(trained_targets(global.second)) : std::nullopt;
   // Before the probe: the gradients zero_grad frees are not part of what forward keeps.
   run.optimizer->zero_grad();
   probe_before_forward(run, probe);
   const at::Tensor loss = forward_backward(run, inputs.to(run.device), targets.to(run.device),
-                                           probe, nan_injected_at(step, run.rank));
+                                           probe, nan_injected_at(step, run.rank), trained);
   if (overflow_injected_at(step, run.rank)) make_a_gradient_inf(run.params);
   const std::optional<double> loss_scale =
       run.scaler ? std::optional<double>(run.scaler->get_scale()) : std::nullopt;
@@ -991,7 +1040,8 @@ StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
     optimizer_step(run);
   }
   if (run.scaler) run.scaler->update();
-  StepRecord record = record_step(run, step, mean_loss, norm, probe);
+  StepRecord record = record_step(run, step, mean_loss, norm, probe,
+                                  trained.value_or(o.training.global_batch * o.training.seq_len));
   record.lr = lr;
   record.loss_scale = loss_scale;
   record.skipped_steps = skipped_steps(run);

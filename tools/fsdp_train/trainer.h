@@ -27,9 +27,12 @@ namespace fsdp::train {
 //   header: 8 bytes "FSDPBAT1", B, T, K: B sequences of T tokens per micro-batch over all
 //     ranks, K micro-batches (backward passes) per optimizer step;
 //   then per step, K records: step (1-based, as in --metrics), micro-batch (0..K-1), B*T
-//     inputs (row-major [B, T]), B*T targets (inputs shifted left by one token).
+//     inputs (row-major [B, T]), B*T targets (inputs shifted left by one token; on
+//     fine-tuning data the labels shifted left by one, -100 where masked).
 // Rank r trains on rows [r*B/W, (r+1)*B/W) of each record, and the step's loss is the mean
-// of its K micro-batch losses.
+// of its K micro-batch losses; on fine-tuning data, the mean over the step's trained targets
+// (those not -100) of all K records: Hugging Face's `model(input_ids, labels=labels).loss` of
+// input_ids = inputs with one more token and labels = -100 followed by the targets.
 
 // One rank's numbers for a step, as written under "ranks" in the metrics file.
 struct RankStepStats {
@@ -65,7 +68,7 @@ struct StepRecord {
   int64_t step = 0;
   double loss = 0;
   double grad_norm = 0;
-  double tokens_per_s = 0;
+  double tokens_per_s = 0;  // on fine-tuning data, trained (unmasked) targets per second
   double step_s = 0;
   double exposed_comm_s = 0;  // rank 0's time blocked on FSDP communication in the step
   std::vector<RankStepStats> ranks;

@@ -5,16 +5,25 @@
 // the order given, a glob's matches in sorted order. The kind of a file is its extension:
 //   .bin    an llm.c token shard (token_shard.h), taken as it is
 //   .jsonl  JSON lines: each non-blank line is an object whose string field text_field
-//           (default "text") is one document
+//           (default "text") is one document, or a fine-tuning example: prompt/completion
+//           or input_ids/labels (labeled.h), decided per file by its first record
 //   other   a text file, one document
-// Text and JSON lines need a tokenizer. Each document is preceded by one separator token: BOS
-// when the tokenizer config names one (Llama 3's <|begin_of_text|> starts every document),
-// otherwise EOS (llm.c's convention for GPT-2: <|endoftext|> before each document). A
-// tokenizer with neither is refused for text input.
+// Text, JSON-lines text and prompt/completion need a tokenizer; input_ids/labels do not. Each
+// document is preceded by one separator token: BOS when the tokenizer config names one (Llama 3's
+// <|begin_of_text|> starts every document), otherwise EOS (llm.c's convention for GPT-2:
+// <|endoftext|> before each document). A tokenizer with neither is refused for text input.
+//
+// Fine-tuning examples are neither preceded nor followed by a separator: a prompt/completion
+// example ends with its EOS, an input_ids/labels one is taken as it is.
+//
+// Labels: a corpus with any fine-tuning file or labeled shard is labeled: labels() holds one
+// label per token, kIgnoreIndex where the token does not train and the token's own id for every
+// token of a text, a text document or a plain shard (all of which train). A corpus without one
+// holds no labels.
 //
 // Errors (DataError) name the file and the byte offset or line: truncated shard, wrong magic,
 // id >= vocab_size, malformed JSON on line N, a missing text field, a corpus too short for one
-// window (check_window).
+// window (check_window), and the fine-tuning records' errors (labeled.h).
 //
 // The trainer's use: TokenCorpus::load(spec, options) once per rank, check_window(seq_len),
 // then draw windows of seq_len + 1 tokens from tokens() as TokenDataset does with bytes.
@@ -54,6 +63,9 @@ class TokenCorpus {
   static TokenCorpus load(const std::string& spec, const CorpusOptions& options);
 
   const std::vector<uint32_t>& tokens() const { return tokens_; }
+  // Whether any file carries labels; then labels() is as long as tokens(), else empty.
+  bool labeled() const { return !labels_.empty(); }
+  const std::vector<int32_t>& labels() const { return labels_; }
   const std::vector<std::string>& files() const { return files_; }
   const std::string& spec() const { return spec_; }
 
@@ -63,13 +75,17 @@ class TokenCorpus {
 
  private:
   std::vector<uint32_t> tokens_;
+  std::vector<int32_t> labels_;
   std::vector<std::string> files_;
   std::string spec_;
 };
 
 // Appends the tokens of one file (a shard, JSON lines or text, by extension) to out, as
 // TokenCorpus::load does for each file. Returns the file's size in bytes.
+// (optional) labels: the labels of out as TokenCorpus::labels() holds them: empty as long as no
+// file carried labels, else as long as out (the first labeled file fills in the labels of the
+// tokens before it). Without it, a file that carries labels is refused.
 uint64_t load_data_file(const std::string& path, const CorpusOptions& options,
-                        std::vector<uint32_t>& out);
+                        std::vector<uint32_t>& out, std::vector<int32_t>* labels = nullptr);
 
 }  // namespace fsdp::data
