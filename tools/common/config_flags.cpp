@@ -41,6 +41,8 @@ void ConfigFlags::add(const std::string& section, CLI::Option* option, TomlKind 
                       std::function<std::optional<std::string>()> text) {
   std::string key = option->get_lnames().front();
   for (char& c : key) c = c == '-' ? '_' : c;
+  // --help lists the settings by section, under the name a --config file gives the section.
+  option->group("[" + section + "] settings");
   std::optional<std::string> unset;
   if (kind == TomlKind::kString) unset = "";
   flags_.push_back({section, key, kind, option, std::move(text), unset});
