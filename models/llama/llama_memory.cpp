@@ -63,10 +63,10 @@ ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int
 
   ModelMemorySpec spec;
   spec.root_param_shapes = params.root_shapes();  // embed_tokens (= lm_head when tied), norm
-  // The embedding keeps only the caller's token ids; the rotary table (cos and sin [T, head_dim]),
-  // which every layer's rotation keeps, is one for the model (LlamaRotary keeps it between
-  // steps), made in the first layer's forward.
-  spec.root_saved_before_bytes = 2 * seq_len * hd * e;
+  // The embedding keeps only the caller's token ids. The rotary table (cos and sin [T, head_dim])
+  // that every layer's rotation keeps is not an activation: LlamaRotary makes it once and keeps
+  // it between steps, like a buffer.
+  spec.root_saved_before_bytes = 0;
   spec.root_saved_after_bytes = norm_saved + loss.saved_bytes;  // final norm, the loss
   spec.root_forward_workspace_bytes = loss.forward_workspace_bytes;
   spec.root_backward_peak_bytes = loss.backward_peak_bytes;

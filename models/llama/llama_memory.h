@@ -20,8 +20,8 @@ namespace fsdp::models {
 // output and its float logsumexp, Qwen3's q and k norms (as a residual norm's, less the
 // weighted output), and the MLP's gate output, its activation, the up output and their product
 // ([B, T, f] each). After the layers: the final norm's as above
-// and the float32 log-softmax of the logits [B, T, V] (models/common/memory.h); once for the
-// model, the rotary table, cos and sin [T, head_dim], which every layer keeps. With activation
+// and the float32 log-softmax of the logits [B, T, V] (models/common/memory.h). Not counted: the
+// rotary table, cos and sin [T, head_dim], which the model keeps between steps. With activation
 // checkpointing a layer keeps its input and the generator state and recomputes the rest during
 // its backward.
 // The saved bytes equal the counting allocator's measurement exactly, in fp32 and bf16, grouped

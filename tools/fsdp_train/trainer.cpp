@@ -820,10 +820,15 @@ at::Tensor forward_backward(Run& run, const at::Tensor& inputs, const at::Tensor
   at::Tensor loss;
   for (int k = 0; k < accum; ++k) {
     set_accumulation_state(run, k == accum - 1);
-    const at::Tensor logits = run.built->forward(inputs.narrow(0, k * slice, slice));
-    const at::Tensor slice_targets = targets.narrow(0, k * slice, slice);
-    at::Tensor micro = trained ? masked_loss(run, logits, slice_targets, *trained)
-                               : run.built->loss(logits, slice_targets);
+    at::Tensor micro;
+    {
+      // The logits die here, before the activation probe and the backward: the loss keeps
+      // what its backward needs, and a [B, T, V] tensor more would count (and cost) as memory.
+      const at::Tensor logits = run.built->forward(inputs.narrow(0, k * slice, slice));
+      const at::Tensor slice_targets = targets.narrow(0, k * slice, slice);
+      micro = trained ? masked_loss(run, logits, slice_targets, *trained)
+                      : run.built->loss(logits, slice_targets);
+    }
     if (accum > 1 && !trained) micro = micro / accum;
     if (inject_nan) micro = micro * std::numeric_limits<double>::quiet_NaN();
     if (k == 0) probe.activation_bytes = activation_bytes_since(run, probe);
