@@ -70,20 +70,6 @@ void require_tokenizer(const CorpusOptions& options, const std::string& path, co
                   "lines do not)");
 }
 
-// The record of one JSON line, or null for a blank line.
-nlohmann::json parse_record(std::string_view line, const std::string& where) {
-  if (line.find_first_not_of(" \t\r") == std::string_view::npos) return nullptr;
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::exception& e) {
-    detail::throw_data_error(where, ": malformed JSON: ", e.what());
-  }
-  FSDP_DATA_CHECK(doc.is_object(), where, ": a JSON-lines document must be an object, not ",
-                  doc.type_name());
-  return doc;
-}
-
 // How the records of one JSON-lines file become tokens: its form, taken from its first record.
 class JsonlReader {
  public:
@@ -156,7 +142,7 @@ void load_jsonl(const std::string& path, const std::string& text, const CorpusOp
     ++line_no;
     const std::string_view line(text.data() + pos, end - pos);
     pos = end + 1;
-    const nlohmann::json doc = parse_record(line, path + ":" + std::to_string(line_no));
+    const nlohmann::json doc = parse_jsonl_record(line, path + ":" + std::to_string(line_no));
     if (!doc.is_null()) reader.add(doc, line_no);
   }
 }

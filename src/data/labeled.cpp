@@ -86,23 +86,28 @@ JsonlForm form_of_record(const nlohmann::json& record, const std::string& where)
   return pc ? JsonlForm::kPromptCompletion : ids ? JsonlForm::kTokenIds : JsonlForm::kText;
 }
 
+nlohmann::json parse_jsonl_record(std::string_view line, const std::string& where) {
+  if (line.find_first_not_of(" \t\r") == std::string_view::npos) return nullptr;
+  nlohmann::json record;
+  try {
+    record = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    detail::throw_data_error(where, ": malformed JSON: ", e.what());
+  }
+  FSDP_DATA_CHECK(record.is_object(), where, ": a JSON-lines record must be an object, not ",
+                  record.type_name());
+  return record;
+}
+
 JsonlForm jsonl_form_of(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   FSDP_DATA_CHECK(in.good(), "cannot open '", path, "': ", std::strerror(errno));
   size_t line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(line_no);
-    nlohmann::json record;
-    try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      detail::throw_data_error(where, ": malformed JSON: ", e.what());
-    }
-    FSDP_DATA_CHECK(record.is_object(), where, ": a JSON-lines record must be an object, not ",
-                    record.type_name());
-    return form_of_record(record, where);
+    const nlohmann::json record = parse_jsonl_record(line, where);
+    if (!record.is_null()) return form_of_record(record, where);
   }
   return JsonlForm::kText;
 }

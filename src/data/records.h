@@ -10,9 +10,14 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fsdp::data {
+
+// One line of a JSON-lines file: its record, or null for a blank line. where ("file:line") heads
+// the DataError thrown for malformed JSON or a record that is not an object.
+nlohmann::json parse_jsonl_record(std::string_view line, const std::string& where);
 
 // What a record's keys make of it. where ("file:line") names it in errors: a record with the
 // keys of two forms is refused.

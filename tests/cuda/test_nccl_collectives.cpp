@@ -156,13 +156,19 @@ std::string compare_counters(const ProcessGroup& nccl, const ProcessGroup& gloo)
   return "";
 }
 
+// A group of one rank over store on CUDA device 0, with options' backend set to nccl.
+std::shared_ptr<ProcessGroup> one_rank_nccl(const RendezvousStore& store,
+                                            ProcessGroupOptions options) {
+  options.cuda_device = 0;
+  options.backend = "nccl";
+  return init_process_group(store, 0, 1, options);
+}
+
 TEST(NcclCuda, OneRankRunsEveryCollectiveInEveryDtypeAsGlooDoes) {
   SKIP_WITHOUT_CUDA();
   auto store = make_in_process_store(std::chrono::seconds(60));
   ProcessGroupOptions options = test_options(std::chrono::seconds(60));
-  options.cuda_device = 0;
-  options.backend = "nccl";
-  auto nccl = init_process_group(store, 0, 1, options);
+  auto nccl = one_rank_nccl(store, options);
   options.backend = "gloo";
   auto gloo = init_process_group(store, 0, 1, options);
   EXPECT_EQ(nccl->backend_name(), "nccl");
@@ -176,11 +182,8 @@ TEST(NcclCuda, OneRankRunsEveryCollectiveInEveryDtypeAsGlooDoes) {
 // through its device and returns a completed Work (see [Note: host tensors over NCCL]).
 TEST(NcclCuda, HostTensorsAreStagedThroughTheDeviceAsGlooMovesThem) {
   SKIP_WITHOUT_CUDA();
-  auto store = make_in_process_store(std::chrono::seconds(60));
-  ProcessGroupOptions options = test_options(std::chrono::seconds(60));
-  options.cuda_device = 0;
-  options.backend = "nccl";
-  auto nccl = init_process_group(store, 0, 1, options);
+  auto nccl = one_rank_nccl(make_in_process_store(std::chrono::seconds(60)),
+                            test_options(std::chrono::seconds(60)));
   const at::Tensor mine = at::arange(13, at::kLong) * 7 - 40;
   at::Tensor all = at::full({13}, -1, at::kLong);
   WorkHandle work = nccl->all_gather_into_tensor(all, mine);
@@ -199,10 +202,7 @@ TEST(NcclCuda, HostTensorsAreStagedThroughTheDeviceAsGlooMovesThem) {
 
 TEST(NcclCuda, MixedDevicesAreRefusedNamingBoth) {
   SKIP_WITHOUT_CUDA();
-  ProcessGroupOptions options = test_options();
-  options.cuda_device = 0;
-  options.backend = "nccl";
-  auto nccl = init_process_group(make_in_process_store(std::chrono::seconds(60)), 0, 1, options);
+  auto nccl = one_rank_nccl(make_in_process_store(std::chrono::seconds(60)), test_options());
   const at::Tensor on_device = at::ones({4}, at::TensorOptions(nccl->device()));
   // The first line is the refusal; the flight recorder's report of the group follows it.
   EXPECT_THAT(error_message([&] { nccl->all_gather_into_tensor(at::empty({4}), on_device); }),

@@ -17,21 +17,10 @@
 namespace fsdp::data {
 namespace {
 
+using test::error_of;
 using test::TempDir;
+using test::tiny;
 using test::write_file;
-
-Tokenizer tiny(const std::string& config = R"({"eos_token": "<|endoftext|>"})") {
-  return Tokenizer::from_json(test::tiny_tokenizer().dump(), config, "tiny");
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST(TokenCorpus, TextAndJsonLinesWithSeparators) {
   TempDir dir;

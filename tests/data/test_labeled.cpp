@@ -17,25 +17,14 @@
 namespace fsdp::data {
 namespace {
 
+using test::error_of;
 using test::TempDir;
+using test::tiny;
 using test::write_file;
 
 constexpr int32_t M = kIgnoreIndex;
 // The tiny tokenizer's ids: "the" is 't' (116) + "he" (257), " the" is 258, EOS 259.
 constexpr uint32_t kT = 't', kHe = 257, kSpaceThe = 258, kEos = 259;
-
-Tokenizer tiny(const std::string& config = R"({"eos_token": "<|endoftext|>"})") {
-  return Tokenizer::from_json(test::tiny_tokenizer().dump(), config, "tiny");
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST(FineTuneData, PromptCompletionTrainsTheCompletionAndEos) {
   TempDir dir;

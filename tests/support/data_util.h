@@ -1,7 +1,9 @@
 // Helpers shared by the data tests: a tiny byte-level BPE tokenizer.json built in code (so most
-// tests need no Python), temporary directories and file writing.
+// tests need no Python), temporary directories and file writing, a DataError's message.
 #pragma once
 
+#include <fsdp/data/error.h>
+#include <fsdp/data/tokenizer.h>
 #include <nlohmann/json.hpp>
 
 #include "support/files.h"
@@ -9,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <string>
 
 namespace fsdp::test {
@@ -95,6 +98,21 @@ class TempDir {
 inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
   out << bytes;
+}
+
+// tiny_tokenizer() as a Tokenizer, with config as its tokenizer_config.json (EOS by default).
+inline data::Tokenizer tiny(const std::string& config = R"({"eos_token": "<|endoftext|>"})") {
+  return data::Tokenizer::from_json(tiny_tokenizer().dump(), config, "tiny");
+}
+
+// The message of the DataError f throws, or "(no error)"; any other exception propagates.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const data::DataError& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace fsdp::test
