@@ -136,7 +136,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& launch,
   // would only say that some did not come.
   store_options.waitWorkers = false;
   store_options.timeout = options.timeout;
+  // [Note: the default backend follows the launch]
+  // A program written from the README calls init_process_group(env) without naming a backend.
+  // Under mpirun the ranks' transport of choice is MPI (the cluster's fabric, the launcher's
+  // own wire-up); gloo there would take the slow TCP path on every collective without saying
+  // so. So the unnamed backend is the launch's: default_backend(env), as fsdp-train's
+  // --backend auto picks it.
   ProcessGroupOptions resolved = options;
+  if (resolved.backend.empty()) resolved.backend = default_backend(env);
   if (resolved.hostname.empty())
     resolved.hostname = detail::transport_address_towards(env.master_addr);
   if (!resolved.cuda_device) resolved.cuda_device = env.local_rank;
@@ -174,7 +181,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const RendezvousStore& store, i
   TORCH_CHECK(options.timeout.count() > 0,
               "fsdp: ProcessGroupOptions::timeout must be positive, got ", options.timeout.count(),
               " ms");
-  return detail::make_backend_group(store.impl().store, rank, world_size, options);
+  ProcessGroupOptions resolved = options;
+  if (resolved.backend.empty()) resolved.backend = "gloo";  // ranks as threads: one process
+  return detail::make_backend_group(store.impl().store, rank, world_size, resolved);
 }
 
 void run_ranks_in_threads(int world_size,

@@ -37,7 +37,7 @@ const Groups& world() {
     EXPECT_TRUE(env.launched_by_mpirun) << "run this binary under mpirun";
     ProcessGroupOptions options = test::test_options(std::chrono::seconds(60));
     Groups g;
-    options.backend = "mpi";
+    options.backend.clear();  // the launch's backend: mpi under mpirun
     g.mpi = init_process_group(env, options);
     options.backend = "gloo";
     g.gloo = init_process_group(env, options);
@@ -90,6 +90,13 @@ void expect_close_to(const at::Tensor& got, const at::Tensor& want, double tol,
 }
 
 const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf};
+
+// A program that names no backend gets the launch's: under mpirun, the mpi backend, not gloo's
+// TCP path ([Note: the default backend follows the launch]).
+TEST(MpiBackend, AGroupWithoutANamedBackendUnderMpirunIsMpi) {
+  EXPECT_EQ(world().mpi->backend_name(), "mpi");
+  EXPECT_EQ(default_backend(launch_env_from_environment()), "mpi");
+}
 
 TEST(MpiBackend, WorldIsTheMpirunJobOnBothBackends) {
   const Groups& g = world();

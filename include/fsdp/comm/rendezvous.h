@@ -42,9 +42,10 @@ struct ProcessGroupOptions {
   // The communication backend: "gloo" (CPU tensors; every build has it), "mpi" (CPU tensors,
   // ranks started by mpirun or srun --mpi=pmix; builds that found MPI) or "nccl" (CUDA tensors
   // of the calling thread's current device; builds with a CUDA-enabled LibTorch).
-  // available_backends() lists this build's; default_backend() says which a launch uses unless
-  // told. (optional) defaults to "gloo".
-  std::string backend = "gloo";
+  // available_backends() lists this build's. (optional) defaults to the launch's:
+  // default_backend(env) for a group formed from a LaunchEnv (mpi under mpirun, where this build
+  // has it; see [Note: the default backend follows the launch]), "gloo" for ranks as threads.
+  std::string backend;
   // How long any collective, and the rendezvous itself, may take before it fails with an
   // error naming the rank and the operation. (optional) defaults to 300 s.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
@@ -120,6 +121,7 @@ std::vector<std::string> available_backends();
 
 // The backend a job launched as env describes uses unless told otherwise: "mpi" when mpirun
 // started it and this build has MPI, else "gloo" (torchrun, srun and --nproc launches).
+// init_process_group(env) uses it when ProcessGroupOptions::backend is empty.
 std::string default_backend(const LaunchEnv& env);
 
 // Joins the group described by env: rank 0 hosts a c10d TCPStore at MASTER_ADDR:MASTER_PORT,
