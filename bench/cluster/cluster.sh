@@ -18,8 +18,16 @@
 # status shows the qdiscs as they are). Loss is netem's, or without netem a tc BPF filter on
 # each end's egress that drops each packet with probability PCT/100 (needs clang).
 #
-# Only names with the prefix fsdpcl (namespaces fsdpcl-h*, links fsdpcl-v*) and the state
-# directory are ever touched. up refuses when any of them is left from an earlier run (run
+# Each host also has its own hostname, fsdpcl-h<h>, known to both hosts: exec runs CMD in a UTS
+# namespace of its own with that name, and /etc/netns/fsdpcl-h<h>/hosts (which ip netns exec
+# mounts over /etc/hosts) maps both names to their addresses. Without it the hosts would share
+# this machine's name, and Open MPI, which names its shared-memory segments in /dev/shm (shared
+# by the namespaces) after the host, had the two hosts' local rank 0 open the same segment and
+# crash in MPI_Comm_dup.
+#
+# Only names with the prefix fsdpcl (namespaces fsdpcl-h*, links fsdpcl-v*, /etc/netns/fsdpcl-h*)
+# and the state directory are ever touched; /etc/netns itself is removed by down only if up
+# made it. up refuses when any of them is left from an earlier run (run
 # down); a failure halfway through up removes what it made. Needs root.
 #
 # Environment: FSDP_CLUSTER_STATE (default /run/fsdp-cluster): the applied profile and the
@@ -56,6 +64,8 @@ require_root() {
 leftovers() {
   ip netns list 2>/dev/null | awk '{print $1}' | grep "^$kPrefix-h" || true
   ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^$kPrefix-v" || true
+  local h
+  for h in 0 1; do [ ! -e "/etc/netns/$(ns "$h")" ] || echo "/etc/netns/$(ns "$h")"; done
 }
 
 host_index() {
@@ -172,8 +182,14 @@ up() {
   # A failure from here on (set -e) removes what was made.
   trap 'echo "cluster.sh: up failed, removing what it made" >&2; down' EXIT
   mkdir -p "$kState"
+  [ -d /etc/netns ] || { mkdir /etc/netns && touch "$kState/made_etc_netns"; }
   local h
-  for h in 0 1; do ip netns add "$(ns "$h")"; done
+  for h in 0 1; do
+    ip netns add "$(ns "$h")"
+    mkdir "/etc/netns/$(ns "$h")"
+    printf '127.0.0.1 localhost\n::1 localhost\n%s %s\n%s %s\n' "$(address 0)" "$(ns 0)" \
+      "$(address 1)" "$(ns 1)" > "/etc/netns/$(ns "$h")/hosts"
+  done
   ip link add "$(link 0)" type veth peer name "$(link 1)"
   for h in 0 1; do
     ip link set "$(link "$h")" netns "$(ns "$h")"
@@ -205,7 +221,9 @@ down() {
   # A veth end still in this namespace (up failed before moving it); its peer goes with it.
   for h in 0 1; do
     if ip link show "$(link "$h")" >/dev/null 2>&1; then ip link del "$(link "$h")"; fi
+    rm -rf "/etc/netns/$(ns "$h")"
   done
+  if [ -f "$kState/made_etc_netns" ]; then rmdir /etc/netns 2>/dev/null || true; fi
   rm -rf "$kState"
   local left
   left="$(leftovers)"
@@ -223,7 +241,8 @@ exec_on() {
   local h
   h="$(host_index "$1")"
   shift
-  exec ip netns exec "$(ns "$h")" "$@"
+  # shellcheck disable=SC2016  # for the inner sh
+  exec ip netns exec "$(ns "$h")" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$(ns "$h")" "$@"
 }
 
 status() {

@@ -35,8 +35,13 @@ def main():
     print("| run | steps | bit-identical | max rel. diff loss | max rel. diff grad_norm |")
     print("|---|---|---|---|---|")
     for run in args.runs:
-        name, _, path = run.partition("=")
-        got = curve(path)
+        name, _, path = run.rpartition("=")
+        try:
+            got = curve(path)
+        except OSError as e:
+            print(f"| {name} | no metrics ({e.strerror}) | | | |")
+            ok = False
+            continue
         same_len = len(got) == len(want)
         dl = max((rel(g[0], w[0]) for g, w in zip(got, want)), default=float("inf"))
         dg = max((rel(g[1], w[1]) for g, w in zip(got, want)), default=float("inf"))

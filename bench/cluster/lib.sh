@@ -37,19 +37,19 @@ torchrun_on() {  # HOST NPROC CMD...
 # mpirun runs on host 0 and starts host 1's daemon through mpi_agent.sh (ip netns exec instead
 # of ssh). Its out-of-band channel and the TCP BTL are held to the veth's subnet: without
 # btl_tcp_if_include, Open MPI would also pair the hosts' loopback addresses, which in two
-# namespaces are two different loopbacks. The namespaces share /dev/shm, but Open MPI uses
-# shared memory (vader) only between ranks it placed on the same node of the hostfile, so
-# bytes between the hosts take TCP over the veth (cluster.sh status: the qdiscs' byte counts).
-# MASTER_ADDR goes to every rank: the hosts share one hostname, which is no way to reach host 0.
+# namespaces are two different loopbacks. Open MPI uses shared memory (vader) only between
+# ranks it placed on the same node of the hostfile, so bytes between the hosts take TCP over
+# the veth (on_both prints what crossed it). The hosts have names of their own (cluster.sh),
+# so no MASTER_ADDR is passed: rank 0 sends its host's name over MPI, as on a real cluster.
 mpirun_across() {  # NPERHOST CMD...
   local n="$1" hostfile rc=0
   shift
   hostfile="$(mktemp)"
   printf '%s slots=%s\n%s slots=%s\n' "$host0" "$n" "$host1" "$n" > "$hostfile"
-  on 0 mpirun --allow-run-as-root --hostfile "$hostfile" -np $((2 * n)) --bind-to none \
+  on 0 env -u MASTER_ADDR -u MASTER_PORT mpirun --allow-run-as-root --hostfile "$hostfile" -np $((2 * n)) --bind-to none \
     --mca plm_rsh_agent "$PWD/bench/cluster/mpi_agent.sh" \
     --mca oob_tcp_if_include "$subnet" --mca btl_tcp_if_include "$subnet" \
-    --mca btl tcp,vader,self -x MASTER_ADDR="$host0" -x MASTER_PORT=29401 \
+    --mca btl tcp,vader,self \
     -x PATH ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} "$@" || rc=$?
   rm -f "$hostfile"
   return "$rc"
