@@ -43,11 +43,12 @@ for fault in $faults; do
   metrics="$dir/metrics.jsonl"
   say "$fault: mpirun (2 hosts x 1) $bin --backend mpi ${flags[*]} --output-filename ..."
   # shellcheck disable=SC2016  # expanded by the inner bash
-  ( timeout -k 5 $((3 * timeout_s + 30)) bash -c '
-      cd "$1"; shift; . bench/cluster/lib.sh; mpirun_across 1 --output-filename "$@"' \
-      _ "$PWD" "$dir/ranks" "$bin" --backend mpi "${flags[@]}" --metrics "$metrics" \
-      > "$dir/mpirun.out" 2>&1
-    echo $? > "$dir/rc"
+  ( rc=0
+    timeout -k 5 $((3 * timeout_s + 30)) bash -c '
+      cd "$1"; d="$2"; shift 2; . bench/cluster/lib.sh; mpirun_across 1 -x FSDP_FLIGHT_RECORDER_DIR="$d" --output-filename "$@"' \
+      _ "$PWD" "$dir" "$dir/ranks" "$bin" --backend mpi "${flags[@]}" --metrics "$metrics" \
+      > "$dir/mpirun.out" 2>&1 || rc=$?
+    echo "$rc" > "$dir/rc"
     date +%s.%N > "$dir/end" ) &
   job=$!
   for _ in $(seq 600); do
@@ -68,18 +69,21 @@ for fault in $faults; do
       kill -9 $(host1_pids fsdp-train) ;;
     link) ip -n fsdpcl-h0 link set fsdpcl-v0 down ;;
   esac
-  wait "$job" || true
+  while [ ! -s "$dir/end" ]; do sleep 0.1; done
+  wait "$job" 2>/dev/null || true
   end="$(cat "$dir/end")"
   echo "### fault: $fault"
   echo "mpirun exited $(awk -v a="$at" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s after it, status $(cat "$dir/rc") (124: killed as hung)"
   echo "steps trained: $(wc -l < "$metrics")"
-  echo "--- mpirun's own output (last 6 lines)"
-  grep -v '^\s*$' "$dir/mpirun.out" | tail -n 6 || true
+  echo "--- mpirun's own output (its first lines from Open MPI, or a crash's first lines)"
+  grep -v -E '^\s*$|socket.cpp|^step |^fsdp-train: (model|[0-9])|^-+$' "$dir/mpirun.out" | head -n 8 || true
   for f in "$dir"/ranks/1/rank.*/stderr; do
     [ -f "$f" ] || continue
-    echo "--- $(basename "$(dirname "$f")") stderr (lines naming a collective or a timeout)"
+    echo "--- $(basename "$(dirname "$f")") stderr, last written $(awk -v a="$at" -v b="$(stat -c %.9Y "$f")" 'BEGIN { printf "%.1f", b - a }') s after the fault (lines naming a collective or a timeout)"
     grep -E "timed out|all-gather|reduce-scatter|all_gather|reduce_scatter|all_reduce|rank [0-9]|MPI" "$f" | head -n 6 || true
   done
-  echo "processes left on the hosts: $(ip netns pids fsdpcl-h0 | wc -l) and $(ip netns pids fsdpcl-h1 | wc -l)"
+  for h in 0 1; do
+    echo "processes left on host $h: $(for p in $(ip netns pids "fsdpcl-h$h"); do cat "/proc/$p/comm"; done | tr '\n' ' ')"
+  done
   bash "$cluster" down
 done
