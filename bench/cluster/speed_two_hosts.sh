@@ -6,7 +6,7 @@
 #   bash scripts/run.sh build && bash bench/cluster/speed_two_hosts.sh [MODEL] [STEPS] [PROFILES] [MAX_BYTES]
 #
 # MODEL defaults to small, STEPS to 8, PROFILES to "1g 10g", MAX_BYTES (fsdp-comm-bench's largest
-# size; 0 skips it) to 64M. Per profile the cluster is made, used and removed (it must not be up
+# size; 0 skips it) to 16M. Per profile the cluster is made, used and removed (it must not be up
 # already). Both sides train the same initial weights on the same batches (as
 # bench/fsdp2_side_by_side.sh: fsdp-train's --export and --dump-batches, read by
 # bench/reference/fsdp2_reference.py through fsdp2_rank.py), 8 x 128 tokens per step, W = 2,
@@ -25,16 +25,16 @@ cd "$(dirname "$0")/../.."
 model="${1:-small}"
 steps="${2:-8}"
 profiles="${3:-1g 10g}"
-max_bytes="${4:-64M}"
+max_bytes="${4:-16M}"
 out="$(mktemp -d)"
 trap 'bash "$cluster" down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
-shape=(--model "$model" --global-batch 8 --seq-len 128 --seed 1234 --steps "$steps" --quiet)
+shape=(--model "$model" --global-batch 8 --seq-len 128 --seed 1234 --quiet)
 say() { echo "== $*" >&2; }
 
-say "$bin --nproc 1 ${shape[*]} --steps 0 --export init/model.safetensors; --nproc 2 --dump-batches"
+say "$bin --nproc 1 ${shape[*]} --steps 0 --export init/model.safetensors; --nproc 2 --steps $steps --dump-batches"
 mkdir -p "$out/init"
 "$bin" --nproc 1 "${shape[@]}" --steps 0 --export "$out/init/model.safetensors"
-"$bin" --nproc 2 "${shape[@]}" --steps 1 --dump-batches "$out/batches.bin" >/dev/null
+"$bin" --nproc 2 "${shape[@]}" --steps "$steps" --dump-batches "$out/batches.bin" >/dev/null
 
 # rank_env HOST PORT: the variables of rank HOST of 2.
 rank_env() {
@@ -42,7 +42,7 @@ rank_env() {
 }
 ours() {  # HOST; needs $metrics
   # shellcheck disable=SC2046  # the variables, one a word
-  on "$1" env $(rank_env "$1" 29500) "$bin" "${shape[@]}" --metrics "$metrics"
+  on "$1" env $(rank_env "$1" 29500) "$bin" "${shape[@]}" --steps "$steps" --metrics "$metrics"
 }
 theirs() {  # HOST; needs $metrics
   # shellcheck disable=SC2046
@@ -63,13 +63,14 @@ run_side() {
 for profile in $profiles; do
   bash "$cluster" up "$profile" | sed "s/^/   /" >&2
   for run in a b; do
-    say "$profile: ours, run $run (each host H: bash $cluster exec H env RANK=H WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=$host0 MASTER_PORT=29500 $bin ${shape[*]})"
+    say "$profile: ours, run $run (each host H: bash $cluster exec H env RANK=H WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=$host0 MASTER_PORT=29500 $bin ${shape[*]} --steps $steps)"
     run_side ours "ours_${profile}_$run"
     say "$profile: FSDP2, run $run (each host H: ... GLOO_SOCKET_IFNAME=fsdpcl-vH $PYTHON bench/cluster/fsdp2_rank.py --mode fsdp2 --init ... --batches ...)"
     run_side theirs "fsdp2_${profile}_$run"
   done
   if [ "$max_bytes" != 0 ]; then
-    bench_flags=(--max-bytes "$max_bytes" --iters 20 --time-budget-s 2 --timeout-s 120)
+    bench_flags=(--collectives "all_gather,reduce_scatter,all_reduce" --max-bytes "$max_bytes"
+                 --iters 20 --time-budget-s 1 --timeout-s 120)
     comm_gloo() {
       # shellcheck disable=SC2046
       on "$1" env $(rank_env "$1" 29502) build/fsdp-comm-bench --backend gloo "${bench_flags[@]}" \
