@@ -21,14 +21,14 @@
 # Each host also has its own hostname, fsdpcl-h<h>, known to both hosts: exec runs CMD in a UTS
 # namespace of its own with that name, and /etc/netns/fsdpcl-h<h>/hosts (which ip netns exec
 # mounts over /etc/hosts) maps both names to their addresses. Without it the hosts would share
-# this machine's name, and Open MPI, which names its shared-memory segments in /dev/shm (shared
-# by the namespaces) after the host, had the two hosts' local rank 0 open the same segment and
-# crash in MPI_Comm_dup.
+# this machine's name, and Open MPI, whose shared-memory segment names in /dev/shm (shared by
+# the namespaces) include the host's name, crashed in MPI_Comm_dup with 2 ranks per host: as far
+# as we can tell, the two hosts' local rank 0 opened the same segment.
 #
 # Only names with the prefix fsdpcl (namespaces fsdpcl-h*, links fsdpcl-v*, /etc/netns/fsdpcl-h*)
 # and the state directory are ever touched; /etc/netns itself is removed by down only if up
-# made it. up refuses when any of them is left from an earlier run (run
-# down); a failure halfway through up removes what it made. Needs root.
+# made it. up refuses when any of them is left from an earlier run (run down); a failure
+# halfway through up removes what it made. Needs root.
 #
 # Environment: FSDP_CLUSTER_STATE (default /run/fsdp-cluster): the applied profile and the
 # BPF object.
