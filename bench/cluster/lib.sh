@@ -1,0 +1,76 @@
+# shellcheck shell=bash disable=SC2034  # bin, host1 and others are for the scripts that source it
+# Sourced by the scripts in bench/cluster/: the cluster's hosts and the launch commands that run
+# fsdp-train (or any rank program) on them. Expects to be sourced from the repository root.
+#
+#   on HOST CMD...                runs CMD on host 0 or 1 (its namespace)
+#   torchrun_on HOST NPROC CMD... torchrun's static rendezvous, 2 nodes, the master on host 0
+#   mpirun_across NPERHOST CMD... one mpirun on host 0, NPERHOST ranks on each host (ranks
+#                                 0..N-1 on host 0), the remote
+#                                 daemon started by mpi_agent.sh, every MPI byte on the veth
+#
+# Environment: FSDP_TRAIN_BIN (default build/fsdp-train), PYTHON (default .venv/bin/python3).
+readonly cluster="bench/cluster/cluster.sh"
+readonly host0=10.77.0.1
+readonly host1=10.77.0.2
+readonly subnet=10.77.0.0/24
+bin="${FSDP_TRAIN_BIN:-build/fsdp-train}"
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python3 ]; then PYTHON="$PWD/.venv/bin/python3"; else PYTHON=python3; fi
+fi
+torchrun="$(dirname "$PYTHON")/torchrun"
+
+on() {
+  local h="$1"
+  shift
+  bash "$cluster" exec "$h" "$@"
+}
+
+torchrun_on() {  # HOST NPROC CMD...
+  local h="$1" n="$2" address
+  shift 2
+  if [ "$h" = 0 ]; then address="$host0"; else address="$host1"; fi
+  on "$h" "$torchrun" --nnodes 2 --node-rank "$h" --nproc-per-node "$n" \
+    --master-addr "$host0" --master-port 29400 --local-addr "$address" --no-python "$@"
+}
+
+# [Note: mpirun across the namespaces]
+# mpirun runs on host 0 and starts host 1's daemon through mpi_agent.sh (ip netns exec instead
+# of ssh). Its out-of-band channel and the TCP BTL are held to the veth's subnet: without
+# btl_tcp_if_include, Open MPI would also pair the hosts' loopback addresses, which in two
+# namespaces are two different loopbacks. Open MPI uses shared memory (vader) only between
+# ranks it placed on the same node of the hostfile, so bytes between the hosts take TCP over
+# the veth (on_both prints what crossed it). The hosts have names of their own (cluster.sh),
+# so no MASTER_ADDR is passed: rank 0 sends its host's name over MPI, as on a real cluster.
+mpirun_across() {  # NPERHOST CMD...
+  local n="$1" hostfile rc=0
+  shift
+  hostfile="$(mktemp)"
+  printf '%s slots=%s\n%s slots=%s\n' "$host0" "$n" "$host1" "$n" > "$hostfile"
+  on 0 env -u MASTER_ADDR -u MASTER_PORT mpirun --allow-run-as-root --hostfile "$hostfile" -np $((2 * n)) --bind-to none \
+    --mca plm_rsh_agent "$PWD/bench/cluster/mpi_agent.sh" \
+    --mca oob_tcp_if_include "$subnet" --mca btl_tcp_if_include "$subnet" \
+    --mca btl tcp,vader,self \
+    -x PATH ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} "$@" || rc=$?
+  rm -f "$hostfile"
+  return "$rc"
+}
+
+# Bytes host H has sent on its end of the link so far (the veth's counter).
+link_tx_bytes() {
+  ip -n "fsdpcl-h$1" -s -j link show dev "fsdpcl-v$1" |
+    "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)[0]["stats64"]["tx"]["bytes"])'
+}
+
+# Runs CMD (a function or program taking the host as its first argument) on both hosts at once;
+# fails if either fails. Prints the bytes that crossed the link each way to stderr.
+on_both() {
+  local before0 before1 rc0=0 rc1=0
+  before0="$(link_tx_bytes 0)"
+  before1="$(link_tx_bytes 1)"
+  "$@" 0 &
+  local first=$!
+  "$@" 1 || rc1=$?
+  wait "$first" || rc0=$?
+  echo "   link: host 0 sent $(($(link_tx_bytes 0) - before0)) bytes, host 1 sent $(($(link_tx_bytes 1) - before1))" >&2
+  [ "$rc0" = 0 ] && [ "$rc1" = 0 ]
+}

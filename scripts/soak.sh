@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Soak test, outside CI: a long run of the `tiny` GPT-2 at W = 2 must not leak. Each rank's
+# resident memory (VmRSS) and open file descriptors (/proc/PID/fd) are sampled every half second;
+# the sample at the end of warm-up is compared with the last one taken while the ranks still
+# train (before the metrics hold the last step: after it they are shutting down).
+# Fails if a rank's RSS grew by more than 1% or its descriptors grew at all.
+#
+#   bash scripts/run.sh build && bash scripts/soak.sh [STEPS] [WARMUP_STEPS] [fsdp-train flags...]
+#
+# STEPS defaults to 5000, WARMUP_STEPS to a tenth of STEPS (at least 50); further arguments go to
+# fsdp-train (e.g. --backend, --strategy). The ranks are the processes `fsdp-train --nproc 2`
+# forks (children of the launcher, told apart by RANK in their environment). Prints each rank's
+# samples at warm-up, at the largest RSS seen and at the end, with the step each was taken at.
+#
+# Environment: FSDP_TRAIN_BIN (default build/fsdp-train), SOAK_MAX_RSS_GROWTH (default 0.01).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps="${1:-5000}"
+warmup="${2:-$((steps / 10 > 50 ? steps / 10 : 50))}"
+shift 2 || shift $#
+bin="${FSDP_TRAIN_BIN:-build/fsdp-train}"
+max_growth="${SOAK_MAX_RSS_GROWTH:-0.01}"
+out="$(mktemp -d)"
+launcher=""
+trap '[ -n "$launcher" ] && kill "$launcher" 2>/dev/null; rm -rf "$out"' EXIT
+[ "$warmup" -lt "$steps" ] || { echo "soak.sh: warm-up ($warmup) must be shorter than the run ($steps)" >&2; exit 2; }
+
+cmd=("$bin" --nproc 2 --model tiny --steps "$steps" --log-every 1000000 --quiet
+     --metrics "$out/metrics.jsonl" "$@")
+echo "== ${cmd[*]}" >&2
+"${cmd[@]}" > "$out/train.out" 2>&1 &
+launcher=$!
+
+rank_of() { tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed -n 's/^RANK=//p'; }
+steps_done() { if [ -f "$out/metrics.jsonl" ]; then wc -l < "$out/metrics.jsonl"; else echo 0; fi; }
+
+# One line per sample: time step rank pid rss_kb fds
+start="$(date +%s)"
+while kill -0 "$launcher" 2>/dev/null; do
+  step="$(steps_done)"
+  for pid in $(pgrep -P "$launcher" || true); do
+    rank="$(rank_of "$pid")"
+    [ -n "$rank" ] || continue
+    rss="$(awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || true)"
+    fds="$(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)"
+    [ -n "$rss" ] && echo "$(($(date +%s) - start)) $step $rank $pid $rss $fds" >> "$out/samples"
+  done
+  sleep 0.5
+done
+status=0
+wait "$launcher" || status=$?
+launcher=""
+if [ "$status" != 0 ]; then
+  echo "soak.sh: fsdp-train failed (exit $status):" >&2
+  tail -n 20 "$out/train.out" >&2
+  exit 1
+fi
+
+python3 - "$out/samples" "$warmup" "$steps" "$max_growth" "$(steps_done)" <<'PY'
+import sys
+path, warmup, steps, max_growth, done = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+rows = [list(map(int, line.split())) for line in open(path)]
+ok = done == steps
+print(f"{done} of {steps} steps; warm-up ends at step {warmup}; samples every 0.5 s, "
+      f"compared up to the last one before step {steps}")
+print("| rank | at warm-up: step, RSS (KiB), fds | largest RSS: step, KiB | at the end: step, RSS (KiB), fds | RSS growth | fd growth |")
+print("|---|---|---|---|---|---|")
+for rank in sorted({r[2] for r in rows}):
+    mine = [r for r in rows if r[2] == rank]
+    # Samples from the end of warm-up until the last step began: once the metrics hold every
+    # step the ranks are shutting down (sockets closing, buffers freed or touched once more),
+    # which is not the steady state this compares.
+    after = [r for r in mine if warmup <= r[1] < steps]
+    if len(after) < 2:
+        print(f"| {rank} | too few samples after warm-up ({len(after)}) | | | | |")
+        ok = False
+        continue
+    warm, end = after[0], after[-1]
+    peak = max(after, key=lambda r: r[4])
+    growth = (end[4] - warm[4]) / warm[4]
+    fd_growth = end[5] - warm[5]
+    print(f"| {rank} | {warm[1]}, {warm[4]}, {warm[5]} | {peak[1]}, {peak[4]} | "
+          f"{end[1]}, {end[4]}, {end[5]} | {growth * 100:+.2f}% | {fd_growth:+d} |")
+    ok = ok and growth <= max_growth and fd_growth <= 0
+for rank in sorted({r[2] for r in rows}):
+    mine = [r for r in rows if r[2] == rank and r[1] < steps]
+    marks = [next((r for r in mine if r[1] >= steps * k // 10), None) for k in range(1, 10)]
+    print(f"rank {rank} RSS (KiB) by step: " +
+          ", ".join(f"{r[1]}: {r[4]}" for r in marks if r is not None))
+print("PASS" if ok else f"FAIL (RSS may grow by at most {max_growth * 100:g}%, descriptors not at all)")
+sys.exit(0 if ok else 1)
+PY
