@@ -11,6 +11,7 @@
 #include <common/torch_program.h>
 #include <fsdp/comm/rendezvous.h>
 #include <fsdp/data/corpus.h>
+#include <fsdp_train/job_checks.h>
 #include <fsdp_train/machine_fit.h>
 #include <fsdp_train/trainer.h>
 #include <models/model.h>
@@ -75,8 +76,9 @@ class TrainCli : public TorchProgramCli {
       ranks_ = nproc_given ? job_.launch.nproc : kDefaultLocalRanks;
       TORCH_CHECK(ranks_ >= 1, "--nproc must be at least 1, got ", ranks_);
     }
-    fsdp::train::validate(job_, ranks_);  // report bad flags once, before starting any rank
-    fsdp::train::check_ranks_fit_memory(job_, ranks_, ranks_);
+    // Report bad flags once, before starting any rank.
+    const auto spec = fsdp::train::validate(job_, ranks_);
+    fsdp::train::check_ranks_fit_memory(job_, *spec, ranks_, ranks_);
   }
 
   int run(const CLI::App&, const std::vector<std::string>& args) override {

@@ -1,8 +1,9 @@
 // The checks of a job's settings against each other, the world size, the model and the data:
 // what no single flag's validator can see (job_flags.h checks each value alone). Every message
 // names the flags and their values.
+#include <fsdp/data/tokenizer.h>
+#include <fsdp_train/job_checks.h>
 #include <fsdp_train/sources.h>
-#include <fsdp_train/trainer.h>
 #include <models/model.h>
 
 #include <ATen/Context.h>
@@ -186,14 +187,12 @@ void check_model_fits_data(const JobConfig& o, const models::ModelSpec& spec) {
   TORCH_CHECK(!feeds_bytes(o) || spec.vocab_size() >= kByteVocab, model_named(o.model),
               " has vocab_size ", spec.vocab_size(), ", fewer than the ", kByteVocab,
               " byte-level token ids the trainer feeds");
-  if (!o.data.path.empty() || !o.data.val_path.empty()) {
-    load_datasets(o, spec.vocab_size());  // fails early on a missing or short file
-  }
 }
 
 }  // namespace
 
-std::shared_ptr<const models::ModelSpec> model_spec_of(const JobConfig& o) {
+std::shared_ptr<const models::ModelSpec> model_spec_of(const JobConfig& o,
+                                                       JobTokenizer& tokenizer) {
   const ModelConfig& m = o.model;
   const auto spec = models::resolve_model_spec(m.name);
   models::SizeOverrides overrides = size_overrides(m);
@@ -201,7 +200,7 @@ std::shared_ptr<const models::ModelSpec> model_spec_of(const JobConfig& o) {
   // Hugging Face model keeps its own (often padded past the tokenizer's ids, which load_datasets
   // checks fit).
   if (m.vocab_size == 0 && !o.data.tokenizer.empty() && !models::is_pretrained_dir(m.name)) {
-    overrides.vocab_size = tokenizer_vocab_size(o.data.tokenizer);
+    overrides.vocab_size = tokenizer.get()->vocab_size();
   }
   if (overrides.vocab_size == 0 && overrides.max_seq_len == 0 && overrides.dim == 0 &&
       overrides.n_layers == 0 && overrides.n_heads == 0) {
@@ -215,14 +214,26 @@ std::shared_ptr<const models::ModelSpec> model_spec_of(const JobConfig& o) {
   }
 }
 
-void validate(const JobConfig& o, int world) {
+std::shared_ptr<const models::ModelSpec> check_job(const JobConfig& o, int world,
+                                                   JobTokenizer& tokenizer) {
   check_batch(o.training, world);
   check_schedule_and_val(o);
   check_sharding(o, world);
   check_precision(o);
   check_placement(o.parallelism);
   check_checkpointing(o.checkpoint, o.model);
-  check_model_fits_data(o, *model_spec_of(o));
+  auto spec = model_spec_of(o, tokenizer);
+  check_model_fits_data(o, *spec);
+  return spec;
+}
+
+std::shared_ptr<const models::ModelSpec> validate(const JobConfig& o, int world) {
+  JobTokenizer tokenizer(o);
+  auto spec = check_job(o, world, tokenizer);
+  if (!o.data.path.empty() || !o.data.val_path.empty()) {
+    load_datasets(o, spec->vocab_size(), tokenizer);  // fails early on a missing or short file
+  }
+  return spec;
 }
 
 }  // namespace fsdp::train

@@ -45,16 +45,17 @@ std::string gib(int64_t bytes) {
 
 }  // namespace
 
-int64_t local_ranks_bytes(const JobConfig& o, int world, int local_ranks) {
+int64_t local_ranks_bytes(const JobConfig& o, const models::ModelSpec& spec, int world,
+                          int local_ranks) {
   const MemoryEstimateOptions options = estimate_options(o, world);
   const at::ScalarType compute = options.param_dtype().value_or(at::kFloat);
   const int64_t micro_batch = o.training.global_batch / world / o.training.grad_accum;
-  const ModelMemorySpec spec = model_spec_of(o)->memory_spec(
-      micro_batch, o.training.seq_len, compute, o.model.activation_checkpoint);
-  int64_t rank_bytes = estimate_memory(spec, options).total_bytes;
+  const ModelMemorySpec memory =
+      spec.memory_spec(micro_batch, o.training.seq_len, compute, o.model.activation_checkpoint);
+  int64_t rank_bytes = estimate_memory(memory, options).total_bytes;
   if (options.strategy() == ShardingStrategy::kWholeTensor) {
     // Built whole before it is partitioned: every rank holds the full fp32 model first.
-    rank_bytes = std::max(rank_bytes, model_spec_of(o)->num_parameters() * int64_t{4});
+    rank_bytes = std::max(rank_bytes, spec.num_parameters() * int64_t{4});
   }
   return int64_t{local_ranks} * (kProcessFootprintBytes + rank_bytes);
 }
@@ -70,12 +71,13 @@ int64_t available_memory_bytes() {
   return -1;
 }
 
-void check_ranks_fit_memory(const JobConfig& o, int world, int local_ranks) {
+void check_ranks_fit_memory(const JobConfig& o, const models::ModelSpec& spec, int world,
+                            int local_ranks) {
   const int64_t available = available_memory_bytes();
   if (available < 0) return;  // not Linux: nothing to compare with
   int64_t needed = 0;
   try {
-    needed = local_ranks_bytes(o, world, local_ranks);
+    needed = local_ranks_bytes(o, spec, world, local_ranks);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "--global-batch ", o.training.global_batch, " and --seq-len ",
                 o.training.seq_len, " on ", world, " ranks: ", e.what_without_backtrace());

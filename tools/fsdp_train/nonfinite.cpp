@@ -5,15 +5,11 @@
 #include <fsdp_train/nonfinite.h>
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
-#include <c10/util/Exception.h>
 #include <fmt/format.h>
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <limits>
-#include <sstream>
+#include <string>
+#include <vector>
 
 namespace fsdp::train {
 namespace {
@@ -70,45 +66,6 @@ std::string describe_nonfinite(int64_t step, const at::Tensor& local_loss, doubl
                                units[static_cast<size_t>(first_unit)].first + "' (on " +
                                rank_list(with_unit) + ")";
   return text;
-}
-
-namespace {
-
-// Whether variable's <step>:<rank> list names (step, rank).
-bool injected_at(const char* variable, int64_t step, int rank) {
-  const char* value = std::getenv(variable);
-  if (value == nullptr) return false;
-  std::istringstream specs(value);
-  std::string spec;
-  while (std::getline(specs, spec, ',')) {
-    long long s = 0, r = 0;
-    TORCH_CHECK(std::sscanf(spec.c_str(), "%lld:%lld", &s, &r) == 2, variable,
-                " entries must be <step>:<rank>, got '", spec, "'");
-    if (s == step && r == rank) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
-bool nan_injected_at(int64_t step, int rank) {
-  return injected_at("FSDP_TRAIN_NAN_AT", step, rank);
-}
-
-bool overflow_injected_at(int64_t step, int rank) {
-  return injected_at("FSDP_TRAIN_OVERFLOW_AT", step, rank);
-}
-
-void make_a_gradient_inf(const std::vector<at::Tensor>& params) {
-  for (const at::Tensor& p : params) {
-    const at::Tensor& g = p.grad();
-    if (!g.defined() || g.numel() == 0) continue;
-    at::NoGradGuard no_grad;
-    at::Tensor first = g;
-    while (first.dim() > 0) first = first.select(0, 0);
-    first.fill_(std::numeric_limits<double>::infinity());
-    return;
-  }
 }
 
 }  // namespace fsdp::train

@@ -27,16 +27,4 @@ using UnitParams = std::pair<std::string, std::vector<at::Tensor>>;
 std::string describe_nonfinite(int64_t step, const at::Tensor& local_loss, double grad_norm,
                                const std::vector<UnitParams>& units, ProcessGroup* group);
 
-// FSDP_TRAIN_NAN_AT=<step>:<rank>[,...] (0-based step): whether this rank's loss is to be made
-// NaN at step, to test the guard. Throws on a malformed value.
-bool nan_injected_at(int64_t step, int rank);
-
-// FSDP_TRAIN_OVERFLOW_AT=<step>:<rank>[,...]: whether this rank's gradient shards are to overflow
-// at step (after backward), to test fp16's gradient scaler. Throws on a malformed value.
-bool overflow_injected_at(int64_t step, int rank);
-
-// Sets the first element of the first non-empty gradient among params to +inf, as an fp16
-// gradient that overflowed would be.
-void make_a_gradient_inf(const std::vector<at::Tensor>& params);
-
 }  // namespace fsdp::train

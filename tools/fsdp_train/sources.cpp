@@ -119,32 +119,37 @@ bool feeds_bytes(const JobConfig& o) {
   return o.data.tokenizer.empty() && (o.data.path.empty() || !all_token_files(o.data.path));
 }
 
-int64_t tokenizer_vocab_size(const std::string& path) { return load_tokenizer(path)->vocab_size(); }
+JobTokenizer::JobTokenizer(const JobConfig& o) : path_(o.data.tokenizer) {}
+JobTokenizer::~JobTokenizer() = default;
 
-Datasets load_datasets(const JobConfig& o, int64_t model_vocab) {
-  std::unique_ptr<data::Tokenizer> tokenizer;
-  if (!o.data.tokenizer.empty()) {
-    tokenizer = load_tokenizer(o.data.tokenizer);
+data::Tokenizer* JobTokenizer::get() {
+  if (!tokenizer_ && !path_.empty()) tokenizer_ = load_tokenizer(path_);
+  return tokenizer_.get();
+}
+
+Datasets load_datasets(const JobConfig& o, int64_t model_vocab, JobTokenizer& job_tokenizer) {
+  data::Tokenizer* const tokenizer = job_tokenizer.get();
+  if (tokenizer != nullptr) {
     TORCH_CHECK(int64_t(tokenizer->vocab_size()) <= model_vocab, "--tokenizer ", o.data.tokenizer,
                 " has ", tokenizer->vocab_size(), " ids, more than model '", o.model.name,
                 "''s vocabulary of ", model_vocab);
   }
   std::optional<TokenDataset> val;
   if (!o.data.val_path.empty()) {
-    val.emplace(load_spec(o, "--val-data", o.data.val_path, tokenizer.get(), model_vocab));
+    val.emplace(load_spec(o, "--val-data", o.data.val_path, tokenizer, model_vocab));
   }
   std::optional<TokenDataset> train;
   if (!o.data.path.empty()) {
-    train.emplace(load_spec(o, "--data", o.data.path, tokenizer.get(), model_vocab));
+    train.emplace(load_spec(o, "--data", o.data.path, tokenizer, model_vocab));
   } else {
     // The first 90% trains and the last 10% is held out, so the default run shows a user
     // how well the model generalizes, not only how well it fits.
     const size_t size = default_corpus().size();
     const auto split = static_cast<size_t>(double(size) * (1 - kDefaultValFraction));
-    train.emplace(embedded_part(tokenizer.get(), 0, val ? size : split, "the embedded corpus"));
+    train.emplace(embedded_part(tokenizer, 0, val ? size : split, "the embedded corpus"));
     if (!val) {
-      val.emplace(embedded_part(tokenizer.get(), split, size,
-                                "the embedded corpus (its last 10%, held out)"));
+      val.emplace(
+          embedded_part(tokenizer, split, size, "the embedded corpus (its last 10%, held out)"));
     }
   }
   train->check_seq_len(o.training.seq_len);

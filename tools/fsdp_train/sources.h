@@ -20,10 +20,32 @@
 #include <fsdp_train/trainer.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
+namespace fsdp::data {
+class Tokenizer;
+}  // namespace fsdp::data
+
 namespace fsdp::train {
+
+// --tokenizer's tokenizer.json, parsed on first use and then kept, so that the model's
+// vocabulary (model_spec_of) and the tokenizing of the data (load_datasets) read it once.
+class JobTokenizer {
+ public:
+  explicit JobTokenizer(const JobConfig& options);
+  ~JobTokenizer();
+  JobTokenizer(const JobTokenizer&) = delete;
+  JobTokenizer& operator=(const JobTokenizer&) = delete;
+
+  // The tokenizer; null without --tokenizer. Throws naming --tokenizer when it cannot be read.
+  data::Tokenizer* get();
+
+ private:
+  std::string path_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+};
 
 struct Datasets {
   TokenDataset train;
@@ -33,13 +55,11 @@ struct Datasets {
 // Loads both. model_vocab: every id must be below it (the model's vocabulary). Throws naming the
 // file and what is wrong (missing, unreadable, an id out of range, too short for one window of
 // seq_len + 1 tokens).
-Datasets load_datasets(const JobConfig& options, int64_t model_vocab);
+// tokenizer: options' (--tokenizer), parsed once for the model and the data.
+Datasets load_datasets(const JobConfig& options, int64_t model_vocab, JobTokenizer& tokenizer);
 
 // Whether the tokens are a text's bytes (no tokenizer, and --data not all token files).
 bool feeds_bytes(const JobConfig& options);
-
-// The vocabulary size of the tokenizer.json at path (its BOS/EOS config is not needed for it).
-int64_t tokenizer_vocab_size(const std::string& path);
 
 // Entropy in nats of the distribution of token ids: the loss of the best context-free model.
 double unigram_entropy_of(const TokenDataset& data);

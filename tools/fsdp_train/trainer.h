@@ -15,10 +15,6 @@
 #include <string>
 #include <vector>
 
-namespace fsdp::models {
-class ModelSpec;
-}  // namespace fsdp::models
-
 namespace fsdp::train {
 
 // --dump-batches (DebugConfig::dump_batches_path): rank 0 writes every batch trained on, for
@@ -95,12 +91,5 @@ struct TrainSummary {
 // and the step). export_path also gets a config.json beside it, so that the directory loads
 // with the model's transformers class (GPT2LMHeadModel, LlamaForCausalLM).from_pretrained.
 TrainSummary train(const JobConfig& job, const std::shared_ptr<ProcessGroup>& group);
-
-// Validates options that need no data (positive sizes, a known model, the global batch
-// divisible by world). Throws naming the flag and its value.
-void validate(const JobConfig& job, int world);
-
-// The model --model names, with the size overrides (and a tokenizer's vocabulary) applied.
-std::shared_ptr<const models::ModelSpec> model_spec_of(const JobConfig& job);
 
 }  // namespace fsdp::train

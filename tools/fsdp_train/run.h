@@ -1,0 +1,80 @@
+// One rank's training run: the state that set-up builds (parallelize.h) and that the loop
+// (trainer.cpp) and its helpers (checkpointing.h, step_probe.h, progress.h) read and update.
+#pragma once
+
+#include <fsdp/device_mesh.h>
+#include <fsdp/fully_shard.h>
+#include <fsdp/grad_scaler.h>
+#include <fsdp/util/memory_counter.h>
+#include <fsdp/util/trace.h>
+#include <fsdp_train/batch_dump.h>
+#include <fsdp_train/schedule.h>
+#include <fsdp_train/step_metrics.h>
+#include <fsdp_train/trainer.h>
+#include <models/model.h>
+
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fsdp::train {
+
+// Everything one rank's training run holds, built once by the trainer's set-up and then read by
+// the step and the helpers around it. Never moved: set-up's unit callback and the --no-fsdp
+// reference's tracer pointer refer to it.
+struct Run {
+  Run(const JobConfig& options, std::shared_ptr<ProcessGroup> process_group,
+      std::shared_ptr<const models::ModelSpec> model_spec)
+      : o(options), group(std::move(process_group)), spec(std::move(model_spec)) {}
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  const JobConfig& o;
+  std::shared_ptr<ProcessGroup> group;  // null: the --no-fsdp reference
+  int world = 1;
+  int rank = 0;
+  bool printing = false;  // rank 0 without --quiet
+
+  c10::Device device = at::kCPU;  // where the model computes (--device)
+  bool count_memory = false;      // --metrics or --tensorboard counts CPU tensor bytes
+  // Activation bytes are counted on this (the compute) thread only: a collective's temporaries
+  // on the process group's thread are not autograd's, whenever they happen to be freed.
+  std::shared_ptr<MemoryCounter> thread_memory = std::make_shared<MemoryCounter>();
+  std::optional<CountAllocations> count_thread;
+
+  std::shared_ptr<const models::ModelSpec> spec;
+  std::optional<DeviceMesh> mesh;
+  std::unique_ptr<models::Model> built;
+  std::shared_ptr<torch::nn::Module> model;
+  std::optional<FSDPModule> root;
+  // The --no-fsdp reference has no mesh; it traces its compute into a tracer of its own.
+  Tracer reference_tracer;
+  Tracer* tracer = &reference_tracer;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  LrSchedule schedule;
+
+  std::optional<StepMetrics> metrics;  // rank 0
+  BatchDump batches;                   // --dump-batches (rank 0)
+  int64_t first_step = 0;
+  double elapsed = 0;                       // seconds spent in steps so far
+  double tokens_done = 0;                   // tokens trained in those steps (tokens_per_s's)
+  int64_t skipped_steps = 0;                // non-finite steps skipped (--skip-nonfinite)
+  std::optional<ShardedGradScaler> scaler;  // fp16's dynamic loss scaling
+  int64_t overflow_skips = 0;               // steps skipped because gradients overflowed (fp16)
+  int64_t resumed_skips = 0;                // steps the run a resume continues skipped
+  int64_t units = 0;                        // FSDP units, the root included (0 without FSDP)
+  std::string placement;                    // --strategy whole_tensor: the partition, described
+};
+
+// Every step so far that updated nothing, on every rank.
+inline int64_t skipped_steps(const Run& run) {
+  return run.skipped_steps + run.overflow_skips + run.resumed_skips;
+}
+
+}  // namespace fsdp::train
