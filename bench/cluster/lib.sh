@@ -19,6 +19,13 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 torchrun="$(dirname "$PYTHON")/torchrun"
 
+# Makes the script's scratch directory $out and, on any exit, takes the cluster down (if it is up)
+# and removes $out. Call it before the first run, so that a run failing early leaves nothing.
+scratch_dir_removed_on_exit() {
+  out="$(mktemp -d)"
+  trap 'bash "$cluster" down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
+}
+
 on() {
   local h="$1"
   shift

@@ -22,8 +22,7 @@ cd "$(dirname "$0")/../.."
 profile="${1:-1g}"
 timeout_s="${2:-10}"
 faults="${3:-host rank link}"
-out="$(mktemp -d)"
-trap 'bash "$cluster" down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
+scratch_dir_removed_on_exit
 flags=(--model tiny --global-batch 8 --seq-len 32 --seed 11 --steps 1000000 --log-every 1
        --timeout-s "$timeout_s")
 say() { echo "== $*" >&2; }

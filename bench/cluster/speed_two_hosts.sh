@@ -26,8 +26,7 @@ model="${1:-small}"
 steps="${2:-8}"
 profiles="${3:-1g 10g}"
 max_bytes="${4:-16M}"
-out="$(mktemp -d)"
-trap 'bash "$cluster" down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
+scratch_dir_removed_on_exit
 shape=(--model "$model" --global-batch 8 --seq-len 128 --seed 1234 --quiet)
 say() { echo "== $*" >&2; }
 

@@ -24,7 +24,7 @@ cd "$(dirname "$0")/../.."
 . bench/cluster/lib.sh
 profile="${1:-1g}"
 steps="${2:-8}"
-out="$(mktemp -d)"
+scratch_dir_removed_on_exit
 flags=(--model tiny --global-batch 8 --seq-len 32 --seed 11 --steps "$steps" --log-every 1 --quiet
        --timeout-s 60)
 mpirun_here=(env -u MASTER_ADDR -u MASTER_PORT mpirun --allow-run-as-root --oversubscribe)
@@ -50,7 +50,6 @@ done
 wait
 
 bash "$cluster" up "$profile"
-trap 'bash "$cluster" down; rm -rf "$out"' EXIT
 torchrun_w2() { torchrun_on "$1" 1 "$bin" "${flags[@]}" --metrics "$out/torchrun_2x1.jsonl"; }
 torchrun_w4() { torchrun_on "$1" 2 "$bin" "${flags[@]}" --metrics "$out/torchrun_2x2.jsonl"; }
 say "two hosts: torchrun --nnodes 2 --nproc-per-node 1 (each host: bash $cluster exec H $torchrun --nnodes 2 --node-rank H --master-addr $host0 ...)"
