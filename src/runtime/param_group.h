@@ -39,14 +39,15 @@
 //
 // Under a whole-tensor placement (inter-tensor ZeRO-3, FullyShardOptions::whole_tensor, W > 1)
 // the states and hooks are the same; the unshard is one broadcast per owner of the unit's
-// tensors instead of the all-gather, and the reduction one reduce per owner instead of the
-// reduce-scatter (param_group_whole_tensor.cpp).
+// tensors instead of the all-gather (param_group_whole_tensor.cpp), and the reduction one reduce
+// per owner instead of the reduce-scatter (gradient_reducer.cpp).
 #pragma once
 
 #include "runtime/fsdp_param.h"
-#include "runtime/gradient_reduction.h"
+#include "runtime/gradient_reducer.h"
 #include "runtime/hooks.h"
 #include "runtime/root_state.h"
+#include "runtime/unit_context.h"
 
 #include <fsdp/comm/comm_hooks.h>
 #include <fsdp/device_mesh.h>
@@ -146,10 +147,6 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // End of backward: reshards (or, with reshard_after_backward false, only completes a
   // prefetched all-gather) and goes idle.
   void finish_backward();
-  // Completes a reduction issued by this unit's post_backward and hands each parameter its
-  // sharded gradient.
-  void finish_reduce(PendingReduce& reduce);
-
   // For error messages: the unit's path under the root, or the module's type name.
   const std::string& label() const { return label_; }
   // Path of the unit's module under the outermost fully_shard'ed module ("" for that one).
@@ -183,16 +180,6 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
     StreamEvent copied_in;      // recorded on the copy-in stream once the input is ready
     StreamEvent gathered;       // recorded on the all-gather stream after the collective
   };
-  // What post_backward works on: each trainable parameter's full gradient of this backward
-  // (undefined if it got none) and the sharded gradient it held before (undefined after
-  // zero_grad).
-  struct UnitGrads {
-    std::vector<FSDPParam*> params;
-    std::vector<at::Tensor> full;
-    std::vector<at::Tensor> previous;
-    int64_t reduce_numel = 0;  // S: the padded shard numel over params
-    int64_t full_bytes = 0;
-  };
 
   // The only writers of the two states: assert that from -> to is a legal transition (and that
   // the gather and hpZ piece agree with the new sharded state).
@@ -215,13 +202,6 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   StreamEvent copy_out(PendingGather& pending);
   // Frees a completed or dropped gather's buffers on the streams that allocated them.
   void release_gather(PendingGather& pending, const StreamEvent& last_read);
-  // After issuing a collective under a stream guard: with streams, the guarded stream waits for
-  // it (c10d's Work::wait contract), so that stream's next event marks its end. Nothing in
-  // program order, where the host waits where the result is needed.
-  void order_stream_after(const WorkHandle& work);
-  at::TensorOptions device_options(at::ScalarType dtype) const {
-    return at::TensorOptions().dtype(dtype).device(mesh_.device());
-  }
   // Frees the unsharded parameters (the state change is the caller's).
   void free_unsharded_params();
   // After forward, with reshard_after_forward = N (1 < N < W): keeps the piece of the unsharded
@@ -232,61 +212,27 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // count too unless the gather completed (gathered: the unit is now unsharded).
   void uncount_gather(const PendingGather& pending, bool gathered);
 
-  // Whether this backward's gradients go to a collective (not kept unsynced, not one rank's).
-  bool reduces_gradients() const;
-  // Post-backward steps, in order.
-  UnitGrads take_grads(bool backward_ran);
-  void add_unsynced_grads(UnitGrads& grads);
-  void keep_unsynced_grads(UnitGrads& grads);
-  void assign_single_rank_grads(UnitGrads& grads);
-  at::Tensor pack_reduce_input(UnitGrads& grads, StreamEvent& packed);
-  PendingReduce issue_reduce(UnitGrads grads);
-  // The scaling and ops of this unit's next reduction (gradient_reduction.h).
-  GradientReduction reduction_plan() const;
   // set_unshard_in_backward(false): pre-backward without the gather. Throws if autograd saved a
   // parameter whose values were freed after forward.
   void skip_unshard_for_backward();
-  // Finish-reduce steps.
-  // HSDP: all-reduces reduced (plus the partial sum, if any) across replicas once `after` is
-  // recorded; returns the event after.
-  StreamEvent all_reduce_across_replicas(const at::Tensor& reduced, const StreamEvent& after,
-                                         ReduceOp op);
-  // set_requires_all_reduce(false): adds a reduced output to partial_reduce_output_ and gives
-  // the parameters back the sharded gradients they had.
-  void keep_partial_reduce(const at::Tensor& reduced, const PendingReduce& reduce);
-  // Runs the all-reduce hook on the reduced gradients, checking it kept their shape and dtype.
-  void run_all_reduce_hook(at::Tensor& reduced) const;
-  static void assign_sharded_grads(const at::Tensor& reduced, const PendingReduce& reduce);
-
-  // Whole-tensor placement (param_group_whole_tensor.cpp). The unit's tensors grouped by
-  // owner rank, owners ascending (every rank lists the same buckets in the same order).
-  struct OwnerBucket {
-    int owner = 0;
-    std::vector<size_t> params;  // indices into params_, in registration order
-    int64_t numel = 0;
-  };
+  // Whole-tensor placement (param_group_whole_tensor.cpp): the unit's tensors by owner rank.
   bool whole_tensor() const { return !owner_buckets_.empty(); }
   // What an unshard's collective is called in errors.
   const char* gather_name() const {
     return whole_tensor() ? "broadcast of parameters" : "all-gather of parameters";
   }
-  void build_owner_buckets();
   // Issues the broadcasts of every bucket into pending (its buffer receives the buckets this
   // rank does not own, in bucket order).
   void issue_broadcasts(PendingGather& pending);
   // Points each parameter at its full value: the owned ones at their shards (or a cast copy),
   // the others at the broadcast buffer's copy.
   void copy_out_broadcasts(const PendingGather& pending);
-  // Packs the full gradients by bucket and reduces each bucket to its owner; the output is this
-  // rank's own bucket, which becomes its owned parameters' gradients.
-  PendingReduce issue_owner_reduces(UnitGrads grads);
 
-  // Blocks on work, counting the wait as exposed communication; rethrows with context.
-  void wait_for(const WorkHandle& work, const char* what);
+  // set_custom_*: throws under a whole-tensor placement, which has no collective to replace.
+  void check_hooks_fit(const char* setting) const;
   void check_not_in_backward(const char* setting) const;
   // The same for a bool setter, named with its value ("setter(true)").
   void check_not_in_backward(const char* setter, bool value) const;
-  [[noreturn]] void rethrow_with_context(const char* what, const std::exception& e) const;
 
   torch::nn::Module* module_;  // not owned: the module owns this group
   std::string label_;
@@ -295,18 +241,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   DeviceMesh mesh_;
   FullyShardOptions options_;
   at::ScalarType compute_dtype_;  // unsharded parameters and all-gathers
-  at::ScalarType reduce_dtype_;   // gradient reduction
-  bool requires_gradient_sync_ = true;
   bool reshard_after_backward_ = true;
-  // FSDP2's reduction settings (FSDPModule's setters).
   bool unshard_in_backward_ = true;
-  bool requires_all_reduce_ = true;
-  std::optional<double> gradient_divide_factor_;
-  bool force_sum_reduction_ = false;
-  std::function<void(at::Tensor&)> all_reduce_hook_;
-  // HSDP: reduce-scattered gradients of backward passes that did not all-reduce, summed, in the
-  // reduce dtype (undefined when there are none); added in by the next one that does.
-  at::Tensor partial_reduce_output_;
   at::Tensor flat_shards_;        // every parameter's padded shard, concatenated
   bool offload_to_host_ = false;  // flat_shards_ (and so gradients) on the host, mesh on a device
   // The phase ("fwd", "bwd") of the gather whose values the unsharded parameters hold; null
@@ -321,9 +257,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   StreamEvent piece_ready_;                 // recorded on compute once the piece is written
   std::vector<OwnerBucket> owner_buckets_;  // empty unless whole-tensor with W > 1
 
-  // Custom collectives (set_custom_all_gather / _reduce_scatter); null: the process group's own.
+  // Custom all-gather (set_custom_all_gather); null: the process group's own.
   std::shared_ptr<AllGather> all_gather_hook_;
-  std::shared_ptr<ReduceScatter> reduce_scatter_hook_;
   TrainingState training_state_ = TrainingState::kIdle;
   ShardedState sharded_state_ = ShardedState::kSharded;
   std::unique_ptr<PendingGather> pending_gather_;  // set exactly in kGathering
@@ -335,6 +270,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
 
   RootState own_root_{*this, mesh_.device()};  // used when this unit is the root
   RootState* root_ = nullptr;                  // the tree's, set by its lazy_init
+  UnitContext unit_{label_, mesh_, own_root_.streams()};
+  // Reduce-scatter, all-reduce, divide rules, accumulation and the reduce hooks.
+  std::unique_ptr<GradientReducer> reducer_;
 };
 
 }  // namespace fsdp::detail

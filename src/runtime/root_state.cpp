@@ -84,7 +84,7 @@ void RootState::finish_reduces(size_t keep) {
   while (pending_reduces_.size() > keep) {
     PendingReduce reduce = std::move(pending_reduces_.front());
     pending_reduces_.pop_front();
-    reduce.unit->finish_reduce(reduce);
+    reduce.reducer->finish(reduce);
   }
 }
 

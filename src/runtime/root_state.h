@@ -20,6 +20,7 @@
 #pragma once
 
 #include "runtime/device_streams.h"
+#include "runtime/gradient_reducer.h"
 
 #include <fsdp/comm/process_group.h>
 #include <fsdp/util/trace.h>
@@ -32,29 +33,7 @@
 
 namespace fsdp::detail {
 
-class FSDPParam;
 class ParamGroup;
-
-// A unit's gradient reduction in flight: a reduce-scatter over the shard group or, with no
-// shard dimension (DDP-style replication), an all-reduce across replicas.
-struct PendingReduce {
-  ParamGroup* unit = nullptr;
-  WorkHandle work;
-  StreamEvent packed;   // recorded on compute after the gradients were packed into input
-  StreamEvent reduced;  // recorded on the reduce-scatter stream after the collective
-  at::Tensor input;     // [W * S]: kept alive until the op completes
-  at::Tensor output;    // [S]: becomes the sharded gradients
-  std::vector<FSDPParam*> params;
-  std::vector<at::Tensor> previous;  // sharded gradients to add (accumulation)
-  Tracer::Clock::time_point issued;
-  const char* op = "reduce-scatter";  // what work is, for the trace
-  bool replicate_after = false;       // HSDP: all-reduce output across replicas once work is done
-  ReduceOp all_reduce_op = ReduceOp::kSum;  // ... with this op
-  // HSDP with set_requires_all_reduce(false): add output to the unit's partial sum instead of
-  // all-reducing it and assigning gradients.
-  bool keep_partial = false;
-  double post_divide = 1.0;  // divides the output before it becomes the sharded gradients
-};
 
 class RootState {
  public:
