@@ -77,7 +77,8 @@ void RootState::end_of_backward() {
 
 void RootState::add_reduce(PendingReduce reduce) {
   pending_reduces_.push_back(std::move(reduce));
-  finish_reduces(kReducesInFlight);
+  // See [Note: why reductions are capped at two in flight].
+  finish_reduces(static_cast<size_t>(kMaxReductionsInFlight));
 }
 
 void RootState::finish_reduces(size_t keep) {

@@ -12,7 +12,8 @@
 //     previous step's, which forward prefetching follows;
 //   - records the order in which units run forward (backward prefetching walks it in reverse);
 //   - holds every unit's reduce-scatter in flight, oldest first, completing the oldest when more
-//     than kReducesInFlight are issued;
+//     than kMaxReductionsInFlight are issued (fsdp/runtime/in_flight_limits.h: see
+//     [Note: why reductions are capped at two in flight]);
 //   - at the end of backward (an autograd engine callback queued by the first pre-backward),
 //     runs post-backward, in reverse forward order, for units whose post-backward node never
 //     ran, completes the reductions if this is the last backward before the optimizer step,
@@ -23,6 +24,7 @@
 #include "runtime/gradient_reducer.h"
 
 #include <fsdp/comm/process_group.h>
+#include <fsdp/runtime/in_flight_limits.h>
 #include <fsdp/util/trace.h>
 
 #include <ATen/core/Tensor.h>
@@ -63,23 +65,20 @@ class RootState {
 
   // Queues end_of_backward with the autograd engine, once per backward pass.
   void queue_end_of_backward();
-  // Takes a unit's reduction in flight, completing the oldest beyond kReducesInFlight.
+  // Takes a unit's reduction in flight, completing the oldest beyond kMaxReductionsInFlight.
   void add_reduce(PendingReduce reduce);
 
   // The streams and events every unit of the tree orders its work with.
   DeviceStreams& streams() { return streams_; }
 
  private:
-  // Two in flight let one unit's reduce-scatter run during the next unit's backward while
-  // bounding the gradient buffers held to two units' worth.
-  static constexpr size_t kReducesInFlight = 2;
-
   void end_of_backward();
   // Completes the oldest reductions in flight until at most keep remain.
   void finish_reduces(size_t keep);
 
   ParamGroup& root_;  // owns this
-  int implicit_prefetch_ = 1;
+  int implicit_prefetch_ =
+      kDefaultPrefetchDepth;  // see [Note: why implicit prefetch gathers one unit ahead]
   bool is_last_backward_ = true;
   std::vector<ParamGroup*> units_;               // every unit under the root, pre-order
   std::vector<ParamGroup*> forward_order_;       // units in the order their forward ran this step
