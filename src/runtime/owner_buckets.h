@@ -1,7 +1,7 @@
 // A whole-tensor unit's tensors grouped by the rank that owns them (inter-tensor ZeRO-3,
-// fsdp/runtime/whole_tensor.h): what its broadcasts (WholeTensorUnsharder) and its reduces
-// (GradientReducer) walk. Every rank lists the same buckets, owners ascending and tensors in
-// registration order, so every rank issues the same collectives in the same order.
+// fsdp/runtime/whole_tensor.h): what its broadcasts (whole_tensor_unsharder.cpp) and its
+// reduces (GradientReducer) walk. Every rank lists the same buckets, owners ascending and tensors
+// in registration order, so every rank issues the same collectives in the same order.
 #pragma once
 
 #include "runtime/fsdp_param.h"

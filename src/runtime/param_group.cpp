@@ -18,8 +18,6 @@
 // post_backward hands it the full ones once the unit has resharded (gradient_reducer.h).
 #include "runtime/param_group.h"
 
-#include "runtime/custom_collectives.h"
-
 #include <fsdp/util/error.h>
 
 #include <ATen/ATen.h>
@@ -126,12 +124,17 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
     p.init_sharded(flat_shards_.narrow(0, offset, p.padded_numel()));
     offset += p.padded_numel();
   }
+  // A whole-tensor placement over one rank is Shard(0)'s: each tensor whole on that rank.
+  std::vector<OwnerBucket> buckets;
   if (options_.whole_tensor() && mesh_.shard_size() > 1) {
-    owner_buckets_ = owner_buckets(params_, *options_.whole_tensor());
+    buckets = owner_buckets(params_, *options_.whole_tensor());
   }
+  const UnsharderArgs args{unit_, params_, flat_shards_, compute_dtype_, offload_to_host_};
+  unsharder_ =
+      buckets.empty() ? make_shard_unsharder(args) : make_whole_tensor_unsharder(args, buckets);
   reducer_ = std::make_unique<GradientReducer>(
       unit_, params_, flat_shards_, options_.mp_policy().reduce_dtype().value_or(compute_dtype_),
-      offload_to_host_, owner_buckets_);
+      offload_to_host_, std::move(buckets));
   if (options_.reshard_after_forward().has_value()) {
     // fully_shard checked that the size divides the shard group.
     const int size = options_.reshard_after_forward()->group_size(mesh_.shard_size());
@@ -234,7 +237,7 @@ void ParamGroup::set_reshard_after_forward(bool reshard) {
 void ParamGroup::set_custom_all_gather(std::shared_ptr<AllGather> hook) {
   check_not_in_backward("set_custom_all_gather");
   if (hook != nullptr) check_hooks_fit("set_custom_all_gather");
-  all_gather_hook_ = std::move(hook);
+  unsharder_->set_all_gather_hook(std::move(hook));
 }
 
 void ParamGroup::set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook) {
@@ -471,82 +474,24 @@ void ParamGroup::issue_unshard() {
   auto pending = std::make_unique<PendingGather>();
   // A gather for backward follows the unit's forward; the schedule names the two apart.
   pending->phase = training_state_ == TrainingState::kAwaitingBackward ? "bwd" : "fwd";
-  if (whole_tensor()) {
-    issue_broadcasts(*pending);
-    pending_gather_ = std::move(pending);
-    set_sharded_state(ShardedState::kGathering);
-    return;
-  }
-  ProcessGroup* group = &mesh_.shard_group();
-  if (sharded_state_ == ShardedState::kPostForwardPiece) {
+  const bool from_piece = sharded_state_ == ShardedState::kPostForwardPiece;
+  if (from_piece) {
     // hpZ: gather the pieces of this rank's post-forward group, whose [N, W/N * S] output is
     // the same [W, S] buffer a gather over the shard group would give.
-    group = post_forward_group_.get();
+    pending->group = post_forward_group_.get();
     pending->piece_bytes = post_forward_piece_.nbytes();
+    pending->piece_ready = piece_ready_;
     pending->input = std::move(post_forward_piece_);  // leaves the piece undefined
   }
-  copy_in(*pending);
-  mesh_.stats().add_comm_buffers(pending->buffer.nbytes());
-  mesh_.stats().add_unsharded_units(1);
-  pending->issued = Tracer::Clock::now();
   try {
-    issue_gather(*pending, *group);
-  } catch (const std::exception& e) {
-    uncount_gather(*pending, /*gathered=*/false);
+    unsharder_->issue(*pending);
+  } catch (...) {
     // A piece handed to the failed gather is gone with it.
-    if (sharded_state_ == ShardedState::kPostForwardPiece) {
-      set_sharded_state(ShardedState::kSharded);
-    }
-    unit_.rethrow_with_context("all-gather of parameters", e);
+    if (from_piece) set_sharded_state(ShardedState::kSharded);
+    throw;
   }
   pending_gather_ = std::move(pending);
   set_sharded_state(ShardedState::kGathering);
-}
-
-void ParamGroup::copy_in(PendingGather& pending) {
-  DeviceStreams& streams = tree().streams();
-  // Earlier gathers' buffers are released first, so the caching allocator can reuse them.
-  streams.flush(ScheduleStream::kCopyIn);
-  DeviceStreams::Op op(streams, ScheduleStream::kCopyIn, ScheduleOpKind::kCopyIn, label_);
-  op.wait_for_step_begin();
-  if (pending.piece_bytes > 0) {
-    op.wait(piece_ready_).reads("piece");
-  } else {
-    op.reads("shard");
-    const bool cast = compute_dtype_ != flat_shards_.scalar_type();
-    if (cast || offload_to_host_) {
-      TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
-      pending.input = offload_to_host_ ? flat_shards_.to(unit_.device_options(compute_dtype_),
-                                                         /*non_blocking=*/true)
-                                       : flat_shards_.to(compute_dtype_);
-      op.writes("ag_in", pending.phase);
-    }
-  }
-  pending.buffer =
-      allocate_gather_buffer(all_gather_hook_.get(), mesh_.shard_size() * flat_shards_.numel(),
-                             unit_.device_options(compute_dtype_), label_);
-  op.writes("ag_buf", pending.phase);
-  pending.copied_in = op.record("copied_in", pending.phase);
-}
-
-void ParamGroup::issue_gather(PendingGather& pending, ProcessGroup& group) {
-  DeviceStreams::Op op(tree().streams(), ScheduleStream::kAllGather, ScheduleOpKind::kAllGather,
-                       label_);
-  const bool piece = pending.piece_bytes > 0;
-  op.wait(pending.copied_in);
-  if (!pending.input.defined()) {
-    op.reads("shard");
-  } else if (piece) {
-    op.reads("piece");
-  } else {
-    op.reads("ag_in", pending.phase);
-  }
-  op.writes("ag_buf", pending.phase);
-  const CollectiveLabel collective_label(label_);
-  pending.work = start_all_gather(all_gather_hook_.get(), group, pending.buffer,
-                                  pending.input.defined() ? pending.input : flat_shards_, label_);
-  unit_.order_stream_after(pending.work);
-  pending.gathered = op.record("gathered", pending.phase);
 }
 
 void ParamGroup::unshard_without_gather() {
@@ -563,63 +508,12 @@ void ParamGroup::wait_unshard() {
   if (sharded_state_ == ShardedState::kUnsharded) return;
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
   try {
-    // With streams, copy-out's wait on the gather's event orders compute instead (whole-tensor
-    // broadcasts are waited on by the host: their copy-out is not on the stream schedule).
-    if (whole_tensor() || tree().streams().in_program_order()) {
-      unit_.wait_for(pending->work, gather_name());
-    }
+    unsharded_phase_ = unsharder_->complete(*pending);
   } catch (...) {
-    uncount_gather(*pending, /*gathered=*/false);
     set_sharded_state(ShardedState::kSharded);
     throw;
   }
-  mesh_.tracer().complete("comm", whole_tensor() ? "broadcast" : "all-gather", pending->issued,
-                          pending->work->finished_at(), label_, pending->buffer.nbytes(), "comm");
-  if (whole_tensor()) {
-    copy_out_broadcasts(*pending);
-    uncount_gather(*pending, /*gathered=*/true);
-    set_sharded_state(ShardedState::kUnsharded);
-    return;
-  }
-  const StreamEvent copied_out = copy_out(*pending);
-  uncount_gather(*pending, /*gathered=*/true);
-  release_gather(*pending, copied_out);
   set_sharded_state(ShardedState::kUnsharded);
-}
-
-StreamEvent ParamGroup::copy_out(PendingGather& pending) {
-  StreamEvent copied_out;
-  {
-    DeviceStreams::Op op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kCopyOut,
-                         label_);
-    op.wait(pending.gathered).reads("ag_buf", pending.phase).writes("unsharded", pending.phase);
-    TraceScope trace(mesh_.tracer(), "copy", "copy-out", label_);
-    const at::Tensor gathered_2d = pending.buffer.view({mesh_.shard_size(), flat_shards_.numel()});
-    int64_t column = 0;
-    for (auto& p : params_) {
-      p.unshard_from(gathered_2d, column);
-      mesh_.stats().add_unsharded_params(p.unsharded_bytes());
-      column += p.padded_numel();
-    }
-    copied_out = op.record("copied_out", pending.phase);
-  }
-  unsharded_phase_ = pending.phase;
-  return copied_out;
-}
-
-void ParamGroup::release_gather(PendingGather& pending, const StreamEvent& last_read) {
-  DeviceStreams& streams = tree().streams();
-  if (pending.piece_bytes > 0) {
-    // The hpZ piece was made on compute; compute has waited on (or now waits on) the gather.
-    streams.release_after(ScheduleStream::kCompute, std::move(pending.input), pending.gathered,
-                          "piece", label_);
-    streams.flush(ScheduleStream::kCompute);
-  } else if (pending.input.defined()) {
-    streams.release_after(ScheduleStream::kCopyIn, std::move(pending.input), pending.gathered,
-                          "ag_in", label_, pending.phase);
-  }
-  streams.release_after(ScheduleStream::kCopyIn, std::move(pending.buffer), last_read, "ag_buf",
-                        label_, pending.phase);
 }
 
 void ParamGroup::drop_pending_gather() {
@@ -627,22 +521,8 @@ void ParamGroup::drop_pending_gather() {
   // A prefetched all-gather whose unit did not run: complete it (every rank issued it) and
   // drop the result.
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
-  uncount_gather(*pending, /*gathered=*/false);
   set_sharded_state(ShardedState::kSharded);
-  if (whole_tensor()) {
-    unit_.wait_for(pending->work, gather_name());
-    return;
-  }
-  if (tree().streams().in_program_order()) unit_.wait_for(pending->work, gather_name());
-  release_gather(*pending, pending->gathered);
-}
-
-void ParamGroup::uncount_gather(const PendingGather& pending, bool gathered) {
-  RankStats& stats = mesh_.stats();
-  stats.add_comm_buffers(-pending.buffer.nbytes());
-  stats.add_unsharded_params(-pending.piece_bytes);
-  // A completed gather leaves the unit unsharded; any other ends its count.
-  if (!gathered) stats.add_unsharded_units(-1);
+  unsharder_->drop(*pending);
 }
 
 void ParamGroup::reshard() {

@@ -37,10 +37,12 @@
 // Every collective is issued by every rank in the same order, because every rank runs the same
 // forward and the same autograd graph, and prefetch decisions depend only on that order.
 //
-// Under a whole-tensor placement (inter-tensor ZeRO-3, FullyShardOptions::whole_tensor, W > 1)
-// the states and hooks are the same; the unshard is one broadcast per owner of the unit's
-// tensors instead of the all-gather (param_group_whole_tensor.cpp), and the reduction one reduce
-// per owner instead of the reduce-scatter (gradient_reducer.cpp).
+// The placement is behind one interface (Unsharder, unsharder.h), chosen once when the unit is
+// made, so the state machine does not branch on it: Shard(0)'s all-gather and copy-out
+// (shard_unsharder.cpp), or, under a whole-tensor placement (inter-tensor ZeRO-3,
+// FullyShardOptions::whole_tensor, W > 1), one broadcast per owner of the unit's tensors
+// (whole_tensor_unsharder.cpp). The states and hooks are the same for both; the reduction is
+// one reduce per owner instead of the reduce-scatter (gradient_reducer.cpp).
 #pragma once
 
 #include "runtime/fsdp_param.h"
@@ -48,6 +50,7 @@
 #include "runtime/hooks.h"
 #include "runtime/root_state.h"
 #include "runtime/unit_context.h"
+#include "runtime/unsharder.h"
 
 #include <fsdp/comm/comm_hooks.h>
 #include <fsdp/device_mesh.h>
@@ -168,19 +171,6 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   ShardedState sharded_state() const { return sharded_state_; }
 
  private:
-  struct PendingGather {
-    WorkHandle work;
-    // The shards copied in (cast to the compute dtype, or copied from the host with offload), or
-    // the hpZ piece; else undefined (the all-gather reads flat_shards_ itself).
-    at::Tensor input;
-    int64_t piece_bytes = 0;  // the hpZ piece's, counted as unsharded until the gather completes
-    at::Tensor buffer;        // [W * shard numel]
-    Tracer::Clock::time_point issued;
-    const char* phase = "fwd";  // which gather of the step, for the schedule's names
-    StreamEvent copied_in;      // recorded on the copy-in stream once the input is ready
-    StreamEvent gathered;       // recorded on the all-gather stream after the collective
-  };
-
   // The only writers of the two states: assert that from -> to is a legal transition (and that
   // the gather and hpZ piece agree with the new sharded state).
   void set_training_state(TrainingState to);
@@ -194,39 +184,15 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
 
   // Unshard and reshard steps.
   void unshard_without_gather();
-  // Copies the shards in for an all-gather (copy-in stream) and allocates its output there.
-  void copy_in(PendingGather& pending);
-  // Issues the all-gather on its stream; the caller owns the error handling.
-  void issue_gather(PendingGather& pending, ProcessGroup& group);
-  // Copies the gathered values out into the unsharded parameters; returns the event after it.
-  StreamEvent copy_out(PendingGather& pending);
-  // Frees a completed or dropped gather's buffers on the streams that allocated them.
-  void release_gather(PendingGather& pending, const StreamEvent& last_read);
   // Frees the unsharded parameters (the state change is the caller's).
   void free_unsharded_params();
   // After forward, with reshard_after_forward = N (1 < N < W): keeps the piece of the unsharded
   // parameters that this rank serves within its post-forward group, then reshards.
   void reshard_to_post_forward_group();
   void drop_post_forward_piece();
-  // Takes a gather's buffer and hpZ piece off the books once they are released, and the unit's
-  // count too unless the gather completed (gathered: the unit is now unsharded).
-  void uncount_gather(const PendingGather& pending, bool gathered);
-
   // set_unshard_in_backward(false): pre-backward without the gather. Throws if autograd saved a
   // parameter whose values were freed after forward.
   void skip_unshard_for_backward();
-  // Whole-tensor placement (param_group_whole_tensor.cpp): the unit's tensors by owner rank.
-  bool whole_tensor() const { return !owner_buckets_.empty(); }
-  // What an unshard's collective is called in errors.
-  const char* gather_name() const {
-    return whole_tensor() ? "broadcast of parameters" : "all-gather of parameters";
-  }
-  // Issues the broadcasts of every bucket into pending (its buffer receives the buckets this
-  // rank does not own, in bucket order).
-  void issue_broadcasts(PendingGather& pending);
-  // Points each parameter at its full value: the owned ones at their shards (or a cast copy),
-  // the others at the broadcast buffer's copy.
-  void copy_out_broadcasts(const PendingGather& pending);
 
   // set_custom_*: throws under a whole-tensor placement, which has no collective to replace.
   void check_hooks_fit(const char* setting) const;
@@ -254,11 +220,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // shard (rank in that group) * W / N, in the compute dtype.
   std::shared_ptr<ProcessGroup> post_forward_group_;
   at::Tensor post_forward_piece_;
-  StreamEvent piece_ready_;                 // recorded on compute once the piece is written
-  std::vector<OwnerBucket> owner_buckets_;  // empty unless whole-tensor with W > 1
+  StreamEvent piece_ready_;  // recorded on compute once the piece is written
 
-  // Custom all-gather (set_custom_all_gather); null: the process group's own.
-  std::shared_ptr<AllGather> all_gather_hook_;
   TrainingState training_state_ = TrainingState::kIdle;
   ShardedState sharded_state_ = ShardedState::kSharded;
   std::unique_ptr<PendingGather> pending_gather_;  // set exactly in kGathering
@@ -271,6 +234,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   RootState own_root_{*this, mesh_.device()};  // used when this unit is the root
   RootState* root_ = nullptr;                  // the tree's, set by its lazy_init
   UnitContext unit_{label_, mesh_, own_root_.streams()};
+  // The placement: the all-gather (or broadcasts) and copy-out (unsharder.h).
+  std::unique_ptr<Unsharder> unsharder_;
   // Reduce-scatter, all-reduce, divide rules, accumulation and the reduce hooks.
   std::unique_ptr<GradientReducer> reducer_;
 };
