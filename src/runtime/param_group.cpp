@@ -184,12 +184,14 @@ void ParamGroup::set_sharded_state(ShardedState to) {
 
 void ParamGroup::set_path(const std::string& path, bool is_top) {
   path_ = path;
+  is_top_ = is_top;
   label_ = is_top ? module_->name() + " (root)" : path_;
 }
 
-void ParamGroup::join_tree(RootState* root, const std::string& path, bool is_top) {
-  root_ = root;
-  unit_.bind_streams(root->streams());
+void ParamGroup::join_tree(std::shared_ptr<RootState> tree, const std::string& path, bool is_top) {
+  tree_ = std::move(tree);
+  in_tree_ = true;
+  unit_.bind_streams(tree_->streams());
   set_path(path, is_top);
 }
 
@@ -254,15 +256,34 @@ void ParamGroup::check_hooks_fit(const char* setting) const {
               "sharded with whole_tensor (it broadcasts and reduces whole tensors instead)");
 }
 
+void ParamGroup::check_root_only(const char* setter) const {
+  // Before any tree exists, a unit nested in another fully_shard'ed module will join that
+  // module's tree, whose root's state is the one read.
+  const bool root = in_tree_ ? is_root() : is_top_;
+  TORCH_CHECK(root, "fsdp: ", setter, " called on unit '", label_,
+              "', which is not the root of its tree (",
+              in_tree_ ? "the root is '" + tree().root().label() + "'"
+                       : std::string("it is nested in another fully_shard'ed module"),
+              "): it sets state of the whole tree, which only the root's FSDPModule changes; call "
+              "it on the outermost fully_shard'ed module");
+}
+
+void ParamGroup::set_implicit_prefetch(int count) {
+  check_root_only("set_implicit_prefetch");
+  tree().set_implicit_prefetch(count);
+}
+
 void ParamGroup::set_schedule_recorder(ScheduleRecorder* recorder) {
+  check_root_only("set_schedule_recorder");
   check_not_in_backward(recorder != nullptr ? "set_schedule_recorder(recorder)"
                                             : "set_schedule_recorder(nullptr)");
   tree().streams().set_recorder(recorder);
 }
 
 void ParamGroup::set_is_last_backward(bool last) {
+  check_root_only("set_is_last_backward");
   check_not_in_backward("set_is_last_backward", last);
-  own_root_.set_is_last_backward(last);
+  tree().set_is_last_backward(last);
 }
 
 void ParamGroup::set_unshard_in_backward(bool unshard) {
@@ -317,7 +338,7 @@ void ParamGroup::prefetch_forward() {
   }
   const int count = tree().implicit_prefetch();
   if (count == 0 || last_forward_index_ < 0) return;
-  const auto& order = root_->last_forward_order();
+  const auto& order = tree().last_forward_order();
   for (int k = 1; k <= count && last_forward_index_ + k < static_cast<int>(order.size()); ++k) {
     order[last_forward_index_ + k]->issue_unshard();
   }
@@ -332,7 +353,7 @@ void ParamGroup::prefetch_backward() {
   }
   const int count = tree().implicit_prefetch();
   if (count == 0 || forward_index_ < 0) return;
-  const auto& order = root_->forward_order();
+  const auto& order = tree().forward_order();
   for (int k = 1; k <= count && forward_index_ - k >= 0; ++k) {
     ParamGroup* unit = order[forward_index_ - k];
     // Only units whose backward is still to come; the root gathers once, in forward.
@@ -345,11 +366,11 @@ void ParamGroup::prefetch_backward() {
 // ---- Forward ----
 
 void ParamGroup::pre_forward() {
-  if (root_ == nullptr) own_root_.lazy_init();
-  if (is_root()) root_->begin_step();
+  if (!in_tree_) tree().lazy_init();
+  if (is_root()) tree().begin_step();
   TORCH_CHECK(training_state_ != TrainingState::kForward, "fsdp: unit '", label_,
               "' was called again from inside its own forward");
-  const int position = root_->record_forward(this);
+  const int position = tree().record_forward(this);
   if (forward_index_ < 0) forward_index_ = position;
   issue_unshard();
   prefetch_forward();
@@ -455,7 +476,7 @@ void ParamGroup::post_backward() {
   set_training_state(TrainingState::kIdle);
   if (grads.params.empty()) return;
   if (std::optional<PendingReduce> reduce = reducer_->reduce(std::move(grads))) {
-    root_->add_reduce(std::move(*reduce));
+    tree().add_reduce(std::move(*reduce));
   }
 }
 

@@ -1,6 +1,9 @@
-// ParamGroup: the communication state of one FSDP unit (one fully_shard call), FSDP2's
-// FSDPParamGroup. The tree-wide state (forward order, reductions in flight, end of backward)
-// is the root's RootState (root_state.h); the hooks that call into a unit are in hooks.cpp.
+// ParamGroup: the state machine of one FSDP unit (one fully_shard call), FSDP2's FSDPParamGroup.
+// The tree-wide state (forward order, reductions in flight, end of backward, the tree-wide
+// settings) is one RootState (root_state.h) that every unit of the tree shares once the root's
+// lazy init has bound it; the hooks that call into a unit are in hooks.cpp. The unit's
+// placement (how its parameters are gathered: unsharder.h) and its gradient reduction
+// (gradient_reducer.h) are parts of their own that the state machine calls.
 //
 // A unit has two states, each an enum changed only by its set_*_state function, which asserts
 // that the transition is legal:
@@ -111,8 +114,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void set_backward_prefetch(std::vector<ParamGroup*> units) {
     backward_prefetch_ = std::move(units);
   }
-  // How many units ahead the implicit prefetch gathers (0: off). Read from the root.
-  void set_implicit_prefetch(int count) { own_root_.set_implicit_prefetch(count); }
+  // How many units ahead the implicit prefetch gathers (0: off), for the whole tree. Throws on a
+  // unit that is not its tree's root.
+  void set_implicit_prefetch(int count);
 
   // FSDP2's gradient-accumulation controls, for this unit only (FSDPModule recurses). Throw if
   // a backward pass is running.
@@ -123,7 +127,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // group's own. Throw under a whole-tensor placement, or if a backward pass is running.
   void set_custom_all_gather(std::shared_ptr<AllGather> hook);
   void set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook);
-  // On the root: whether the next backward is the last before the optimizer step.
+  // Whether the next backward is the last before the optimizer step, for the whole tree.
+  // Throws on a unit that is not its tree's root, or if a backward pass is running.
   void set_is_last_backward(bool last);
   // FSDP2's reduction settings of this unit (see FSDPModule). Throw if a backward pass is
   // running, the factor also if it is not finite and > 0.
@@ -138,8 +143,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   std::vector<ParamGroup*> units_under() const;
 
   // Called by the root's RootState.
-  // Joins the tree of root as the unit at path under the root's module.
-  void join_tree(RootState* root, const std::string& path, bool is_top);
+  // Joins tree (sharing its state from now on) as the unit at path under the root's module.
+  void join_tree(std::shared_ptr<RootState> tree, const std::string& path, bool is_top);
   // Start of a step: reshards a unit that a forward left without a backward, forgets the
   // previous positions in the forward order.
   void reset_for_step();
@@ -162,10 +167,11 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   const at::Tensor& flat_shards() const { return flat_shards_; }
   bool is_unsharded() const { return sharded_state_ == ShardedState::kUnsharded; }
   bool gather_in_flight() const { return sharded_state_ == ShardedState::kGathering; }
-  bool is_root() const { return root_ == &own_root_; }
+  // Whether this unit is the root of the tree it joined (false before it joined one).
+  bool is_root() const { return in_tree_ && &tree_->root() == this; }
   // Whether the sharded state lives in host memory while the mesh computes on a device.
   bool offloads_to_host() const { return offload_to_host_; }
-  // On the root: see FSDPModule::set_schedule_recorder.
+  // See FSDPModule::set_schedule_recorder. Throws on a unit that is not its tree's root.
   void set_schedule_recorder(ScheduleRecorder* recorder);
   TrainingState training_state() const { return training_state_; }
   ShardedState sharded_state() const { return sharded_state_; }
@@ -176,8 +182,11 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void set_training_state(TrainingState to);
   void set_sharded_state(ShardedState to);
 
-  const RootState& tree() const { return root_ != nullptr ? *root_ : own_root_; }
-  RootState& tree() { return root_ != nullptr ? *root_ : own_root_; }
+  // The tree's shared state (this unit's own until it joins a tree).
+  RootState& tree() const { return *tree_; }
+  // For the setters of tree-wide state: throws unless this unit is (or, before any tree was
+  // made, can become) the root of its tree, naming the unit and the setter.
+  void check_root_only(const char* setter) const;
   bool reshard_after_forward() const;
   void prefetch_forward();
   void prefetch_backward();
@@ -231,9 +240,11 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   int last_forward_index_ = -1;  // position in the previous step's forward order
   Tracer::Clock::time_point compute_begin_;
 
-  RootState own_root_{*this, mesh_.device()};  // used when this unit is the root
-  RootState* root_ = nullptr;                  // the tree's, set by its lazy_init
-  UnitContext unit_{label_, mesh_, own_root_.streams()};
+  bool is_top_ = true;    // no enclosing module is fully_shard'ed (set_path)
+  bool in_tree_ = false;  // joined a tree (the root's lazy_init)
+  // The tree's shared state, or this unit's own until it joins a tree.
+  std::shared_ptr<RootState> tree_ = std::make_shared<RootState>(*this, mesh_.device());
+  UnitContext unit_{label_, mesh_, tree_->streams()};
   // The placement: the all-gather (or broadcasts) and copy-out (unsharder.h).
   std::unique_ptr<Unsharder> unsharder_;
   // Reduce-scatter, all-reduce, divide rules, accumulation and the reduce hooks.

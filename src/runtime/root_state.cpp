@@ -28,7 +28,7 @@ void RootState::lazy_init() {
   for (const auto& item : root_.module().named_modules()) {
     ParamGroup* unit = param_group_of(*item.value());
     if (unit == nullptr) continue;
-    unit->join_tree(this, item.key(), /*is_top=*/unit == &root_);
+    unit->join_tree(shared_from_this(), item.key(), /*is_top=*/unit == &root_);
     units_.push_back(unit);
     offloads_to_host_ = offloads_to_host_ || unit->offloads_to_host();
   }

@@ -1,10 +1,14 @@
 // RootState: the tree-wide state of one fully_shard'ed tree (FSDP2's FSDPState on the root,
 // with its FSDPStateContext), kept apart from the per-unit communication state (ParamGroup).
 //
-// Every unit owns one, since any unit may turn out to be the root; only the root's is used, and
-// a unit's settings that act tree-wide (implicit prefetch count, is_last_backward) are read from
-// the root's. On the root's first forward, lazy_init makes every unit at or under the root's
-// module point here.
+// One object per tree, shared (FSDP2 shares its FSDPStateContext the same way): a unit makes its
+// own when it is sharded, since any unit may turn out to be the root, and keeps it while it is
+// in no tree, so that the tree-wide settings given to the outermost unit before its first
+// forward have somewhere to live. On the root's first forward, lazy_init binds every unit at or
+// under the root's module to the root's; the others' own are dropped. A unit reaches its tree
+// only through ParamGroup::tree(). The tree-wide settings (implicit prefetch, is_last_backward,
+// the schedule recorder) are set through the root unit only: ParamGroup throws for any other,
+// whose setting would otherwise be lost.
 //
 // Within one training step the root:
 //   - starts the step (begin_step, in the root's pre-forward): units that a forward left
@@ -31,14 +35,16 @@
 
 #include <cstddef>
 #include <deque>
+#include <memory>
 #include <vector>
 
 namespace fsdp::detail {
 
 class ParamGroup;
 
-class RootState {
+class RootState : public std::enable_shared_from_this<RootState> {
  public:
+  // The state of the tree root would be the root of, made by root itself (not yet bound).
   RootState(ParamGroup& root, c10::Device device) : root_(root), streams_(device) {}
   RootState(const RootState&) = delete;
   RootState& operator=(const RootState&) = delete;
@@ -50,9 +56,11 @@ class RootState {
   // reduce-scatters may still be in flight when backward returns.
   void set_is_last_backward(bool last) { is_last_backward_ = last; }
 
-  // Makes every unit at or under the root's module (the root included) a unit of this tree and
-  // names it by its path under the root.
+  // Makes every unit at or under the root's module (the root included) a unit of this tree,
+  // sharing this state, and names it by its path under the root.
   void lazy_init();
+  // The unit whose first forward made this tree (or which would, before lazy_init).
+  const ParamGroup& root() const { return root_; }
   // Called by the root's pre-forward: starts a training step from a clean slate.
   void begin_step();
   // Appends unit to this step's forward order and returns its position there.
