@@ -16,7 +16,8 @@
 //             activations are gone and the full gradients made), post-backward: count
 //             gradients + parameters (RankStats' peak point), reshard, then keep the full
 //             gradients for a later pass (no sync) or copy them into the reduce-scatter input
-//             and free them, at most two reductions in flight; at the end the root's stem
+//             and free them, at most kMaxReductionsInFlight reductions in flight (see
+//             [Note: why reductions are capped at two in flight]); at the end the root's stem
 //             (a tied embedding's second gradient summed with the head's, out of place), the
 //             root's post-backward (its reduction's temporaries while the compute thread
 //             waits) and (syncing) all reductions complete.
@@ -32,6 +33,7 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fsdp/memory_estimate.h>
+#include <fsdp/runtime/in_flight_limits.h>
 #include <fsdp/runtime/whole_tensor.h>
 
 #include <algorithm>
@@ -496,7 +498,8 @@ class StepModel {
   }
 
   // Packs unit i's full gradients (`full` bytes, freed) into the reduction's input and issues
-  // the reduction, keeping at most two in flight.
+  // the reduction, keeping at most kMaxReductionsInFlight in flight (see
+  // [Note: why reductions are capped at two in flight]).
   void issue_reduction(int i, const UnitSizes& u, int64_t full, const std::string& phase) {
     if (whole_tensor_) {
       issue_owner_reductions(i, u, full, phase);
@@ -517,7 +520,13 @@ class StepModel {
     if (shard_ > 1) reduce_scatter_bytes_ += input;
     if (replicate_ > 1 && all_reduce_this_pass_) all_reduce_bytes_ += shard_ == 1 ? input : output;
     if (shard_ > 1) issued_since_compute_.push_back({ring_temporaries(u), kShardGroup});
-    while (pending_.size() > 2) finish_oldest();
+    finish_beyond_cap();
+  }
+
+  // As RootState::add_reduce: the oldest reductions complete once more than
+  // kMaxReductionsInFlight are issued (see [Note: why reductions are capped at two in flight]).
+  void finish_beyond_cap() {
+    while (pending_.size() > static_cast<size_t>(kMaxReductionsInFlight)) finish_oldest();
   }
 
   // whole_tensor: the other owners' buckets are packed into the input, this rank's own into the
@@ -532,7 +541,7 @@ class StepModel {
     obs_.issue_reduction(i, full, input + output, ReductionKind::kReduceScatter, shard_);
     reduce_bytes_ += u.full_numel * reduce_;
     issued_since_compute_.push_back({u.largest_received_numel * reduce_, kShardGroup});
-    while (pending_.size() > 2) finish_oldest();
+    finish_beyond_cap();
   }
 
   // The ring reduce-scatter's (src/comm/gloo) temporaries: its running partial sum and receive

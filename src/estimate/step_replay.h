@@ -2,10 +2,11 @@
 // planner use (src/estimate/memory_estimate.cpp walks it). The walk mirrors the runtime
 // (src/runtime/param_group.cpp, root_state.cpp): which all-gathers are issued when (the unit's
 // own, then the prefetched ones), where the compute thread waits for them, when each unit
-// computes, when gradient reductions are issued and when they are completed (at most two in
-// flight, all at the end of a syncing backward). An observer sees these events in the order the
-// rank's compute thread meets them; the memory accounting is one reader of the walk, the
-// planner's timelines another, so the two can never disagree about the schedule.
+// computes, when gradient reductions are issued and when they are completed (at most
+// kMaxReductionsInFlight in flight, see [Note: why reductions are capped at two in flight] in
+// fsdp/runtime/in_flight_limits.h; all at the end of a syncing backward). An observer sees these
+// events in the order the rank's compute thread meets them; the memory accounting is one reader of
+// the walk, the planner's timelines another, so the two can never disagree about the schedule.
 #pragma once
 
 #include <fsdp/memory_estimate.h>

@@ -2,8 +2,6 @@
 // is one null check in front of the call the runtime made before hooks existed.
 #include "runtime/custom_collectives.h"
 
-#include "runtime/param_group.h"
-
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -57,33 +55,6 @@ WorkHandle start_reduce_scatter(ReduceScatter* hook, ProcessGroup& group, const 
                                 const at::Tensor& input, ReduceOp op, const std::string& unit) {
   if (hook == nullptr) return group.reduce_scatter_tensor(output, input, op);
   return checked_work((*hook)(output, input, group, op), "reduce-scatter", unit);
-}
-
-// ---- ParamGroup's setters, beside the dispatch they configure ----
-
-namespace {
-
-void check_hooks_fit(const FullyShardOptions& options, const std::string& unit,
-                     const char* setting) {
-  // A whole-tensor unit moves each tensor with broadcasts to and reduces from its owner: there
-  // is no all-gather or reduce-scatter for a hook to replace.
-  TORCH_CHECK(!options.whole_tensor(), "fsdp: unit '", unit, "': ", setting,
-              " needs the all-gather / reduce-scatter of Shard(0) placement, but this unit was "
-              "sharded with whole_tensor (it broadcasts and reduces whole tensors instead)");
-}
-
-}  // namespace
-
-void ParamGroup::set_custom_all_gather(std::shared_ptr<AllGather> hook) {
-  check_not_in_backward("set_custom_all_gather");
-  if (hook != nullptr) check_hooks_fit(options_, label_, "set_custom_all_gather");
-  all_gather_hook_ = std::move(hook);
-}
-
-void ParamGroup::set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook) {
-  check_not_in_backward("set_custom_reduce_scatter");
-  if (hook != nullptr) check_hooks_fit(options_, label_, "set_custom_reduce_scatter");
-  reduce_scatter_hook_ = std::move(hook);
 }
 
 }  // namespace fsdp::detail

@@ -168,6 +168,55 @@ std::unordered_set<const c10::TensorImpl*> ignored_parameters(const torch::nn::M
   return ignored;
 }
 
+// The parameters the unit of module manages, in registration order: those neither a nested
+// unit manages or ignores nor this unit ignores, each checked and given its layout.
+std::vector<FSDPParam> unit_params(const torch::nn::Module& module, const DeviceMesh& mesh,
+                                   const FullyShardOptions& options) {
+  // Parameters a nested unit manages or ignores, and those this unit ignores, stay out.
+  std::unordered_set<const c10::TensorImpl*> claimed = ignored_parameters(module, options);
+  for (const auto& item : module.named_modules()) {
+    if (item.key().empty()) continue;
+    if (ParamGroup* group = detail::param_group_of(*item.value())) {
+      for (const auto& p : group->params()) claimed.insert(p.param().unsafeGetTensorImpl());
+      for (const auto& t : group->ignored_params()) claimed.insert(t.unsafeGetTensorImpl());
+    }
+  }
+
+  std::vector<FSDPParam> params;
+  for (auto& [name, tensor] : unique_named_parameters(module)) {
+    if (claimed.count(tensor.unsafeGetTensorImpl()) != 0) continue;
+    TORCH_CHECK(tensor.device() == mesh.device(), "fully_shard: parameter '", name, "' of module '",
+                module.name(), "' is on ", tensor.device(), " but the mesh communicates on ",
+                mesh.device(), "; move the module to the mesh's device before sharding it");
+    TORCH_CHECK(tensor.is_floating_point(), "fully_shard: parameter '", name, "' has dtype ",
+                tensor.scalar_type(), "; only floating-point parameters can be sharded");
+    if (!params.empty()) {
+      TORCH_CHECK(tensor.scalar_type() == params.front().param().scalar_type(),
+                  "fully_shard: parameters of one unit must share a dtype, but '",
+                  params.front().name(), "' is ", params.front().param().scalar_type(), " and '",
+                  name, "' is ", tensor.scalar_type());
+    }
+    params.push_back(make_param(name, tensor, mesh, options, module));
+  }
+
+  return params;
+}
+
+// Checks reshard_after_forward's group size against the mesh: only an int can fail (true and
+// false give W and 1).
+void check_reshard_after_forward(const FullyShardOptions& options, const DeviceMesh& mesh,
+                                 const torch::nn::Module& module) {
+  const auto& reshard = options.reshard_after_forward();
+  if (!reshard) return;
+  const int w = mesh.shard_size();
+  const int size = reshard->group_size(w);
+  TORCH_CHECK(size >= 1 && w % size == 0, "fully_shard: reshard_after_forward=", size,
+              " (an int: how many ranks to reshard to after forward) does not divide the shard "
+              "group of ",
+              w, " ranks of module '", module.name(), "'; give a divisor of ", w, " (", w,
+              " acts as true, 1 as false)");
+}
+
 }  // namespace
 
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const DeviceMesh& mesh,
@@ -186,44 +235,9 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const D
                "device; pass CPUOffloadPolicy().pin_memory(false) to silence this");
   }
   check_whole_tensor(options, mesh, *module);
-  if (const auto& reshard = options.reshard_after_forward()) {
-    // Only an int can fail: true and false give W and 1.
-    const int w = mesh.shard_size();
-    const int size = reshard->group_size(w);
-    TORCH_CHECK(size >= 1 && w % size == 0, "fully_shard: reshard_after_forward=", size,
-                " (an int: how many ranks to reshard to after forward) does not divide the shard "
-                "group of ",
-                w, " ranks of module '", module->name(), "'; give a divisor of ", w, " (", w,
-                " acts as true, 1 as false)");
-  }
+  check_reshard_after_forward(options, mesh, *module);
 
-  // Parameters a nested unit manages or ignores, and those this unit ignores, stay out.
-  std::unordered_set<const c10::TensorImpl*> claimed = ignored_parameters(*module, options);
-  for (const auto& item : module->named_modules()) {
-    if (item.key().empty()) continue;
-    if (ParamGroup* group = detail::param_group_of(*item.value())) {
-      for (const auto& p : group->params()) claimed.insert(p.param().unsafeGetTensorImpl());
-      for (const auto& t : group->ignored_params()) claimed.insert(t.unsafeGetTensorImpl());
-    }
-  }
-
-  std::vector<FSDPParam> params;
-  for (auto& [name, tensor] : unique_named_parameters(*module)) {
-    if (claimed.count(tensor.unsafeGetTensorImpl()) != 0) continue;
-    TORCH_CHECK(tensor.device() == mesh.device(), "fully_shard: parameter '", name, "' of module '",
-                module->name(), "' is on ", tensor.device(), " but the mesh communicates on ",
-                mesh.device(), "; move the module to the mesh's device before sharding it");
-    TORCH_CHECK(tensor.is_floating_point(), "fully_shard: parameter '", name, "' has dtype ",
-                tensor.scalar_type(), "; only floating-point parameters can be sharded");
-    if (!params.empty()) {
-      TORCH_CHECK(tensor.scalar_type() == params.front().param().scalar_type(),
-                  "fully_shard: parameters of one unit must share a dtype, but '",
-                  params.front().name(), "' is ", params.front().param().scalar_type(), " and '",
-                  name, "' is ", tensor.scalar_type());
-    }
-    params.push_back(make_param(name, tensor, mesh, options, *module));
-  }
-
+  std::vector<FSDPParam> params = unit_params(*module, mesh, options);
   cast_unit_buffers(*module, options.mp_policy());
   auto group = std::make_shared<ParamGroup>(module.get(), std::move(params), mesh, options);
   detail::attach_param_group(*module, group);

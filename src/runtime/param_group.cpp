@@ -14,42 +14,21 @@
 // where its result is needed, exactly as before streams; on a device the collective's stream is
 // ordered after the Work at issue and readers wait on its event instead.
 //
-// Gradient flow of one unit in backward: autograd accumulates full gradients into the
-// (unsharded) parameters; post_backward copies them into one flat [W, S] buffer (S = the
-// unit's padded shard numel over trainable parameters), reduce-scatters it (and, HSDP,
-// all-reduces the [S] output across replicas), scales it by FSDP2's divide rules
-// (gradient_reduction.h: by default the collectives average) and hands each parameter a sharded
-// gradient that is a view of the [S] output. A sharded gradient
-// left from an earlier backward (accumulation without zero_grad) is stashed in pre_backward,
-// because AccumulateGrad would otherwise try to add a full gradient to it, and added back in
-// post_backward.
+// Gradients: pre_backward has the unit's GradientReducer stash the sharded gradients, and
+// post_backward hands it the full ones once the unit has resharded (gradient_reducer.h).
 #include "runtime/param_group.h"
-
-#include "runtime/custom_collectives.h"
 
 #include <fsdp/util/error.h>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
-#include <c10/util/strides.h>
 
-#include <algorithm>
-#include <cmath>
 #include <mutex>
 #include <unordered_set>
 
 namespace fsdp::detail {
 namespace {
-
-// A tensor over [offset, offset + numel(shape)) of flat's storage that is not an autograd
-// view of flat: optimizers detach_() gradients in zero_grad, which views do not allow.
-at::Tensor alias_of(const at::Tensor& flat, int64_t offset, c10::IntArrayRef shape) {
-  at::NoGradGuard no_grad;
-  at::Tensor alias = at::empty({0}, flat.options());
-  alias.set_(flat.storage(), flat.storage_offset() + offset, shape, c10::contiguous_strides(shape));
-  return alias;
-}
 
 bool is_legal(TrainingState from, TrainingState to) {
   switch (to) {
@@ -133,20 +112,29 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
   for (const auto& p : params_) total += p.padded_numel();
   const auto dtype = params_.empty() ? at::kFloat : params_.front().param().scalar_type();
   compute_dtype_ = options_.mp_policy().param_dtype().value_or(dtype);
-  reduce_dtype_ = options_.mp_policy().reduce_dtype().value_or(compute_dtype_);
   // Offloaded state lives on the host; a CPU mesh has it there already.
   const auto& offload = options_.offload_policy();
   offload_to_host_ = offload.has_value() && !mesh_.device().is_cpu();
   flat_shards_ = at::empty(
       {total}, offload_to_host_ ? at::TensorOptions().dtype(dtype).device(at::kCPU).pinned_memory(
                                       offload->pin_memory())
-                                : device_options(dtype));
+                                : unit_.device_options(dtype));
   int64_t offset = 0;
   for (auto& p : params_) {
     p.init_sharded(flat_shards_.narrow(0, offset, p.padded_numel()));
     offset += p.padded_numel();
   }
-  if (options_.whole_tensor() && mesh_.shard_size() > 1) build_owner_buckets();
+  // A whole-tensor placement over one rank is Shard(0)'s: each tensor whole on that rank.
+  std::vector<OwnerBucket> buckets;
+  if (options_.whole_tensor() && mesh_.shard_size() > 1) {
+    buckets = owner_buckets(params_, *options_.whole_tensor());
+  }
+  const UnsharderArgs args{unit_, params_, flat_shards_, compute_dtype_, offload_to_host_};
+  unsharder_ =
+      buckets.empty() ? make_shard_unsharder(args) : make_whole_tensor_unsharder(args, buckets);
+  reducer_ = std::make_unique<GradientReducer>(
+      unit_, params_, flat_shards_, options_.mp_policy().reduce_dtype().value_or(compute_dtype_),
+      offload_to_host_, std::move(buckets));
   if (options_.reshard_after_forward().has_value()) {
     // fully_shard checked that the size divides the shard group.
     const int size = options_.reshard_after_forward()->group_size(mesh_.shard_size());
@@ -196,11 +184,14 @@ void ParamGroup::set_sharded_state(ShardedState to) {
 
 void ParamGroup::set_path(const std::string& path, bool is_top) {
   path_ = path;
+  is_top_ = is_top;
   label_ = is_top ? module_->name() + " (root)" : path_;
 }
 
-void ParamGroup::join_tree(RootState* root, const std::string& path, bool is_top) {
-  root_ = root;
+void ParamGroup::join_tree(std::shared_ptr<RootState> tree, const std::string& path, bool is_top) {
+  tree_ = std::move(tree);
+  in_tree_ = true;
+  unit_.bind_streams(tree_->streams());
   set_path(path, is_top);
 }
 
@@ -231,7 +222,7 @@ void ParamGroup::check_not_in_backward(const char* setting) const {
 
 void ParamGroup::set_requires_gradient_sync(bool sync) {
   check_not_in_backward("set_requires_gradient_sync", sync);
-  requires_gradient_sync_ = sync;
+  reducer_->set_requires_gradient_sync(sync);
 }
 
 void ParamGroup::set_reshard_after_backward(bool reshard) {
@@ -245,15 +236,54 @@ void ParamGroup::set_reshard_after_forward(bool reshard) {
   post_forward_group_ = nullptr;  // a bool replaces an int given to fully_shard
 }
 
+void ParamGroup::set_custom_all_gather(std::shared_ptr<AllGather> hook) {
+  check_not_in_backward("set_custom_all_gather");
+  if (hook != nullptr) check_hooks_fit("set_custom_all_gather");
+  unsharder_->set_all_gather_hook(std::move(hook));
+}
+
+void ParamGroup::set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook) {
+  check_not_in_backward("set_custom_reduce_scatter");
+  if (hook != nullptr) check_hooks_fit("set_custom_reduce_scatter");
+  reducer_->set_reduce_scatter_hook(std::move(hook));
+}
+
+void ParamGroup::check_hooks_fit(const char* setting) const {
+  // A whole-tensor unit moves each tensor with broadcasts to and reduces from its owner: there
+  // is no all-gather or reduce-scatter for a hook to replace.
+  TORCH_CHECK(!options_.whole_tensor(), "fsdp: unit '", label_, "': ", setting,
+              " needs the all-gather / reduce-scatter of Shard(0) placement, but this unit was "
+              "sharded with whole_tensor (it broadcasts and reduces whole tensors instead)");
+}
+
+void ParamGroup::check_root_only(const char* setter) const {
+  // Before any tree exists, a unit nested in another fully_shard'ed module will join that
+  // module's tree, whose root's state is the one read.
+  const bool root = in_tree_ ? is_root() : is_top_;
+  TORCH_CHECK(root, "fsdp: ", setter, " called on unit '", label_,
+              "', which is not the root of its tree (",
+              in_tree_ ? "the root is '" + tree().root().label() + "'"
+                       : std::string("it is nested in another fully_shard'ed module"),
+              "): it sets state of the whole tree, which only the root's FSDPModule changes; call "
+              "it on the outermost fully_shard'ed module");
+}
+
+void ParamGroup::set_implicit_prefetch(int count) {
+  check_root_only("set_implicit_prefetch");
+  tree().set_implicit_prefetch(count);
+}
+
 void ParamGroup::set_schedule_recorder(ScheduleRecorder* recorder) {
+  check_root_only("set_schedule_recorder");
   check_not_in_backward(recorder != nullptr ? "set_schedule_recorder(recorder)"
                                             : "set_schedule_recorder(nullptr)");
   tree().streams().set_recorder(recorder);
 }
 
 void ParamGroup::set_is_last_backward(bool last) {
+  check_root_only("set_is_last_backward");
   check_not_in_backward("set_is_last_backward", last);
-  own_root_.set_is_last_backward(last);
+  tree().set_is_last_backward(last);
 }
 
 void ParamGroup::set_unshard_in_backward(bool unshard) {
@@ -263,46 +293,22 @@ void ParamGroup::set_unshard_in_backward(bool unshard) {
 
 void ParamGroup::set_requires_all_reduce(bool all_reduce) {
   check_not_in_backward("set_requires_all_reduce", all_reduce);
-  requires_all_reduce_ = all_reduce;
+  reducer_->set_requires_all_reduce(all_reduce);
 }
 
 void ParamGroup::set_gradient_divide_factor(double factor) {
   check_not_in_backward("set_gradient_divide_factor");
-  TORCH_CHECK(std::isfinite(factor) && factor > 0, "fsdp: set_gradient_divide_factor(", factor,
-              ") on unit '", label_,
-              "': the factor divides the summed gradients and must be finite and > 0");
-  gradient_divide_factor_ = factor;
+  reducer_->set_gradient_divide_factor(factor);
 }
 
 void ParamGroup::set_force_sum_reduction_for_comms(bool enable) {
   check_not_in_backward("set_force_sum_reduction_for_comms", enable);
-  force_sum_reduction_ = enable;
+  reducer_->set_force_sum_reduction_for_comms(enable);
 }
 
 void ParamGroup::set_all_reduce_hook(std::function<void(at::Tensor&)> hook) {
   check_not_in_backward("set_all_reduce_hook");
-  all_reduce_hook_ = std::move(hook);
-}
-
-GradientReduction ParamGroup::reduction_plan() const {
-  return plan_gradient_reduction(mesh_.shard_size(), mesh_.replicate_size(), reduce_dtype_,
-                                 gradient_divide_factor_, force_sum_reduction_);
-}
-
-void ParamGroup::rethrow_with_context(const char* what, const std::exception& e) const {
-  TORCH_CHECK(false, "fsdp: ", what, " of unit '", label_, "' on rank ", mesh_.shard_rank(), " of ",
-              mesh_.shard_size(), " failed: ", error_message(e));
-}
-
-void ParamGroup::wait_for(const WorkHandle& work, const char* what) {
-  const auto start = Tracer::Clock::now();
-  try {
-    work->wait();
-  } catch (const std::exception& e) {
-    rethrow_with_context(what, e);
-  }
-  mesh_.stats().add_exposed_comm(
-      std::chrono::duration<double>(Tracer::Clock::now() - start).count());
+  reducer_->set_all_reduce_hook(std::move(hook));
 }
 
 void ParamGroup::reset_for_step() {
@@ -332,7 +338,7 @@ void ParamGroup::prefetch_forward() {
   }
   const int count = tree().implicit_prefetch();
   if (count == 0 || last_forward_index_ < 0) return;
-  const auto& order = root_->last_forward_order();
+  const auto& order = tree().last_forward_order();
   for (int k = 1; k <= count && last_forward_index_ + k < static_cast<int>(order.size()); ++k) {
     order[last_forward_index_ + k]->issue_unshard();
   }
@@ -347,7 +353,7 @@ void ParamGroup::prefetch_backward() {
   }
   const int count = tree().implicit_prefetch();
   if (count == 0 || forward_index_ < 0) return;
-  const auto& order = root_->forward_order();
+  const auto& order = tree().forward_order();
   for (int k = 1; k <= count && forward_index_ - k >= 0; ++k) {
     ParamGroup* unit = order[forward_index_ - k];
     // Only units whose backward is still to come; the root gathers once, in forward.
@@ -360,11 +366,11 @@ void ParamGroup::prefetch_backward() {
 // ---- Forward ----
 
 void ParamGroup::pre_forward() {
-  if (root_ == nullptr) own_root_.lazy_init();
-  if (is_root()) root_->begin_step();
+  if (!in_tree_) tree().lazy_init();
+  if (is_root()) tree().begin_step();
   TORCH_CHECK(training_state_ != TrainingState::kForward, "fsdp: unit '", label_,
               "' was called again from inside its own forward");
-  const int position = root_->record_forward(this);
+  const int position = tree().record_forward(this);
   if (forward_index_ < 0) forward_index_ = position;
   issue_unshard();
   prefetch_forward();
@@ -427,11 +433,7 @@ void ParamGroup::pre_backward() {
     skip_unshard_for_backward();
     prefetch_backward();
   }
-  for (auto& p : params_) {
-    if (!p.requires_grad()) continue;
-    p.stashed_grad = p.param().grad();
-    p.param().mutable_grad() = at::Tensor();
-  }
+  reducer_->stash_sharded_grads();
   set_training_state(TrainingState::kPreBackward);
   compute_begin_ = Tracer::Clock::now();
 }
@@ -458,13 +460,13 @@ void ParamGroup::post_backward() {
   if (backward_ran) {
     mesh_.tracer().complete("compute", "backward", compute_begin_, Tracer::Clock::now(), label_);
   }
-  if (backward_ran && (unsharded_phase_ != nullptr || reduces_gradients())) {
+  if (backward_ran && (unsharded_phase_ != nullptr || reducer_->reduces_gradients())) {
     DeviceStreams::Op op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kBackward,
                          label_);
     if (unsharded_phase_ != nullptr) op.reads("unsharded", unsharded_phase_);
     op.writes("grad");
   }
-  UnitGrads grads = take_grads(backward_ran);
+  UnitGrads grads = reducer_->take_grads(backward_ran);
   // The unit's full gradients are alive together with its full parameters at this point, the
   // unit's peak: record it, then release both.
   RankStats& stats = mesh_.stats();
@@ -473,328 +475,8 @@ void ParamGroup::post_backward() {
   stats.add_unsharded_grads(-grads.full_bytes);
   set_training_state(TrainingState::kIdle);
   if (grads.params.empty()) return;
-
-  add_unsynced_grads(grads);
-  if (!requires_gradient_sync_) {
-    keep_unsynced_grads(grads);
-  } else if (mesh_.shard_size() == 1 && mesh_.replicate_group() == nullptr) {
-    assign_single_rank_grads(grads);
-  } else if (mesh_.shard_size() == 1 && !requires_all_reduce_) {
-    // Replicas only and no all-reduce: nothing to communicate; the packed gradients join the
-    // partial sum (FSDP2 copies them to the reduce output and keeps that).
-    PendingReduce local;
-    StreamEvent packed;
-    local.input = pack_reduce_input(grads, packed);
-    const double pre_scale = reduction_plan().pre_scale;
-    if (pre_scale != 1.0) local.input.mul_(pre_scale);
-    local.params = std::move(grads.params);
-    local.previous = std::move(grads.previous);
-    keep_partial_reduce(local.input, local);
-  } else {
-    root_->add_reduce(whole_tensor() ? issue_owner_reduces(std::move(grads))
-                                     : issue_reduce(std::move(grads)));
-  }
-}
-
-bool ParamGroup::reduces_gradients() const {
-  const bool trainable = std::any_of(params_.begin(), params_.end(),
-                                     [](const FSDPParam& p) { return p.requires_grad(); });
-  return trainable && requires_gradient_sync_ &&
-         (mesh_.shard_size() > 1 || mesh_.replicate_group() != nullptr);
-}
-
-ParamGroup::UnitGrads ParamGroup::take_grads(bool backward_ran) {
-  UnitGrads grads;
-  for (auto& p : params_) {
-    if (!p.requires_grad()) continue;
-    at::Tensor grad = p.param().grad();
-    at::Tensor before = std::move(p.stashed_grad);
-    if (!backward_ran) {
-      // Pre-backward never ran, so this unit got no gradient this backward: whatever
-      // gradient the parameter holds is a sharded one from before.
-      before = std::move(grad);
-      grad = at::Tensor();
-    }
-    p.stashed_grad = at::Tensor();
-    p.param().mutable_grad() = at::Tensor();
-    if (grad.defined()) grads.full_bytes += grad.nbytes();
-    grads.params.push_back(&p);
-    grads.full.push_back(std::move(grad));
-    grads.previous.push_back(std::move(before));
-    grads.reduce_numel += p.padded_numel();
-  }
-  return grads;
-}
-
-void ParamGroup::add_unsynced_grads(UnitGrads& grads) {
-  // Gradients of earlier backward passes that did not sync are added first, so the sum is
-  // formed in the same order as autograd's accumulation in a single process.
-  RankStats& stats = mesh_.stats();
-  for (size_t i = 0; i < grads.params.size(); ++i) {
-    FSDPParam& p = *grads.params[i];
-    if (!p.unsynced_grad.defined()) continue;
-    stats.add_unsharded_grads(-p.unsynced_grad.nbytes());
-    if (grads.full[i].defined()) p.unsynced_grad.add_(grads.full[i]);
-    grads.full[i] = std::move(p.unsynced_grad);
-    p.unsynced_grad = at::Tensor();
-  }
-}
-
-void ParamGroup::keep_unsynced_grads(UnitGrads& grads) {
-  // No reduction this time: keep the full gradients (in the reduce dtype) for the backward
-  // that syncs, and give the parameters back the sharded gradients they had.
-  for (size_t i = 0; i < grads.params.size(); ++i) {
-    FSDPParam& p = *grads.params[i];
-    if (grads.full[i].defined()) {
-      p.unsynced_grad = grads.full[i].to(reduce_dtype_).contiguous();
-      mesh_.stats().add_unsharded_grads(p.unsynced_grad.nbytes());
-    }
-    p.param().mutable_grad() = grads.previous[i];
-  }
-}
-
-void ParamGroup::assign_single_rank_grads(UnitGrads& grads) {
-  // One rank: the full gradient is the sharded gradient; nothing to copy or reduce. (Rounding
-  // through the reduce dtype is kept, as a one-rank reduction in it would do.)
-  // A divide factor or hook applies as to a one-rank reduction: the hook sees the unit's
-  // gradients packed into one flat tensor.
-  const at::ScalarType master_dtype = flat_shards_.scalar_type();
-  const GradientReduction plan = reduction_plan();
-  for (auto& full : grads.full) {
-    if (!full.defined()) continue;
-    full = full.to(reduce_dtype_);
-    if (plan.pre_scale != 1.0) full = full.mul(plan.pre_scale);
-  }
-  if (all_reduce_hook_) {
-    std::vector<at::Tensor> flat;
-    for (size_t i = 0; i < grads.params.size(); ++i) {
-      flat.push_back(grads.full[i].defined() ? grads.full[i].reshape({-1})
-                                             : at::zeros({grads.params[i]->padded_numel()},
-                                                         device_options(reduce_dtype_)));
-    }
-    at::Tensor packed = at::cat(flat);
-    run_all_reduce_hook(packed);
-    int64_t offset = 0;
-    for (size_t i = 0; i < grads.params.size(); ++i) {
-      const int64_t numel = grads.params[i]->padded_numel();
-      grads.full[i] = packed.narrow(0, offset, numel);
-      offset += numel;
-    }
-  }
-  for (size_t i = 0; i < grads.params.size(); ++i) {
-    FSDPParam& p = *grads.params[i];
-    const auto shape = p.layout().padded_shape(p.global_shape());
-    at::Tensor full;
-    if (grads.full[i].defined()) {
-      full = grads.full[i];
-      if (plan.post_divide != 1.0) full = full.div(plan.post_divide);
-      full = full.to(master_dtype);
-      if (offload_to_host_) full = full.to(at::kCPU);
-    }
-    at::Tensor grad = full.defined() ? alias_of(full.contiguous(), 0, shape)
-                                     : at::zeros(shape, flat_shards_.options());
-    if (grads.previous[i].defined()) grad.add_(grads.previous[i]);
-    p.param().mutable_grad() = grad;
-  }
-}
-
-at::Tensor ParamGroup::pack_reduce_input(UnitGrads& grads, StreamEvent& packed) {
-  // On compute, where autograd wrote the full gradients, so they are freed as soon as copied
-  // (FSDP2's order); the reduce-scatter stream waits on `packed`.
-  DeviceStreams::Op op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kRsCopyIn,
-                       label_);
-  op.reads("grad").writes("rs_in").frees("grad");
-  const int world = mesh_.shard_size();
-  at::Tensor input = allocate_reduce_buffer(reduce_scatter_hook_.get(), world * grads.reduce_numel,
-                                            device_options(reduce_dtype_), label_);
-  TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
-  const at::Tensor input_2d = input.view({world, grads.reduce_numel});
-  int64_t column = 0;
-  for (size_t i = 0; i < grads.params.size(); ++i) {
-    FSDPParam& p = *grads.params[i];
-    const at::Tensor slot = input_2d.narrow(1, column, p.padded_numel());
-    if (grads.full[i].defined()) {
-      p.copy_chunks_into(grads.full[i], slot);
-    } else {
-      slot.zero_();  // an unused parameter contributes a zero gradient
-    }
-    grads.full[i] = at::Tensor();
-    column += p.padded_numel();
-  }
-  packed = op.record("rs_copied_in");
-  return input;
-}
-
-PendingReduce ParamGroup::issue_reduce(UnitGrads grads) {
-  const int world = mesh_.shard_size();
-  ProcessGroup* replicas = mesh_.replicate_group();
-  PendingReduce reduce;
-  reduce.unit = this;
-  reduce.input = pack_reduce_input(grads, reduce.packed);
-  reduce.params = std::move(grads.params);
-  reduce.previous = std::move(grads.previous);
-  const GradientReduction plan = reduction_plan();
-  reduce.keep_partial = replicas != nullptr && !requires_all_reduce_;
-  reduce.replicate_after = replicas != nullptr && world > 1 && requires_all_reduce_;
-  reduce.all_reduce_op = plan.all_reduce_op;
-  reduce.post_divide = plan.post_divide;
-  mesh_.stats().add_comm_buffers(reduce.input.nbytes());
-  reduce.issued = Tracer::Clock::now();
-  const CollectiveLabel collective_label(label_);
-  DeviceStreams& streams = tree().streams();
-  streams.flush(ScheduleStream::kReduceScatter);
-  try {
-    if (world == 1) {
-      // No shard dimension (DDP-style replication): the packed gradients are all-reduced
-      // across replicas in place.
-      DeviceStreams::Op op(streams, ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce, label_);
-      op.wait(reduce.packed).reads("rs_in").writes("rs_in");
-      reduce.output = reduce.input;
-      if (plan.pre_scale != 1.0) reduce.output.mul_(plan.pre_scale);
-      if (partial_reduce_output_.defined()) {
-        reduce.output.add_(partial_reduce_output_);
-        mesh_.stats().add_comm_buffers(-partial_reduce_output_.nbytes());
-        partial_reduce_output_ = at::Tensor();
-      }
-      reduce.op = "all-reduce";
-      reduce.work = replicas->all_reduce(reduce.output, plan.all_reduce_op);
-      order_stream_after(reduce.work);
-      reduce.reduced = op.record("reduced");
-    } else {
-      DeviceStreams::Op op(streams, ScheduleStream::kReduceScatter, ScheduleOpKind::kReduceScatter,
-                           label_);
-      op.wait(reduce.packed).reads("rs_in").writes("rs_out");
-      reduce.output = allocate_reduce_buffer(reduce_scatter_hook_.get(), grads.reduce_numel,
-                                             device_options(reduce_dtype_), label_);
-      if (plan.pre_scale != 1.0) reduce.input.mul_(plan.pre_scale);
-      reduce.work =
-          start_reduce_scatter(reduce_scatter_hook_.get(), mesh_.shard_group(), reduce.output,
-                               reduce.input, plan.reduce_scatter_op, label_);
-      order_stream_after(reduce.work);
-      reduce.reduced = op.record("reduced");
-    }
-  } catch (const std::exception& e) {
-    mesh_.stats().add_comm_buffers(-reduce.input.nbytes());
-    rethrow_with_context("reduce-scatter of gradients", e);
-  }
-  return reduce;
-}
-
-void ParamGroup::finish_reduce(PendingReduce& reduce) {
-  TORCH_INTERNAL_ASSERT(reduce.unit == this, "fsdp: unit '", label_,
-                        "' asked to finish another unit's reduction");
-  DeviceStreams& streams = tree().streams();
-  // With streams, compute waits on the reduction's event below instead of the host here.
-  if (streams.in_program_order()) wait_for(reduce.work, "reduction of gradients");
-  const int64_t input_bytes = reduce.input.nbytes();
-  mesh_.tracer().complete("comm", reduce.op, reduce.issued, reduce.work->finished_at(), label_,
-                          input_bytes, "comm");
-  mesh_.stats().add_comm_buffers(-input_bytes);
-  // In program order the reduction has completed: free its input now, as ever. With streams the
-  // input (allocated on compute) is freed once compute has waited on the reduction.
-  if (streams.in_program_order()) reduce.input = at::Tensor();
-  if (reduce.keep_partial) {
-    // On a device the host waits for the reduce-scatter before compute adds its output.
-    if (!streams.in_program_order()) wait_for(reduce.work, "reduction of gradients");
-    keep_partial_reduce(reduce.output, reduce);
-    return;
-  }
-  const StreamEvent ready =
-      reduce.replicate_after
-          ? all_reduce_across_replicas(reduce.output, reduce.reduced, reduce.all_reduce_op)
-          : reduce.reduced;
-  const bool scattered = mesh_.shard_size() > 1;
-  StreamEvent finished;
-  {
-    DeviceStreams::Op op(streams, ScheduleStream::kCompute, ScheduleOpKind::kFinishReduce, label_);
-    op.wait(ready).reads(scattered ? "rs_out" : "rs_in").writes("sharded_grad").frees("rs_in");
-    reduce.input = at::Tensor();
-    // The hook sees the reduced (all-reduced) gradients on compute, after the wait on ready.
-    if (all_reduce_hook_) run_all_reduce_hook(reduce.output);
-    if (reduce.post_divide != 1.0) reduce.output.div_(reduce.post_divide);
-    // Sharded gradients live in the master (sharded parameter) dtype, and with offload on the
-    // host. The copy to the host overlaps unless a gradient is accumulated into on the host
-    // (FSDP2's rule); end of backward waits for it.
-    at::Tensor sharded = reduce.output.to(flat_shards_.scalar_type());
-    if (offload_to_host_) {
-      const bool accumulates = std::any_of(reduce.previous.begin(), reduce.previous.end(),
-                                           [](const at::Tensor& t) { return t.defined(); });
-      sharded = sharded.to(sharded.options().device(at::kCPU),
-                           /*non_blocking=*/flat_shards_.is_pinned() && !accumulates);
-    }
-    assign_sharded_grads(sharded, reduce);
-    finished = op.record("finished");
-  }
-  // The output (allocated on the reduce-scatter stream) may live on as the sharded gradients;
-  // this drops the runtime's own reference, ordered after the finish (FSDP2 does the same).
-  if (scattered) {
-    streams.release_after(ScheduleStream::kReduceScatter, std::move(reduce.output), finished,
-                          "rs_out", label_);
-  }
-}
-
-StreamEvent ParamGroup::all_reduce_across_replicas(const at::Tensor& reduced,
-                                                   const StreamEvent& after, ReduceOp op_kind) {
-  // HSDP: this rank's reduced shard, summed over the replicas holding the same shard.
-  const auto issued = Tracer::Clock::now();
-  const CollectiveLabel collective_label(label_);
-  DeviceStreams& streams = tree().streams();
-  DeviceStreams::Op op(streams, ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce, label_);
-  op.wait(after).reads("rs_out").writes("rs_out");
-  if (partial_reduce_output_.defined()) {
-    // set_requires_all_reduce: the sum of earlier backward passes' reduce-scattered gradients.
-    reduced.add_(partial_reduce_output_);
-    mesh_.stats().add_comm_buffers(-partial_reduce_output_.nbytes());
-    partial_reduce_output_ = at::Tensor();
-  }
-  WorkHandle across = mesh_.replicate_group()->all_reduce(reduced, op_kind);
-  if (streams.in_program_order()) {
-    wait_for(across, "all-reduce of gradients across replicas");
-  } else {
-    try {
-      order_stream_after(across);
-    } catch (const std::exception& e) {
-      rethrow_with_context("all-reduce of gradients across replicas", e);
-    }
-  }
-  mesh_.tracer().complete("comm", "all-reduce", issued, across->finished_at(), label_,
-                          reduced.nbytes(), "comm");
-  return op.record("all_reduced");
-}
-
-void ParamGroup::keep_partial_reduce(const at::Tensor& reduced, const PendingReduce& reduce) {
-  if (partial_reduce_output_.defined()) {
-    partial_reduce_output_.add_(reduced);
-  } else {
-    partial_reduce_output_ = reduced;  // a buffer of this reduction's own
-    mesh_.stats().add_comm_buffers(partial_reduce_output_.nbytes());
-  }
-  for (size_t i = 0; i < reduce.params.size(); ++i) {
-    reduce.params[i]->param().mutable_grad() = reduce.previous[i];
-  }
-}
-
-void ParamGroup::run_all_reduce_hook(at::Tensor& reduced) const {
-  const auto sizes = reduced.sizes().vec();
-  const auto dtype = reduced.scalar_type();
-  all_reduce_hook_(reduced);
-  TORCH_CHECK(reduced.defined() && reduced.sizes().vec() == sizes &&
-                  reduced.scalar_type() == dtype && reduced.device() == mesh_.device(),
-              "fsdp: the all-reduce hook of unit '", label_, "' must leave its tensor ", sizes, " ",
-              dtype, " on ", mesh_.device(), " as it was (modify it in place), got ",
-              reduced.defined()
-                  ? c10::str(reduced.sizes(), " ", reduced.scalar_type(), " on ", reduced.device())
-                  : std::string("an undefined tensor"));
-}
-
-void ParamGroup::assign_sharded_grads(const at::Tensor& reduced, const PendingReduce& reduce) {
-  int64_t offset = 0;
-  for (size_t i = 0; i < reduce.params.size(); ++i) {
-    FSDPParam& p = *reduce.params[i];
-    at::Tensor grad = alias_of(reduced, offset, p.layout().padded_shape(p.global_shape()));
-    if (reduce.previous[i].defined()) grad.add_(reduce.previous[i]);
-    p.param().mutable_grad() = grad;
-    offset += p.padded_numel();
+  if (std::optional<PendingReduce> reduce = reducer_->reduce(std::move(grads))) {
+    tree().add_reduce(std::move(*reduce));
   }
 }
 
@@ -813,88 +495,24 @@ void ParamGroup::issue_unshard() {
   auto pending = std::make_unique<PendingGather>();
   // A gather for backward follows the unit's forward; the schedule names the two apart.
   pending->phase = training_state_ == TrainingState::kAwaitingBackward ? "bwd" : "fwd";
-  if (whole_tensor()) {
-    issue_broadcasts(*pending);
-    pending_gather_ = std::move(pending);
-    set_sharded_state(ShardedState::kGathering);
-    return;
-  }
-  ProcessGroup* group = &mesh_.shard_group();
-  if (sharded_state_ == ShardedState::kPostForwardPiece) {
+  const bool from_piece = sharded_state_ == ShardedState::kPostForwardPiece;
+  if (from_piece) {
     // hpZ: gather the pieces of this rank's post-forward group, whose [N, W/N * S] output is
     // the same [W, S] buffer a gather over the shard group would give.
-    group = post_forward_group_.get();
+    pending->group = post_forward_group_.get();
     pending->piece_bytes = post_forward_piece_.nbytes();
+    pending->piece_ready = piece_ready_;
     pending->input = std::move(post_forward_piece_);  // leaves the piece undefined
   }
-  copy_in(*pending);
-  mesh_.stats().add_comm_buffers(pending->buffer.nbytes());
-  mesh_.stats().add_unsharded_units(1);
-  pending->issued = Tracer::Clock::now();
   try {
-    issue_gather(*pending, *group);
-  } catch (const std::exception& e) {
-    uncount_gather(*pending, /*gathered=*/false);
+    unsharder_->issue(*pending);
+  } catch (...) {
     // A piece handed to the failed gather is gone with it.
-    if (sharded_state_ == ShardedState::kPostForwardPiece) {
-      set_sharded_state(ShardedState::kSharded);
-    }
-    rethrow_with_context("all-gather of parameters", e);
+    if (from_piece) set_sharded_state(ShardedState::kSharded);
+    throw;
   }
   pending_gather_ = std::move(pending);
   set_sharded_state(ShardedState::kGathering);
-}
-
-void ParamGroup::copy_in(PendingGather& pending) {
-  DeviceStreams& streams = tree().streams();
-  // Earlier gathers' buffers are released first, so the caching allocator can reuse them.
-  streams.flush(ScheduleStream::kCopyIn);
-  DeviceStreams::Op op(streams, ScheduleStream::kCopyIn, ScheduleOpKind::kCopyIn, label_);
-  op.wait_for_step_begin();
-  if (pending.piece_bytes > 0) {
-    op.wait(piece_ready_).reads("piece");
-  } else {
-    op.reads("shard");
-    const bool cast = compute_dtype_ != flat_shards_.scalar_type();
-    if (cast || offload_to_host_) {
-      TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
-      pending.input = offload_to_host_ ? flat_shards_.to(device_options(compute_dtype_),
-                                                         /*non_blocking=*/true)
-                                       : flat_shards_.to(compute_dtype_);
-      op.writes("ag_in", pending.phase);
-    }
-  }
-  pending.buffer =
-      allocate_gather_buffer(all_gather_hook_.get(), mesh_.shard_size() * flat_shards_.numel(),
-                             device_options(compute_dtype_), label_);
-  op.writes("ag_buf", pending.phase);
-  pending.copied_in = op.record("copied_in", pending.phase);
-}
-
-void ParamGroup::issue_gather(PendingGather& pending, ProcessGroup& group) {
-  DeviceStreams::Op op(tree().streams(), ScheduleStream::kAllGather, ScheduleOpKind::kAllGather,
-                       label_);
-  const bool piece = pending.piece_bytes > 0;
-  op.wait(pending.copied_in);
-  if (!pending.input.defined()) {
-    op.reads("shard");
-  } else if (piece) {
-    op.reads("piece");
-  } else {
-    op.reads("ag_in", pending.phase);
-  }
-  op.writes("ag_buf", pending.phase);
-  const CollectiveLabel collective_label(label_);
-  pending.work = start_all_gather(all_gather_hook_.get(), group, pending.buffer,
-                                  pending.input.defined() ? pending.input : flat_shards_, label_);
-  order_stream_after(pending.work);
-  pending.gathered = op.record("gathered", pending.phase);
-}
-
-void ParamGroup::order_stream_after(const WorkHandle& work) {
-  // In program order the host waits where the result is needed (wait_for). With streams the
-  // current (guarded) stream waits for the collective, not the host (Work::wait_on_stream).
-  if (!tree().streams().in_program_order()) work->wait_on_stream();
 }
 
 void ParamGroup::unshard_without_gather() {
@@ -911,63 +529,12 @@ void ParamGroup::wait_unshard() {
   if (sharded_state_ == ShardedState::kUnsharded) return;
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
   try {
-    // With streams, copy-out's wait on the gather's event orders compute instead (whole-tensor
-    // broadcasts are waited on by the host: their copy-out is not on the stream schedule).
-    if (whole_tensor() || tree().streams().in_program_order()) {
-      wait_for(pending->work, gather_name());
-    }
+    unsharded_phase_ = unsharder_->complete(*pending);
   } catch (...) {
-    uncount_gather(*pending, /*gathered=*/false);
     set_sharded_state(ShardedState::kSharded);
     throw;
   }
-  mesh_.tracer().complete("comm", whole_tensor() ? "broadcast" : "all-gather", pending->issued,
-                          pending->work->finished_at(), label_, pending->buffer.nbytes(), "comm");
-  if (whole_tensor()) {
-    copy_out_broadcasts(*pending);
-    uncount_gather(*pending, /*gathered=*/true);
-    set_sharded_state(ShardedState::kUnsharded);
-    return;
-  }
-  const StreamEvent copied_out = copy_out(*pending);
-  uncount_gather(*pending, /*gathered=*/true);
-  release_gather(*pending, copied_out);
   set_sharded_state(ShardedState::kUnsharded);
-}
-
-StreamEvent ParamGroup::copy_out(PendingGather& pending) {
-  StreamEvent copied_out;
-  {
-    DeviceStreams::Op op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kCopyOut,
-                         label_);
-    op.wait(pending.gathered).reads("ag_buf", pending.phase).writes("unsharded", pending.phase);
-    TraceScope trace(mesh_.tracer(), "copy", "copy-out", label_);
-    const at::Tensor gathered_2d = pending.buffer.view({mesh_.shard_size(), flat_shards_.numel()});
-    int64_t column = 0;
-    for (auto& p : params_) {
-      p.unshard_from(gathered_2d, column);
-      mesh_.stats().add_unsharded_params(p.unsharded_bytes());
-      column += p.padded_numel();
-    }
-    copied_out = op.record("copied_out", pending.phase);
-  }
-  unsharded_phase_ = pending.phase;
-  return copied_out;
-}
-
-void ParamGroup::release_gather(PendingGather& pending, const StreamEvent& last_read) {
-  DeviceStreams& streams = tree().streams();
-  if (pending.piece_bytes > 0) {
-    // The hpZ piece was made on compute; compute has waited on (or now waits on) the gather.
-    streams.release_after(ScheduleStream::kCompute, std::move(pending.input), pending.gathered,
-                          "piece", label_);
-    streams.flush(ScheduleStream::kCompute);
-  } else if (pending.input.defined()) {
-    streams.release_after(ScheduleStream::kCopyIn, std::move(pending.input), pending.gathered,
-                          "ag_in", label_, pending.phase);
-  }
-  streams.release_after(ScheduleStream::kCopyIn, std::move(pending.buffer), last_read, "ag_buf",
-                        label_, pending.phase);
 }
 
 void ParamGroup::drop_pending_gather() {
@@ -975,22 +542,8 @@ void ParamGroup::drop_pending_gather() {
   // A prefetched all-gather whose unit did not run: complete it (every rank issued it) and
   // drop the result.
   std::unique_ptr<PendingGather> pending = std::move(pending_gather_);
-  uncount_gather(*pending, /*gathered=*/false);
   set_sharded_state(ShardedState::kSharded);
-  if (whole_tensor()) {
-    wait_for(pending->work, gather_name());
-    return;
-  }
-  if (tree().streams().in_program_order()) wait_for(pending->work, gather_name());
-  release_gather(*pending, pending->gathered);
-}
-
-void ParamGroup::uncount_gather(const PendingGather& pending, bool gathered) {
-  RankStats& stats = mesh_.stats();
-  stats.add_comm_buffers(-pending.buffer.nbytes());
-  stats.add_unsharded_params(-pending.piece_bytes);
-  // A completed gather leaves the unit unsharded; any other ends its count.
-  if (!gathered) stats.add_unsharded_units(-1);
+  unsharder_->drop(*pending);
 }
 
 void ParamGroup::reshard() {
@@ -1028,7 +581,7 @@ void ParamGroup::reshard_to_post_forward_group() {
   if (unsharded_phase_ != nullptr) {
     op.reads("unsharded", unsharded_phase_).writes("piece").frees("unsharded", unsharded_phase_);
   }
-  at::Tensor piece = at::empty({shards * numel}, device_options(compute_dtype_));
+  at::Tensor piece = at::empty({shards * numel}, unit_.device_options(compute_dtype_));
   {
     TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
     at::NoGradGuard no_grad;

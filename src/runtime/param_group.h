@@ -1,6 +1,9 @@
-// ParamGroup: the communication state of one FSDP unit (one fully_shard call), FSDP2's
-// FSDPParamGroup. The tree-wide state (forward order, reductions in flight, end of backward)
-// is the root's RootState (root_state.h); the hooks that call into a unit are in hooks.cpp.
+// ParamGroup: the state machine of one FSDP unit (one fully_shard call), FSDP2's FSDPParamGroup.
+// The tree-wide state (forward order, reductions in flight, end of backward, the tree-wide
+// settings) is one RootState (root_state.h) that every unit of the tree shares once the root's
+// lazy init has bound it; the hooks that call into a unit are in hooks.cpp. The unit's
+// placement (how its parameters are gathered: unsharder.h) and its gradient reduction
+// (gradient_reducer.h) are parts of their own that the state machine calls.
 //
 // A unit has two states, each an enum changed only by its set_*_state function, which asserts
 // that the transition is legal:
@@ -37,16 +40,20 @@
 // Every collective is issued by every rank in the same order, because every rank runs the same
 // forward and the same autograd graph, and prefetch decisions depend only on that order.
 //
-// Under a whole-tensor placement (inter-tensor ZeRO-3, FullyShardOptions::whole_tensor, W > 1)
-// the states and hooks are the same; the unshard is one broadcast per owner of the unit's
-// tensors instead of the all-gather, and the reduction one reduce per owner instead of the
-// reduce-scatter (param_group_whole_tensor.cpp).
+// The placement is behind one interface (Unsharder, unsharder.h), chosen once when the unit is
+// made, so the state machine does not branch on it: Shard(0)'s all-gather and copy-out
+// (shard_unsharder.cpp), or, under a whole-tensor placement (inter-tensor ZeRO-3,
+// FullyShardOptions::whole_tensor, W > 1), one broadcast per owner of the unit's tensors
+// (whole_tensor_unsharder.cpp). The states and hooks are the same for both; the reduction is
+// one reduce per owner instead of the reduce-scatter (gradient_reducer.cpp).
 #pragma once
 
 #include "runtime/fsdp_param.h"
-#include "runtime/gradient_reduction.h"
+#include "runtime/gradient_reducer.h"
 #include "runtime/hooks.h"
 #include "runtime/root_state.h"
+#include "runtime/unit_context.h"
+#include "runtime/unsharder.h"
 
 #include <fsdp/comm/comm_hooks.h>
 #include <fsdp/device_mesh.h>
@@ -107,8 +114,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void set_backward_prefetch(std::vector<ParamGroup*> units) {
     backward_prefetch_ = std::move(units);
   }
-  // How many units ahead the implicit prefetch gathers (0: off). Read from the root.
-  void set_implicit_prefetch(int count) { own_root_.set_implicit_prefetch(count); }
+  // How many units ahead the implicit prefetch gathers (0: off), for the whole tree. Throws on a
+  // unit that is not its tree's root.
+  void set_implicit_prefetch(int count);
 
   // FSDP2's gradient-accumulation controls, for this unit only (FSDPModule recurses). Throw if
   // a backward pass is running.
@@ -119,7 +127,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // group's own. Throw under a whole-tensor placement, or if a backward pass is running.
   void set_custom_all_gather(std::shared_ptr<AllGather> hook);
   void set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> hook);
-  // On the root: whether the next backward is the last before the optimizer step.
+  // Whether the next backward is the last before the optimizer step, for the whole tree.
+  // Throws on a unit that is not its tree's root, or if a backward pass is running.
   void set_is_last_backward(bool last);
   // FSDP2's reduction settings of this unit (see FSDPModule). Throw if a backward pass is
   // running, the factor also if it is not finite and > 0.
@@ -134,8 +143,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   std::vector<ParamGroup*> units_under() const;
 
   // Called by the root's RootState.
-  // Joins the tree of root as the unit at path under the root's module.
-  void join_tree(RootState* root, const std::string& path, bool is_top);
+  // Joins tree (sharing its state from now on) as the unit at path under the root's module.
+  void join_tree(std::shared_ptr<RootState> tree, const std::string& path, bool is_top);
   // Start of a step: reshards a unit that a forward left without a backward, forgets the
   // previous positions in the forward order.
   void reset_for_step();
@@ -146,10 +155,6 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // End of backward: reshards (or, with reshard_after_backward false, only completes a
   // prefetched all-gather) and goes idle.
   void finish_backward();
-  // Completes a reduction issued by this unit's post_backward and hands each parameter its
-  // sharded gradient.
-  void finish_reduce(PendingReduce& reduce);
-
   // For error messages: the unit's path under the root, or the module's type name.
   const std::string& label() const { return label_; }
   // Path of the unit's module under the outermost fully_shard'ed module ("" for that one).
@@ -162,131 +167,47 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   const at::Tensor& flat_shards() const { return flat_shards_; }
   bool is_unsharded() const { return sharded_state_ == ShardedState::kUnsharded; }
   bool gather_in_flight() const { return sharded_state_ == ShardedState::kGathering; }
-  bool is_root() const { return root_ == &own_root_; }
+  // Whether this unit is the root of the tree it joined (false before it joined one).
+  bool is_root() const { return in_tree_ && &tree_->root() == this; }
   // Whether the sharded state lives in host memory while the mesh computes on a device.
   bool offloads_to_host() const { return offload_to_host_; }
-  // On the root: see FSDPModule::set_schedule_recorder.
+  // See FSDPModule::set_schedule_recorder. Throws on a unit that is not its tree's root.
   void set_schedule_recorder(ScheduleRecorder* recorder);
   TrainingState training_state() const { return training_state_; }
   ShardedState sharded_state() const { return sharded_state_; }
 
  private:
-  struct PendingGather {
-    WorkHandle work;
-    // The shards copied in (cast to the compute dtype, or copied from the host with offload), or
-    // the hpZ piece; else undefined (the all-gather reads flat_shards_ itself).
-    at::Tensor input;
-    int64_t piece_bytes = 0;  // the hpZ piece's, counted as unsharded until the gather completes
-    at::Tensor buffer;        // [W * shard numel]
-    Tracer::Clock::time_point issued;
-    const char* phase = "fwd";  // which gather of the step, for the schedule's names
-    StreamEvent copied_in;      // recorded on the copy-in stream once the input is ready
-    StreamEvent gathered;       // recorded on the all-gather stream after the collective
-  };
-  // What post_backward works on: each trainable parameter's full gradient of this backward
-  // (undefined if it got none) and the sharded gradient it held before (undefined after
-  // zero_grad).
-  struct UnitGrads {
-    std::vector<FSDPParam*> params;
-    std::vector<at::Tensor> full;
-    std::vector<at::Tensor> previous;
-    int64_t reduce_numel = 0;  // S: the padded shard numel over params
-    int64_t full_bytes = 0;
-  };
-
   // The only writers of the two states: assert that from -> to is a legal transition (and that
   // the gather and hpZ piece agree with the new sharded state).
   void set_training_state(TrainingState to);
   void set_sharded_state(ShardedState to);
 
-  const RootState& tree() const { return root_ != nullptr ? *root_ : own_root_; }
-  RootState& tree() { return root_ != nullptr ? *root_ : own_root_; }
+  // The tree's shared state (this unit's own until it joins a tree).
+  RootState& tree() const { return *tree_; }
+  // For the setters of tree-wide state: throws unless this unit is (or, before any tree was
+  // made, can become) the root of its tree, naming the unit and the setter.
+  void check_root_only(const char* setter) const;
   bool reshard_after_forward() const;
   void prefetch_forward();
   void prefetch_backward();
 
   // Unshard and reshard steps.
   void unshard_without_gather();
-  // Copies the shards in for an all-gather (copy-in stream) and allocates its output there.
-  void copy_in(PendingGather& pending);
-  // Issues the all-gather on its stream; the caller owns the error handling.
-  void issue_gather(PendingGather& pending, ProcessGroup& group);
-  // Copies the gathered values out into the unsharded parameters; returns the event after it.
-  StreamEvent copy_out(PendingGather& pending);
-  // Frees a completed or dropped gather's buffers on the streams that allocated them.
-  void release_gather(PendingGather& pending, const StreamEvent& last_read);
-  // After issuing a collective under a stream guard: with streams, the guarded stream waits for
-  // it (c10d's Work::wait contract), so that stream's next event marks its end. Nothing in
-  // program order, where the host waits where the result is needed.
-  void order_stream_after(const WorkHandle& work);
-  at::TensorOptions device_options(at::ScalarType dtype) const {
-    return at::TensorOptions().dtype(dtype).device(mesh_.device());
-  }
   // Frees the unsharded parameters (the state change is the caller's).
   void free_unsharded_params();
   // After forward, with reshard_after_forward = N (1 < N < W): keeps the piece of the unsharded
   // parameters that this rank serves within its post-forward group, then reshards.
   void reshard_to_post_forward_group();
   void drop_post_forward_piece();
-  // Takes a gather's buffer and hpZ piece off the books once they are released, and the unit's
-  // count too unless the gather completed (gathered: the unit is now unsharded).
-  void uncount_gather(const PendingGather& pending, bool gathered);
-
-  // Whether this backward's gradients go to a collective (not kept unsynced, not one rank's).
-  bool reduces_gradients() const;
-  // Post-backward steps, in order.
-  UnitGrads take_grads(bool backward_ran);
-  void add_unsynced_grads(UnitGrads& grads);
-  void keep_unsynced_grads(UnitGrads& grads);
-  void assign_single_rank_grads(UnitGrads& grads);
-  at::Tensor pack_reduce_input(UnitGrads& grads, StreamEvent& packed);
-  PendingReduce issue_reduce(UnitGrads grads);
-  // The scaling and ops of this unit's next reduction (gradient_reduction.h).
-  GradientReduction reduction_plan() const;
   // set_unshard_in_backward(false): pre-backward without the gather. Throws if autograd saved a
   // parameter whose values were freed after forward.
   void skip_unshard_for_backward();
-  // Finish-reduce steps.
-  // HSDP: all-reduces reduced (plus the partial sum, if any) across replicas once `after` is
-  // recorded; returns the event after.
-  StreamEvent all_reduce_across_replicas(const at::Tensor& reduced, const StreamEvent& after,
-                                         ReduceOp op);
-  // set_requires_all_reduce(false): adds a reduced output to partial_reduce_output_ and gives
-  // the parameters back the sharded gradients they had.
-  void keep_partial_reduce(const at::Tensor& reduced, const PendingReduce& reduce);
-  // Runs the all-reduce hook on the reduced gradients, checking it kept their shape and dtype.
-  void run_all_reduce_hook(at::Tensor& reduced) const;
-  static void assign_sharded_grads(const at::Tensor& reduced, const PendingReduce& reduce);
 
-  // Whole-tensor placement (param_group_whole_tensor.cpp). The unit's tensors grouped by
-  // owner rank, owners ascending (every rank lists the same buckets in the same order).
-  struct OwnerBucket {
-    int owner = 0;
-    std::vector<size_t> params;  // indices into params_, in registration order
-    int64_t numel = 0;
-  };
-  bool whole_tensor() const { return !owner_buckets_.empty(); }
-  // What an unshard's collective is called in errors.
-  const char* gather_name() const {
-    return whole_tensor() ? "broadcast of parameters" : "all-gather of parameters";
-  }
-  void build_owner_buckets();
-  // Issues the broadcasts of every bucket into pending (its buffer receives the buckets this
-  // rank does not own, in bucket order).
-  void issue_broadcasts(PendingGather& pending);
-  // Points each parameter at its full value: the owned ones at their shards (or a cast copy),
-  // the others at the broadcast buffer's copy.
-  void copy_out_broadcasts(const PendingGather& pending);
-  // Packs the full gradients by bucket and reduces each bucket to its owner; the output is this
-  // rank's own bucket, which becomes its owned parameters' gradients.
-  PendingReduce issue_owner_reduces(UnitGrads grads);
-
-  // Blocks on work, counting the wait as exposed communication; rethrows with context.
-  void wait_for(const WorkHandle& work, const char* what);
+  // set_custom_*: throws under a whole-tensor placement, which has no collective to replace.
+  void check_hooks_fit(const char* setting) const;
   void check_not_in_backward(const char* setting) const;
   // The same for a bool setter, named with its value ("setter(true)").
   void check_not_in_backward(const char* setter, bool value) const;
-  [[noreturn]] void rethrow_with_context(const char* what, const std::exception& e) const;
 
   torch::nn::Module* module_;  // not owned: the module owns this group
   std::string label_;
@@ -295,18 +216,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   DeviceMesh mesh_;
   FullyShardOptions options_;
   at::ScalarType compute_dtype_;  // unsharded parameters and all-gathers
-  at::ScalarType reduce_dtype_;   // gradient reduction
-  bool requires_gradient_sync_ = true;
   bool reshard_after_backward_ = true;
-  // FSDP2's reduction settings (FSDPModule's setters).
   bool unshard_in_backward_ = true;
-  bool requires_all_reduce_ = true;
-  std::optional<double> gradient_divide_factor_;
-  bool force_sum_reduction_ = false;
-  std::function<void(at::Tensor&)> all_reduce_hook_;
-  // HSDP: reduce-scattered gradients of backward passes that did not all-reduce, summed, in the
-  // reduce dtype (undefined when there are none); added in by the next one that does.
-  at::Tensor partial_reduce_output_;
   at::Tensor flat_shards_;        // every parameter's padded shard, concatenated
   bool offload_to_host_ = false;  // flat_shards_ (and so gradients) on the host, mesh on a device
   // The phase ("fwd", "bwd") of the gather whose values the unsharded parameters hold; null
@@ -318,12 +229,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // shard (rank in that group) * W / N, in the compute dtype.
   std::shared_ptr<ProcessGroup> post_forward_group_;
   at::Tensor post_forward_piece_;
-  StreamEvent piece_ready_;                 // recorded on compute once the piece is written
-  std::vector<OwnerBucket> owner_buckets_;  // empty unless whole-tensor with W > 1
+  StreamEvent piece_ready_;  // recorded on compute once the piece is written
 
-  // Custom collectives (set_custom_all_gather / _reduce_scatter); null: the process group's own.
-  std::shared_ptr<AllGather> all_gather_hook_;
-  std::shared_ptr<ReduceScatter> reduce_scatter_hook_;
   TrainingState training_state_ = TrainingState::kIdle;
   ShardedState sharded_state_ = ShardedState::kSharded;
   std::unique_ptr<PendingGather> pending_gather_;  // set exactly in kGathering
@@ -333,8 +240,15 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   int last_forward_index_ = -1;  // position in the previous step's forward order
   Tracer::Clock::time_point compute_begin_;
 
-  RootState own_root_{*this, mesh_.device()};  // used when this unit is the root
-  RootState* root_ = nullptr;                  // the tree's, set by its lazy_init
+  bool is_top_ = true;    // no enclosing module is fully_shard'ed (set_path)
+  bool in_tree_ = false;  // joined a tree (the root's lazy_init)
+  // The tree's shared state, or this unit's own until it joins a tree.
+  std::shared_ptr<RootState> tree_ = std::make_shared<RootState>(*this, mesh_.device());
+  UnitContext unit_{label_, mesh_, tree_->streams()};
+  // The placement: the all-gather (or broadcasts) and copy-out (unsharder.h).
+  std::unique_ptr<Unsharder> unsharder_;
+  // Reduce-scatter, all-reduce, divide rules, accumulation and the reduce hooks.
+  std::unique_ptr<GradientReducer> reducer_;
 };
 
 }  // namespace fsdp::detail

@@ -28,7 +28,7 @@ void RootState::lazy_init() {
   for (const auto& item : root_.module().named_modules()) {
     ParamGroup* unit = param_group_of(*item.value());
     if (unit == nullptr) continue;
-    unit->join_tree(this, item.key(), /*is_top=*/unit == &root_);
+    unit->join_tree(shared_from_this(), item.key(), /*is_top=*/unit == &root_);
     units_.push_back(unit);
     offloads_to_host_ = offloads_to_host_ || unit->offloads_to_host();
   }
@@ -77,14 +77,15 @@ void RootState::end_of_backward() {
 
 void RootState::add_reduce(PendingReduce reduce) {
   pending_reduces_.push_back(std::move(reduce));
-  finish_reduces(kReducesInFlight);
+  // See [Note: why reductions are capped at two in flight].
+  finish_reduces(static_cast<size_t>(kMaxReductionsInFlight));
 }
 
 void RootState::finish_reduces(size_t keep) {
   while (pending_reduces_.size() > keep) {
     PendingReduce reduce = std::move(pending_reduces_.front());
     pending_reduces_.pop_front();
-    reduce.unit->finish_reduce(reduce);
+    reduce.reducer->finish(reduce);
   }
 }
 

@@ -1,10 +1,14 @@
 // RootState: the tree-wide state of one fully_shard'ed tree (FSDP2's FSDPState on the root,
 // with its FSDPStateContext), kept apart from the per-unit communication state (ParamGroup).
 //
-// Every unit owns one, since any unit may turn out to be the root; only the root's is used, and
-// a unit's settings that act tree-wide (implicit prefetch count, is_last_backward) are read from
-// the root's. On the root's first forward, lazy_init makes every unit at or under the root's
-// module point here.
+// One object per tree, shared (FSDP2 shares its FSDPStateContext the same way): a unit makes its
+// own when it is sharded, since any unit may turn out to be the root, and keeps it while it is
+// in no tree, so that the tree-wide settings given to the outermost unit before its first
+// forward have somewhere to live. On the root's first forward, lazy_init binds every unit at or
+// under the root's module to the root's; the others' own are dropped. A unit reaches its tree
+// only through ParamGroup::tree(). The tree-wide settings (implicit prefetch, is_last_backward,
+// the schedule recorder) are set through the root unit only: ParamGroup throws for any other,
+// whose setting would otherwise be lost.
 //
 // Within one training step the root:
 //   - starts the step (begin_step, in the root's pre-forward): units that a forward left
@@ -12,7 +16,8 @@
 //     previous step's, which forward prefetching follows;
 //   - records the order in which units run forward (backward prefetching walks it in reverse);
 //   - holds every unit's reduce-scatter in flight, oldest first, completing the oldest when more
-//     than kReducesInFlight are issued;
+//     than kMaxReductionsInFlight are issued (fsdp/runtime/in_flight_limits.h: see
+//     [Note: why reductions are capped at two in flight]);
 //   - at the end of backward (an autograd engine callback queued by the first pre-backward),
 //     runs post-backward, in reverse forward order, for units whose post-backward node never
 //     ran, completes the reductions if this is the last backward before the optimizer step,
@@ -20,44 +25,26 @@
 #pragma once
 
 #include "runtime/device_streams.h"
+#include "runtime/gradient_reducer.h"
 
 #include <fsdp/comm/process_group.h>
+#include <fsdp/runtime/in_flight_limits.h>
 #include <fsdp/util/trace.h>
 
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
 #include <deque>
+#include <memory>
 #include <vector>
 
 namespace fsdp::detail {
 
-class FSDPParam;
 class ParamGroup;
 
-// A unit's gradient reduction in flight: a reduce-scatter over the shard group or, with no
-// shard dimension (DDP-style replication), an all-reduce across replicas.
-struct PendingReduce {
-  ParamGroup* unit = nullptr;
-  WorkHandle work;
-  StreamEvent packed;   // recorded on compute after the gradients were packed into input
-  StreamEvent reduced;  // recorded on the reduce-scatter stream after the collective
-  at::Tensor input;     // [W * S]: kept alive until the op completes
-  at::Tensor output;    // [S]: becomes the sharded gradients
-  std::vector<FSDPParam*> params;
-  std::vector<at::Tensor> previous;  // sharded gradients to add (accumulation)
-  Tracer::Clock::time_point issued;
-  const char* op = "reduce-scatter";  // what work is, for the trace
-  bool replicate_after = false;       // HSDP: all-reduce output across replicas once work is done
-  ReduceOp all_reduce_op = ReduceOp::kSum;  // ... with this op
-  // HSDP with set_requires_all_reduce(false): add output to the unit's partial sum instead of
-  // all-reducing it and assigning gradients.
-  bool keep_partial = false;
-  double post_divide = 1.0;  // divides the output before it becomes the sharded gradients
-};
-
-class RootState {
+class RootState : public std::enable_shared_from_this<RootState> {
  public:
+  // The state of the tree root would be the root of, made by root itself (not yet bound).
   RootState(ParamGroup& root, c10::Device device) : root_(root), streams_(device) {}
   RootState(const RootState&) = delete;
   RootState& operator=(const RootState&) = delete;
@@ -69,9 +56,11 @@ class RootState {
   // reduce-scatters may still be in flight when backward returns.
   void set_is_last_backward(bool last) { is_last_backward_ = last; }
 
-  // Makes every unit at or under the root's module (the root included) a unit of this tree and
-  // names it by its path under the root.
+  // Makes every unit at or under the root's module (the root included) a unit of this tree,
+  // sharing this state, and names it by its path under the root.
   void lazy_init();
+  // The unit whose first forward made this tree (or which would, before lazy_init).
+  const ParamGroup& root() const { return root_; }
   // Called by the root's pre-forward: starts a training step from a clean slate.
   void begin_step();
   // Appends unit to this step's forward order and returns its position there.
@@ -84,23 +73,20 @@ class RootState {
 
   // Queues end_of_backward with the autograd engine, once per backward pass.
   void queue_end_of_backward();
-  // Takes a unit's reduction in flight, completing the oldest beyond kReducesInFlight.
+  // Takes a unit's reduction in flight, completing the oldest beyond kMaxReductionsInFlight.
   void add_reduce(PendingReduce reduce);
 
   // The streams and events every unit of the tree orders its work with.
   DeviceStreams& streams() { return streams_; }
 
  private:
-  // Two in flight let one unit's reduce-scatter run during the next unit's backward while
-  // bounding the gradient buffers held to two units' worth.
-  static constexpr size_t kReducesInFlight = 2;
-
   void end_of_backward();
   // Completes the oldest reductions in flight until at most keep remain.
   void finish_reduces(size_t keep);
 
   ParamGroup& root_;  // owns this
-  int implicit_prefetch_ = 1;
+  int implicit_prefetch_ =
+      kDefaultPrefetchDepth;  // see [Note: why implicit prefetch gathers one unit ahead]
   bool is_last_backward_ = true;
   std::vector<ParamGroup*> units_;               // every unit under the root, pre-order
   std::vector<ParamGroup*> forward_order_;       // units in the order their forward ran this step

@@ -1,7 +1,9 @@
 // Builds and checks the CUDA stream schedule as data. The builder mirrors the runtime's issue
 // order: pre_forward issues the unit's all-gather, then the prefetches, then waits (copy-out);
 // post_backward reshards, packs the gradients on compute (FSDP2's order: the full gradients are
-// freed at once), issues the reduce-scatter and finishes the oldest beyond kReducesInFlight; the
+// freed at once), issues the reduce-scatter and finishes the oldest beyond the options' cap
+// (kMaxReductionsInFlight unless a test says otherwise; see
+// [Note: why reductions are capped at two in flight] in in_flight_limits.h); the
 // end of backward finishes the rest. tests/runtime/test_stream_runtime.cpp compares this with the
 // ops the runtime reports for the same units and options. The checker builds happens-before as a
 // DAG over ops (program order per stream, an edge from each event's recorder to its waiters); since
@@ -323,7 +325,8 @@ class Checker {
     }
   }
 
-  // (d): when a reduce-scatter is issued, at most kMaxReducesInFlight earlier ones unfinished.
+  // (d): when a reduce-scatter is issued, at most kMaxReductionsInFlight earlier ones unfinished
+  // (see [Note: why reductions are capped at two in flight]).
   void check_reduces_in_flight() {
     std::vector<int> unfinished;
     for (int i = 0; i < n_; ++i) {
@@ -332,12 +335,12 @@ class Checker {
         unfinished.erase(std::remove(unfinished.begin(), unfinished.end(), op.unit),
                          unfinished.end());
       } else if (op.kind == ScheduleOpKind::kReduceScatter) {
-        if (static_cast<int>(unfinished.size()) > kMaxReducesInFlight) {
+        if (static_cast<int>(unfinished.size()) > kMaxReductionsInFlight) {
           std::string units;
           for (int u : unfinished) units += " " + std::to_string(u);
           out_.push_back(at(i) + " is issued with " + std::to_string(unfinished.size()) +
                          " reduce-scatters unfinished (units" + units + "); the runtime allows " +
-                         std::to_string(kMaxReducesInFlight));
+                         std::to_string(kMaxReductionsInFlight));
         }
         unfinished.push_back(op.unit);
       }

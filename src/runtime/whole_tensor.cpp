@@ -1,5 +1,6 @@
 // Inter-tensor ZeRO-3: the partitioner, the placement and whole_tensor_shard. See
-// include/fsdp/runtime/whole_tensor.h; the unit's collectives are param_group_whole_tensor.cpp.
+// include/fsdp/runtime/whole_tensor.h; the unit's collectives are whole_tensor_unsharder.cpp (the
+// broadcasts) and gradient_reducer.cpp (the reduces).
 //
 // The partition is a pure function of the items' sizes, units and order, so every rank computes
 // the same one without communicating.

@@ -56,5 +56,30 @@ TEST(FullyShardErrors, NullModule) {
   });
 }
 
+// The tree-wide settings live in one state the whole tree shares; a unit nested in another
+// fully_shard'ed module is not its root, so setting them there throws instead of being lost.
+TEST(FullyShardErrors, TreeWideSettersOnANestedUnit) {
+  run_ranks_in_threads(1, [](std::shared_ptr<ProcessGroup> group) {
+    DeviceMesh mesh(group);
+    auto outer = std::make_shared<torch::nn::Module>("Outer");
+    torch::nn::Linear inner(4, 4);
+    outer->register_module("inner", inner.ptr());
+    FSDPModule nested = fully_shard(inner.ptr(), mesh);
+    FSDPModule root = fully_shard(outer, mesh);
+    const auto not_root = [](const char* setter) {
+      return AllOf(HasSubstr(setter), HasSubstr("unit 'inner'"), HasSubstr("not the root"));
+    };
+    EXPECT_THAT(test::error_message([&] { nested.set_is_last_backward(false); }),
+                not_root("set_is_last_backward"));
+    EXPECT_THAT(test::error_message([&] { nested.set_implicit_prefetch(0); }),
+                not_root("set_implicit_prefetch"));
+    EXPECT_THAT(test::error_message([&] { nested.set_schedule_recorder(nullptr); }),
+                not_root("set_schedule_recorder"));
+    root.set_is_last_backward(true);
+    root.set_implicit_prefetch(1);
+    root.set_schedule_recorder(nullptr);
+  });
+}
+
 }  // namespace
 }  // namespace fsdp

@@ -14,6 +14,8 @@
 // its last reader; frees that cannot be ordered yet are deferred to the next op on that stream.
 #pragma once
 
+#include <fsdp/runtime/in_flight_limits.h>
+
 #include <string>
 #include <vector>
 
@@ -49,11 +51,15 @@ struct ScheduleOp {
 };
 
 struct ScheduleOptions {
-  int units = 1;     // >= 1
-  int prefetch = 1;  // implicit prefetch depth; 0 = off (runtime default 1)
+  int units = 1;  // >= 1
+  // Implicit prefetch depth; 0 = off. The runtime's default (see
+  // [Note: why implicit prefetch gathers one unit ahead]).
+  int prefetch = kDefaultPrefetchDepth;
   bool reshard_after_forward = true;
-  bool hsdp = false;          // all-reduce across replicas after each reduce-scatter
-  int reduces_in_flight = 2;  // RootState::kReducesInFlight; other values exist for tests
+  bool hsdp = false;  // all-reduce across replicas after each reduce-scatter
+  // The runtime's cap (see [Note: why reductions are capped at two in flight]); other values
+  // exist for tests.
+  int reduces_in_flight = kMaxReductionsInFlight;
 };
 
 struct StreamSchedule {
@@ -73,9 +79,6 @@ class ScheduleRecorder {
   virtual void record(ScheduleOp op, const std::string& unit) = 0;
 };
 
-// The runtime's limit the checker holds every schedule to.
-inline constexpr int kMaxReducesInFlight = 2;
-
 // Builds one training step (forward over units 0..N-1, backward N-1..0) as the runtime in
 // src/runtime/param_group.cpp and root_state.cpp issues it. Throws on bad options.
 StreamSchedule build_stream_schedule(const ScheduleOptions& options);
@@ -83,7 +86,7 @@ StreamSchedule build_stream_schedule(const ScheduleOptions& options);
 // Every violated invariant, one string each naming the unit, op and event or buffer; empty
 // when the schedule is sound. (a) frees ordered after every use, on the allocating stream;
 // (b) no wait on an event not yet recorded in issue order; (c) every read ordered after a
-// write through program order and events; (d) at most kMaxReducesInFlight unfinished
+// write through program order and events; (d) at most kMaxReductionsInFlight unfinished
 // reduce-scatters when one is issued, and the peaks below within their bounds.
 std::vector<std::string> check_schedule(const StreamSchedule& schedule);
 
