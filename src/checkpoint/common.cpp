@@ -78,6 +78,52 @@ void place_whole_value(const LocalParam& lp, const at::Tensor& whole, const at::
   if (lp.dim_rows < lp.dim_padded) dst.narrow(d, lp.dim_rows, lp.dim_padded - lp.dim_rows).zero_();
 }
 
+namespace {
+
+// The sharding fields of lp from its parameter's shard metadata; refuses metadata that does not
+// fit a checkpoint group of `world` ranks.
+void set_sharding(LocalParam& lp, const ShardMetadata& m, ProcessGroup* group) {
+  const int world = group ? group->size() : 1;
+  const int rank = group ? group->rank() : 0;
+  TORCH_CHECK(m.mesh_size >= 1 && world % m.mesh_size == 0 && m.mesh_rank < m.mesh_size,
+              "parameter '", lp.name, "' is sharded as rank ", m.mesh_rank, " of ", m.mesh_size,
+              ", which does not fit a checkpoint group of ", world, " ranks (rank ", rank, ")",
+              (group ? "; pass the group of every rank of the job"
+                     : "; pass the process group the model is sharded over"));
+  lp.global_shape = m.global_shape;
+  lp.sharded = true;
+  lp.offset = m.local_offset;
+  lp.rows = m.local_rows;
+  lp.padded_rows = m.padded_rows;
+  if (m.shard_dim > 0) {
+    lp.shard_dim = m.shard_dim;
+    lp.dim_offset = m.local_offset;
+    lp.dim_rows = m.local_rows;
+    lp.dim_padded = m.padded_rows;
+  }
+}
+
+// The row view of lp's global shape, and the checks that the local tensor is what its
+// sharding says: checkpoints are taken between steps, while parameters are sharded.
+void set_rows_and_check(LocalParam& lp) {
+  lp.dim0 = lp.global_shape.empty() ? 1 : lp.global_shape[0];
+  lp.row_numel = 1;
+  for (size_t i = 1; i < lp.global_shape.size(); ++i) lp.row_numel *= lp.global_shape[i];
+  if (!lp.sharded || lp.along_dim()) {
+    lp.offset = 0;
+    lp.rows = lp.padded_rows = lp.dim0;
+  }
+  const int64_t local_numel = lp.along_dim() ? c10::multiply_integers(lp.dim_padded_shape())
+                                             : lp.padded_rows * lp.row_numel;
+  TORCH_CHECK(lp.param.numel() == local_numel, "parameter '", lp.name, "' has shape ",
+              lp.param.sizes(), ", not its ", (lp.sharded ? "sharded" : "full"), " shape of ",
+              local_numel,
+              " elements: checkpoints are taken between steps, while parameters are sharded");
+  TORCH_CHECK(lp.param.is_contiguous(), "parameter '", lp.name, "' is not contiguous");
+}
+
+}  // namespace
+
 std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGroup* group) {
   std::unordered_map<const c10::TensorImpl*, ShardMetadata> sharded;
   for (const auto& unit : fsdp_modules_under(model)) {
@@ -85,8 +131,6 @@ std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGrou
       sharded.emplace(p.local.unsafeGetTensorImpl(), p.metadata);
     }
   }
-  const int world = group ? group->size() : 1;
-  const int rank = group ? group->rank() : 0;
   std::vector<LocalParam> result;
   for (auto& [name, param] : unique_named_parameters(model)) {
     LocalParam lp;
@@ -94,39 +138,11 @@ std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGrou
     lp.param = param;
     auto it = sharded.find(param.unsafeGetTensorImpl());
     if (it != sharded.end()) {
-      const ShardMetadata& m = it->second;
-      TORCH_CHECK(m.mesh_size >= 1 && world % m.mesh_size == 0 && m.mesh_rank < m.mesh_size,
-                  "parameter '", name, "' is sharded as rank ", m.mesh_rank, " of ", m.mesh_size,
-                  ", which does not fit a checkpoint group of ", world, " ranks (rank ", rank, ")",
-                  (group ? "; pass the group of every rank of the job"
-                         : "; pass the process group the model is sharded over"));
-      lp.global_shape = m.global_shape;
-      lp.sharded = true;
-      lp.offset = m.local_offset;
-      lp.rows = m.local_rows;
-      lp.padded_rows = m.padded_rows;
-      if (m.shard_dim > 0) {
-        lp.shard_dim = m.shard_dim;
-        lp.dim_offset = m.local_offset;
-        lp.dim_rows = m.local_rows;
-        lp.dim_padded = m.padded_rows;
-      }
+      set_sharding(lp, it->second, group);
     } else {
       lp.global_shape = param.sizes().vec();
     }
-    lp.dim0 = lp.global_shape.empty() ? 1 : lp.global_shape[0];
-    lp.row_numel = 1;
-    for (size_t i = 1; i < lp.global_shape.size(); ++i) lp.row_numel *= lp.global_shape[i];
-    if (!lp.sharded || lp.along_dim()) {
-      lp.offset = 0;
-      lp.rows = lp.padded_rows = lp.dim0;
-    }
-    const int64_t local_numel = lp.along_dim() ? c10::multiply_integers(lp.dim_padded_shape())
-                                               : lp.padded_rows * lp.row_numel;
-    TORCH_CHECK(param.numel() == local_numel, "parameter '", name, "' has shape ", param.sizes(),
-                ", not its ", (lp.sharded ? "sharded" : "full"), " shape of ", local_numel,
-                " elements: checkpoints are taken between steps, while parameters are sharded");
-    TORCH_CHECK(param.is_contiguous(), "parameter '", name, "' is not contiguous");
+    set_rows_and_check(lp);
     result.push_back(std::move(lp));
   }
   return result;

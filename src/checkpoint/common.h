@@ -86,6 +86,18 @@ std::vector<std::vector<RowRange>> choose_writers(const std::vector<int64_t>& la
 // by what. With a null group, rethrows error as is.
 void agree(ProcessGroup* group, const std::exception_ptr& error, const std::string& what);
 
+// Runs work unless an earlier step already failed, keeping its exception in error for agree():
+// a rank that fails must still take part in the collectives that follow.
+template <class Work>
+void unless_failed(std::exception_ptr& error, Work&& work) {
+  if (error) return;
+  try {
+    work();
+  } catch (...) {
+    error = std::current_exception();
+  }
+}
+
 // "[3, 4]".
 std::string shape_string(c10::IntArrayRef shape);
 

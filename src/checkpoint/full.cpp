@@ -56,6 +56,35 @@ std::vector<int64_t> file_shape(const LocalParam& lp, bool transposed) {
   return {lp.global_shape[1], lp.global_shape[0]};
 }
 
+// gather_full's general case: every rank's padded rows in one all-gather, then rank 0 places
+// the distinct row ranges of writers.
+at::Tensor gather_rows_to_rank0(const LocalParam& lp, const std::vector<detail::RowRange>& writers,
+                                const std::vector<int64_t>& layouts, size_t index, size_t count,
+                                ProcessGroup& group) {
+  const at::Tensor local = lp.param.detach();
+  const int world = group.size(), rank = group.rank();
+  for (int r = 0; r < world; ++r) {
+    const int64_t rows = layouts[(static_cast<size_t>(r) * count + index) * 3 + 2];
+    TORCH_CHECK(rows == lp.padded_rows, "parameter '", lp.name, "' has ", lp.padded_rows,
+                " local rows on rank ", rank, " but ", rows, " on rank ", r);
+  }
+  at::Tensor gathered = at::empty({world, lp.padded_rows, lp.row_numel}, local.options());
+  group.all_gather_into_tensor(gathered, local.contiguous())->wait();
+  if (rank != 0) return at::Tensor();
+  bool in_order = writers.size() == static_cast<size_t>(world);
+  for (size_t r = 0; in_order && r < writers.size(); ++r)
+    in_order = writers[r].rank == static_cast<int>(r);
+  if (in_order) {  // plain sharding: the chunks in order
+    return gathered.view({world * lp.padded_rows, lp.row_numel})
+        .narrow(0, 0, lp.dim0)
+        .reshape(lp.global_shape);
+  }
+  at::Tensor full = at::empty({lp.dim0, lp.row_numel}, local.options());
+  for (const auto& w : writers)
+    full.narrow(0, w.offset, w.rows).copy_(gathered[w.rank].narrow(0, 0, w.rows));
+  return full.reshape(lp.global_shape);
+}
+
 // The full value of lp on rank 0 (other ranks get an undefined tensor). When rank 0 holds it
 // whole nothing moves; otherwise every rank contributes its padded rows to one all-gather (every
 // rank pads to the same row count), and rank 0 assembles the distinct row ranges. Collective
@@ -80,27 +109,7 @@ at::Tensor gather_full(const LocalParam& lp, const std::vector<detail::RowRange>
     group->broadcast(full, owner)->wait();
     return rank == 0 ? full : at::Tensor();
   }
-  const int world = group->size();
-  for (int r = 0; r < world; ++r) {
-    TORCH_CHECK(layouts[(static_cast<size_t>(r) * count + index) * 3 + 2] == lp.padded_rows,
-                "parameter '", lp.name, "' has ", lp.padded_rows, " local rows on rank ", rank,
-                " but ", layouts[(static_cast<size_t>(r) * count + index) * 3 + 2], " on rank ", r);
-  }
-  at::Tensor gathered = at::empty({world, lp.padded_rows, lp.row_numel}, local.options());
-  group->all_gather_into_tensor(gathered, local.contiguous())->wait();
-  if (rank != 0) return at::Tensor();
-  if (writers.size() == static_cast<size_t>(world)) {  // plain sharding: the chunks in order
-    bool in_order = true;
-    for (int r = 0; r < world; ++r) in_order = in_order && writers[r].rank == r;
-    if (in_order)
-      return gathered.view({world * lp.padded_rows, lp.row_numel})
-          .narrow(0, 0, lp.dim0)
-          .reshape(lp.global_shape);
-  }
-  at::Tensor full = at::empty({lp.dim0, lp.row_numel}, local.options());
-  for (const auto& w : writers)
-    full.narrow(0, w.offset, w.rows).copy_(gathered[w.rank].narrow(0, 0, w.rows));
-  return full.reshape(lp.global_shape);
+  return gather_rows_to_rank0(lp, writers, layouts, index, count, *group);
 }
 
 void append_list(std::string& out, const char* title, const std::vector<std::string>& items) {
@@ -407,53 +416,35 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
   const auto start = Clock::now();
   const int rank = group ? group->rank() : 0;
   const int world = group ? group->size() : 1;
+  const std::string what = "exporting '" + path + "'";
   std::vector<LocalParam> locals;
   std::vector<bool> transposed;
   std::exception_ptr error;
-  try {
+  detail::unless_failed(error, [&] {
     locals = detail::local_params(model, group);
     for (const auto& lp : locals) transposed.push_back(is_transposed(options.layout(), lp));
-  } catch (...) {
-    error = std::current_exception();
-  }
-  detail::agree(group, error, "exporting '" + path + "'");
+  });
+  detail::agree(group, error, what);
   std::vector<int64_t> layouts;
   std::vector<std::vector<detail::RowRange>> writers;
-  try {
+  detail::unless_failed(error, [&] {
     layouts = detail::gather_row_layouts(group, locals);
     writers = detail::choose_writers(layouts, locals, world);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  detail::agree(group, error, "exporting '" + path + "'");
+  });
+  detail::agree(group, error, what);
 
   ExportFiles files;
   const std::string dir = detail::parent_directory(path);
-  if (rank == 0) {
-    try {
-      files.open(path, dir, locals, transposed, options);
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
+  if (rank == 0)
+    detail::unless_failed(error, [&] { files.open(path, dir, locals, transposed, options); });
   for (size_t i = 0; i < locals.size(); ++i) {
     const at::Tensor full = gather_full(locals[i], writers[i], layouts, i, locals.size(), group);
-    if (rank != 0 || error) continue;
-    try {
-      files.write(i, full, transposed[i], options);
-    } catch (...) {
-      error = std::current_exception();
-    }
+    if (rank == 0)
+      detail::unless_failed(error, [&] { files.write(i, full, transposed[i], options); });
   }
-  if (rank == 0 && !error) {
-    try {
-      files.publish(path, dir);
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
+  if (rank == 0) detail::unless_failed(error, [&] { files.publish(path, dir); });
   if (rank == 0 && error) files.abort();
-  detail::agree(group, error, "exporting '" + path + "'");
+  detail::agree(group, error, what);
   return {files.bytes, std::chrono::duration<double>(Clock::now() - start).count()};
 }
 

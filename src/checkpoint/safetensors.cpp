@@ -38,47 +38,39 @@ void check_cpu_contiguous(const at::Tensor& t, const char* what) {
 
 }  // namespace
 
+namespace {
+
+// Each safetensors dtype and the LibTorch type it reads into, one row each.
+constexpr std::pair<Dtype, at::ScalarType> kDtypeTypes[] = {
+    {Dtype::kBool, at::kBool},
+    {Dtype::kU8, at::kByte},
+    {Dtype::kI8, at::kChar},
+    {Dtype::kU16, at::kUInt16},
+    {Dtype::kI16, at::kShort},
+    {Dtype::kF16, at::kHalf},
+    {Dtype::kBF16, at::kBFloat16},
+    {Dtype::kU32, at::kUInt32},
+    {Dtype::kI32, at::kInt},
+    {Dtype::kF32, at::kFloat},
+    {Dtype::kU64, at::kUInt64},
+    {Dtype::kI64, at::kLong},
+    {Dtype::kF64, at::kDouble},
+    {Dtype::kF8E4M3, at::kFloat8_e4m3fn},
+    {Dtype::kF8E5M2, at::kFloat8_e5m2},
+};
+
+}  // namespace
+
 at::ScalarType to_scalar_type(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::kBool:
-      return at::kBool;
-    case Dtype::kU8:
-      return at::kByte;
-    case Dtype::kI8:
-      return at::kChar;
-    case Dtype::kU16:
-      return at::kUInt16;
-    case Dtype::kI16:
-      return at::kShort;
-    case Dtype::kF16:
-      return at::kHalf;
-    case Dtype::kBF16:
-      return at::kBFloat16;
-    case Dtype::kU32:
-      return at::kUInt32;
-    case Dtype::kI32:
-      return at::kInt;
-    case Dtype::kF32:
-      return at::kFloat;
-    case Dtype::kU64:
-      return at::kUInt64;
-    case Dtype::kI64:
-      return at::kLong;
-    case Dtype::kF64:
-      return at::kDouble;
-    case Dtype::kF8E4M3:
-      return at::kFloat8_e4m3fn;
-    case Dtype::kF8E5M2:
-      return at::kFloat8_e5m2;
+  for (const auto& [d, type] : kDtypeTypes) {
+    if (d == dtype) return type;
   }
   TORCH_CHECK(false, "unknown safetensors dtype ", static_cast<int>(dtype));
 }
 
 Dtype to_dtype(at::ScalarType type) {
-  for (Dtype d : {Dtype::kBool, Dtype::kU8, Dtype::kI8, Dtype::kU16, Dtype::kI16, Dtype::kF16,
-                  Dtype::kBF16, Dtype::kU32, Dtype::kI32, Dtype::kF32, Dtype::kU64, Dtype::kI64,
-                  Dtype::kF64, Dtype::kF8E4M3, Dtype::kF8E5M2}) {
-    if (to_scalar_type(d) == type) return d;
+  for (const auto& [d, t] : kDtypeTypes) {
+    if (t == type) return d;
   }
   TORCH_CHECK(false, "safetensors has no dtype for ", type);
 }

@@ -9,34 +9,42 @@
 namespace fsdp::data {
 namespace {
 
+// What a lead byte allows: the sequence's length (0 when the byte cannot start one) and the
+// range of the second byte, which excludes overlong forms, surrogates and code points above
+// U+10FFFF.
+struct LeadByte {
+  size_t len = 0;
+  unsigned char lo = 0x80, hi = 0xBF;
+};
+
+LeadByte lead_byte(unsigned char c) {
+  if (c >= 0xC2 && c <= 0xDF) return {2};
+  if (c >= 0xE0 && c <= 0xEF) {
+    return {3, static_cast<unsigned char>(c == 0xE0 ? 0xA0 : 0x80),
+            static_cast<unsigned char>(c == 0xED ? 0x9F : 0xBF)};
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    return {4, static_cast<unsigned char>(c == 0xF0 ? 0x90 : 0x80),
+            static_cast<unsigned char>(c == 0xF4 ? 0x8F : 0xBF)};
+  }
+  return {};
+}
+
 // Length of the well-formed sequence at p (1..4), or 0 when there is none; in that case
 // *bad is the length of the maximal subpart to replace (>= 1).
 size_t sequence_length(const unsigned char* p, size_t n, size_t* bad) {
-  const unsigned char c = p[0];
-  if (c < 0x80) return 1;
-  size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else {
+  if (p[0] < 0x80) return 1;
+  const LeadByte lead = lead_byte(p[0]);
+  if (lead.len == 0) {
     *bad = 1;
     return 0;
   }
   size_t i = 1;
-  for (; i < len; ++i) {
-    if (i >= n) break;
-    const unsigned char lo_i = i == 1 ? lo : 0x80, hi_i = i == 1 ? hi : 0xBF;
-    if (p[i] < lo_i || p[i] > hi_i) break;
+  for (; i < lead.len && i < n; ++i) {
+    const unsigned char lo = i == 1 ? lead.lo : 0x80, hi = i == 1 ? lead.hi : 0xBF;
+    if (p[i] < lo || p[i] > hi) break;
   }
-  if (i == len) return len;
+  if (i == lead.len) return lead.len;
   *bad = i;
   return 0;
 }

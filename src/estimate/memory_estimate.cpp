@@ -172,79 +172,11 @@ class StepModel {
                 o.grad_accum());
     TORCH_CHECK(o.prefetch() >= 0, "estimate_memory: prefetch must be non-negative, got ",
                 o.prefetch());
-    int replicate = 1;
-    switch (o.strategy()) {
-      case ShardingStrategy::kFullShard:
-      case ShardingStrategy::kShardGradOp:
-      case ShardingStrategy::kWholeTensor:
-        break;
-      case ShardingStrategy::kNoShard:
-        replicate = o.world_size();
-        break;
-      case ShardingStrategy::kHybridShard:
-        replicate = o.replicate();
-        break;
-    }
-    TORCH_CHECK(replicate >= 1 && o.world_size() % replicate == 0, "estimate_memory: replicate ",
-                replicate, " does not divide the world size ", o.world_size());
-    if (!o.fsdp()) {
-      TORCH_CHECK(o.world_size() == 1,
-                  "estimate_memory: training without FSDP runs on one rank, got world_size ",
-                  o.world_size());
-      replicate = 1;
-    }
-    shard_ = o.world_size() / replicate;
-    replicate_ = replicate;
-    master_ = element_size(o.master_dtype());
-    compute_ =
-        element_size(o.fsdp() ? o.param_dtype().value_or(o.master_dtype()) : o.master_dtype());
-    const at::ScalarType reduce_dtype =
-        o.fsdp() ? o.reduce_dtype().value_or(o.param_dtype().value_or(o.master_dtype()))
-                 : o.master_dtype();
-    reduce_ = element_size(reduce_dtype);
-    widened_reduce_ = reduce_dtype == at::kBFloat16 || reduce_dtype == at::kHalf;
-    cast_ = o.fsdp() && o.param_dtype().has_value() && *o.param_dtype() != o.master_dtype();
-    // Blocks reshard after forward except under shard_grad_op (no_shard reshards too, as
-    // fsdp-train sets it up: with one rank per shard group only a cast copy is freed).
-    reshard_after_forward_ = o.strategy() != ShardingStrategy::kShardGradOp;
-    const int size = o.reshard_after_forward_size();
-    TORCH_CHECK(size >= 0 && (size == 0 || shard_ % size == 0),
-                "estimate_memory: reshard_after_forward_size ", size,
-                " does not divide the shard group of ", shard_, " ranks");
-    TORCH_CHECK(size == 0 || size == shard_ || o.strategy() == ShardingStrategy::kFullShard ||
-                    o.strategy() == ShardingStrategy::kHybridShard,
-                "estimate_memory: reshard_after_forward_size applies to full_shard and "
-                "hybrid_shard, not ",
-                to_string(o.strategy()));
-    if (size == 1) reshard_after_forward_ = false;
-    if (size > 1 && size < shard_) post_forward_size_ = size;
-    whole_tensor_ = o.fsdp() && o.strategy() == ShardingStrategy::kWholeTensor && shard_ > 1;
-    TORCH_CHECK(
-        !whole_tensor_ || post_forward_size_ == 0,
-        "estimate_memory: whole_tensor broadcasts whole tensors; reshard_after_forward_size ", size,
-        " (hpZ) does not apply to it");
-
-    const auto whole = whole_tensor_
-                           ? whole_tensor_sizes(model, shard_, master_, o.evenness_priority())
-                           : std::vector<UnitSizes>{};
-    root_ = whole_tensor_ ? whole.back()
-                          : sizes_of("root", model.root_param_shapes, shard_, o.shard_dim());
-    root_.name = "root";
-    for (size_t k = 0; k < model.units.size(); ++k) {
-      const auto& u = model.units[k];
-      UnitSizes s =
-          whole_tensor_ ? whole[k] : sizes_of(u.name, u.param_shapes, shard_, o.shard_dim());
-      s.name = u.name;
-      s.saved = u.saved_bytes;
-      s.forward_ws = u.forward_workspace_bytes;
-      s.backward_peak = u.backward_peak_bytes;
-      units_.push_back(s);
-    }
-    root_before_ = model.root_saved_before_bytes;
-    root_after_ = model.root_saved_after_bytes;
-    root_forward_ws_ = model.root_forward_workspace_bytes;
-    root_backward_peak_ = model.root_backward_peak_bytes;
-    root_stem_backward_peak_ = model.root_stem_backward_peak_bytes;
+    replicate_ = replicate_group_size(o);
+    shard_ = o.world_size() / replicate_;
+    set_dtype_sizes(o);
+    set_resharding(o);
+    set_unit_sizes(model, o);
   }
 
   MemoryEstimate run() {
@@ -291,6 +223,90 @@ class StepModel {
   }
 
  private:
+  // How many ranks hold the same shard: the world under no_shard, the replica groups under HSDP.
+  static int replicate_group_size(const MemoryEstimateOptions& o) {
+    int replicate = 1;
+    switch (o.strategy()) {
+      case ShardingStrategy::kFullShard:
+      case ShardingStrategy::kShardGradOp:
+      case ShardingStrategy::kWholeTensor:
+        break;
+      case ShardingStrategy::kNoShard:
+        replicate = o.world_size();
+        break;
+      case ShardingStrategy::kHybridShard:
+        replicate = o.replicate();
+        break;
+    }
+    TORCH_CHECK(replicate >= 1 && o.world_size() % replicate == 0, "estimate_memory: replicate ",
+                replicate, " does not divide the world size ", o.world_size());
+    if (!o.fsdp()) {
+      TORCH_CHECK(o.world_size() == 1,
+                  "estimate_memory: training without FSDP runs on one rank, got world_size ",
+                  o.world_size());
+      replicate = 1;
+    }
+    return replicate;
+  }
+
+  void set_dtype_sizes(const MemoryEstimateOptions& o) {
+    master_ = element_size(o.master_dtype());
+    compute_ =
+        element_size(o.fsdp() ? o.param_dtype().value_or(o.master_dtype()) : o.master_dtype());
+    const at::ScalarType reduce_dtype =
+        o.fsdp() ? o.reduce_dtype().value_or(o.param_dtype().value_or(o.master_dtype()))
+                 : o.master_dtype();
+    reduce_ = element_size(reduce_dtype);
+    widened_reduce_ = reduce_dtype == at::kBFloat16 || reduce_dtype == at::kHalf;
+    cast_ = o.fsdp() && o.param_dtype().has_value() && *o.param_dtype() != o.master_dtype();
+  }
+
+  void set_resharding(const MemoryEstimateOptions& o) {
+    // Blocks reshard after forward except under shard_grad_op (no_shard reshards too, as
+    // fsdp-train sets it up: with one rank per shard group only a cast copy is freed).
+    reshard_after_forward_ = o.strategy() != ShardingStrategy::kShardGradOp;
+    const int size = o.reshard_after_forward_size();
+    TORCH_CHECK(size >= 0 && (size == 0 || shard_ % size == 0),
+                "estimate_memory: reshard_after_forward_size ", size,
+                " does not divide the shard group of ", shard_, " ranks");
+    TORCH_CHECK(size == 0 || size == shard_ || o.strategy() == ShardingStrategy::kFullShard ||
+                    o.strategy() == ShardingStrategy::kHybridShard,
+                "estimate_memory: reshard_after_forward_size applies to full_shard and "
+                "hybrid_shard, not ",
+                to_string(o.strategy()));
+    if (size == 1) reshard_after_forward_ = false;
+    if (size > 1 && size < shard_) post_forward_size_ = size;
+    whole_tensor_ = o.fsdp() && o.strategy() == ShardingStrategy::kWholeTensor && shard_ > 1;
+    TORCH_CHECK(
+        !whole_tensor_ || post_forward_size_ == 0,
+        "estimate_memory: whole_tensor broadcasts whole tensors; reshard_after_forward_size ", size,
+        " (hpZ) does not apply to it");
+  }
+
+  void set_unit_sizes(const ModelMemorySpec& model, const MemoryEstimateOptions& o) {
+    const auto whole = whole_tensor_
+                           ? whole_tensor_sizes(model, shard_, master_, o.evenness_priority())
+                           : std::vector<UnitSizes>{};
+    root_ = whole_tensor_ ? whole.back()
+                          : sizes_of("root", model.root_param_shapes, shard_, o.shard_dim());
+    root_.name = "root";
+    for (size_t k = 0; k < model.units.size(); ++k) {
+      const auto& u = model.units[k];
+      UnitSizes s =
+          whole_tensor_ ? whole[k] : sizes_of(u.name, u.param_shapes, shard_, o.shard_dim());
+      s.name = u.name;
+      s.saved = u.saved_bytes;
+      s.forward_ws = u.forward_workspace_bytes;
+      s.backward_peak = u.backward_peak_bytes;
+      units_.push_back(s);
+    }
+    root_before_ = model.root_saved_before_bytes;
+    root_after_ = model.root_saved_after_bytes;
+    root_forward_ws_ = model.root_forward_workspace_bytes;
+    root_backward_peak_ = model.root_backward_peak_bytes;
+    root_stem_backward_peak_ = model.root_stem_backward_peak_bytes;
+  }
+
   // Unit state during the replay.
   struct State {
     bool unsharded = false;

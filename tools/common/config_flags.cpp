@@ -127,60 +127,72 @@ std::string known_keys(const std::vector<ConfigFlag>& flags, const std::string& 
   return out;
 }
 
-}  // namespace
-
-std::vector<std::string> ConfigFlags::file_args(const std::vector<std::string>& args) const {
-  const std::string path = config_path_in(args);
-  if (path.empty()) return {};
+// The parsed file, or throws naming the line and column of its syntax error.
+toml::table parse_config_file(const std::string& path) {
   std::string checked = path;
   const std::string problem = existing_file()(checked);
   if (!problem.empty()) throw std::invalid_argument("--config: " + problem);
-  toml::table file;
   try {
-    file = toml::parse_file(path);
+    return toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     std::ostringstream out;
     out << "--config " << path << ": line " << e.source().begin.line << ", column "
         << e.source().begin.column << ": " << e.description();
     throw std::invalid_argument(out.str());
   }
-  std::map<std::string, const ConfigFlag*> by_name;
-  std::vector<std::string> section_names;
-  for (const auto& f : flags_) {
-    by_name[f.section + "." + f.key] = &f;
-    if (std::find(section_names.begin(), section_names.end(), f.section) == section_names.end()) {
-      section_names.push_back(f.section);
-    }
+}
+
+// "model, training, ...": the sections, in the order their first flag was defined.
+std::string section_list(const std::vector<ConfigFlag>& flags) {
+  std::vector<std::string> names;
+  for (const auto& f : flags) {
+    if (std::find(names.begin(), names.end(), f.section) == names.end()) names.push_back(f.section);
   }
-  std::string sections;
-  for (const auto& name : section_names) sections += (sections.empty() ? "" : ", ") + name;
+  std::string out;
+  for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+// Finds the flag a file's [section] key sets; null for a key the program ignores; throws
+// naming the key and the keys its section has when it is neither.
+const ConfigFlag* flag_for_key(const std::vector<ConfigFlag>& flags,
+                               const std::vector<std::string>& ignored, const std::string& section,
+                               const std::string& key, const std::string& where) {
+  for (const auto& f : flags) {
+    if (f.section == section && f.key == key) return &f;
+  }
+  if (std::find(ignored.begin(), ignored.end(), section + "." + key) != ignored.end()) {
+    return nullptr;
+  }
+  const std::string known = known_keys(flags, section);
+  throw std::invalid_argument(where + " is not a setting" +
+                              (known.empty() ? "; the sections are " + section_list(flags)
+                                             : "; [" + section + "] has " + known));
+}
+
+}  // namespace
+
+std::vector<std::string> ConfigFlags::file_args(const std::vector<std::string>& args) const {
+  const std::string path = config_path_in(args);
+  if (path.empty()) return {};
+  const toml::table file = parse_config_file(path);
+  const std::string here = "--config " + path + ": ";
   std::vector<std::string> out;
   for (const auto& [section_key, section_node] : file) {
     const std::string section(section_key.str());
-    const std::string here = "--config " + path + ": ";
     if (!section_node.is_table()) {
       throw std::invalid_argument(here + "'" + section + "' is not a [section]; the sections are " +
-                                  sections);
+                                  section_list(flags_));
     }
     for (const auto& [key_node, value] : *section_node.as_table()) {
       const std::string key(key_node.str());
       const std::string where = here + "[" + section + "] " + key;
-      const auto it = by_name.find(section + "." + key);
-      if (it == by_name.end() &&
-          std::find(ignored_.begin(), ignored_.end(), section + "." + key) != ignored_.end()) {
-        continue;
-      }
-      if (it == by_name.end()) {
-        const std::string known = known_keys(flags_, section);
-        throw std::invalid_argument(where + " is not a setting" +
-                                    (known.empty() ? "; the sections are " + sections
-                                                   : "; [" + section + "] has " + known));
-      }
-      const ConfigFlag& f = *it->second;
-      const std::string text = flag_text(value, f.kind, where);
-      if (given(*f.option, args)) continue;  // the command line overrides the file
-      if (f.unset_text == text) continue;
-      out.push_back("--" + f.option->get_lnames().front() + "=" + text);
+      const ConfigFlag* f = flag_for_key(flags_, ignored_, section, key, where);
+      if (f == nullptr) continue;
+      const std::string text = flag_text(value, f->kind, where);
+      if (given(*f->option, args)) continue;  // the command line overrides the file
+      if (f->unset_text == text) continue;
+      out.push_back("--" + f->option->get_lnames().front() + "=" + text);
     }
   }
   return out;
