@@ -2,7 +2,7 @@
 // for backward, and recompute them when backward reaches it.
 //
 //   at::Tensor BlockImpl::forward(const at::Tensor& x) {
-//     return fsdp::checkpoint([this](const at::Tensor& in) { return body(in); }, x);
+//     return fsdp::activation_checkpoint([this](const at::Tensor& in) { return body(in); }, x);
 //   }
 //
 // Autograd then keeps only the inputs of the checkpointed function (here: the block's input);
@@ -41,22 +41,25 @@
 
 namespace fsdp {
 
-struct CheckpointOptions {
+struct ActivationCheckpointOptions {
   // Save the default generator's state before forward and replay it for the recompute.
   // (optional) defaults to true.
   TORCH_ARG(bool, preserve_rng_state) = true;
 };
 
-using CheckpointFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+using ActivationCheckpointFn =
+    std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
 
 // Runs fn(inputs) without saving activations for backward; see above. Blocks like fn itself.
 // Undefined inputs are passed through as undefined. When grad mode is off (evaluation) this is
 // a plain call of fn.
-std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at::Tensor>& inputs,
-                                   const CheckpointOptions& options = {});
+std::vector<at::Tensor> activation_checkpoint(const ActivationCheckpointFn& fn,
+                                              const std::vector<at::Tensor>& inputs,
+                                              const ActivationCheckpointOptions& options = {});
 
 // One tensor in, one tensor out.
-at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
-                      const at::Tensor& input, const CheckpointOptions& options = {});
+at::Tensor activation_checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
+                                 const at::Tensor& input,
+                                 const ActivationCheckpointOptions& options = {});
 
 }  // namespace fsdp

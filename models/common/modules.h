@@ -1,5 +1,4 @@
-// Pieces every model folder shares (kept apart from models/model.h, whose checkpoint types
-// clash with fsdp::checkpoint(), the activation-checkpointing call that model code uses): the
+// Pieces every model folder's modules share (models/model.h is the registry's interface): the
 // per-parameter seed that makes initialization a pure function of (seed, parameter name), and a
 // linear layer over a weight owned by another module (tied input and output embeddings).
 #pragma once

@@ -177,7 +177,7 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
   if (!activation_checkpoint_) return body(x);
   // The recompute calls body on this module, so it reads the parameters FSDP has gathered for
   // the block's backward, not the ones forward saw.
-  return fsdp::checkpoint([this](const at::Tensor& in) { return body(in); }, x);
+  return fsdp::activation_checkpoint([this](const at::Tensor& in) { return body(in); }, x);
 }
 
 at::Tensor BlockImpl::body(const at::Tensor& x) {

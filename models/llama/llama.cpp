@@ -306,7 +306,7 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x) {
   if (!activation_checkpoint_) return body(x);
   // The recompute calls body on this module, so it reads the parameters FSDP has gathered for
   // the layer's backward.
-  return fsdp::checkpoint([this](const at::Tensor& in) { return body(in); }, x);
+  return fsdp::activation_checkpoint([this](const at::Tensor& in) { return body(in); }, x);
 }
 
 at::Tensor LlamaDecoderLayerImpl::body(const at::Tensor& x) {

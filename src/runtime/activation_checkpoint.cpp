@@ -27,11 +27,11 @@ namespace fsdp {
 namespace {
 
 struct CheckpointState : torch::CustomClassHolder {
-  CheckpointFn fn;
+  ActivationCheckpointFn fn;
   // Autograd takes defined tensors only: the function's i-th input is the k-th tensor handed to
   // autograd if defined[i], else undefined.
   std::vector<bool> defined;
-  CheckpointOptions options;
+  ActivationCheckpointOptions options;
   std::optional<at::Generator> generator;  // the generator whose state was saved
   at::Tensor rng_state;                    // its state before forward
 };
@@ -107,8 +107,9 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       at::AutoGradMode grad_on(true);
       outputs = state->fn(with_undefined(*state, detached));
     }
-    TORCH_CHECK(outputs.size() == grad_outputs.size(), "fsdp::checkpoint: the recompute returned ",
-                outputs.size(), " outputs, forward returned ", grad_outputs.size());
+    TORCH_CHECK(outputs.size() == grad_outputs.size(),
+                "fsdp::activation_checkpoint: the recompute returned ", outputs.size(),
+                " outputs, forward returned ", grad_outputs.size());
     std::vector<at::Tensor> roots;
     std::vector<at::Tensor> root_grads;
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -131,9 +132,10 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 
 }  // namespace
 
-std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at::Tensor>& inputs,
-                                   const CheckpointOptions& options) {
-  TORCH_CHECK(fn, "fsdp::checkpoint: the function is empty");
+std::vector<at::Tensor> activation_checkpoint(const ActivationCheckpointFn& fn,
+                                              const std::vector<at::Tensor>& inputs,
+                                              const ActivationCheckpointOptions& options) {
+  TORCH_CHECK(fn, "fsdp::activation_checkpoint: the function is empty");
   if (!at::GradMode::is_enabled()) return fn(inputs);
   auto state = c10::make_intrusive<CheckpointState>();
   state->fn = fn;
@@ -156,10 +158,11 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
   return CheckpointFunction::apply(state, anchor, at::TensorList(defined));
 }
 
-at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
-                      const at::Tensor& input, const CheckpointOptions& options) {
-  TORCH_CHECK(fn, "fsdp::checkpoint: the function is empty");
-  std::vector<at::Tensor> outputs = checkpoint(
+at::Tensor activation_checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
+                                 const at::Tensor& input,
+                                 const ActivationCheckpointOptions& options) {
+  TORCH_CHECK(fn, "fsdp::activation_checkpoint: the function is empty");
+  std::vector<at::Tensor> outputs = activation_checkpoint(
       [fn](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in[0])}; },
       {input}, options);
   return outputs[0];

@@ -87,7 +87,7 @@ class ProbeImpl : public torch::nn::Module {
  public:
   ProbeImpl() { linear = register_module("linear", torch::nn::Linear(4, 6)); }
   at::Tensor forward(const at::Tensor& x) {
-    return checkpoint(
+    return activation_checkpoint(
         [this](const at::Tensor& in) {
           rows_seen.push_back(linear->weight.size(0));
           grad_mode_seen.push_back(at::GradMode::is_enabled());
@@ -143,7 +143,7 @@ TEST(ActivationCheckpoint, ParametersGetGradientsWhenNoInputNeedsOne) {
   const at::Tensor x = seeded_uniform({5, 4}, 1);
   at::tanh(plain->forward(x)).sum().backward();
   const at::Tensor out =
-      checkpoint([&](const at::Tensor& in) { return at::tanh(ckpt->forward(in)); }, x);
+      activation_checkpoint([&](const at::Tensor& in) { return at::tanh(ckpt->forward(in)); }, x);
   ASSERT_TRUE(out.requires_grad());
   out.sum().backward();
   ASSERT_TRUE(ckpt->weight.grad().defined());
@@ -164,7 +164,7 @@ TEST(ActivationCheckpoint, SeveralInputsAndOutputs) {
   const at::Tensor ga = a0.grad().clone(), gb = b0.grad().clone();
   a0.mutable_grad() = at::Tensor();
   b0.mutable_grad() = at::Tensor();
-  auto out = checkpoint(fn, {a0, b0, at::Tensor()});
+  auto out = activation_checkpoint(fn, {a0, b0, at::Tensor()});
   (out[0].sum() * 2 + out[1].pow(2).sum()).backward();
   EXPECT_TRUE(at::equal(a0.grad(), ga));
   EXPECT_TRUE(at::equal(b0.grad(), gb));
@@ -179,8 +179,10 @@ TEST(ActivationCheckpoint, ReplaysTheRandomStream) {
     auto fn = [&](const at::Tensor& x) { return at::dropout(x * w, 0.5, /*train=*/true); };
     at::manual_seed(123);
     const at::Tensor x = at::ones({8, 64});
-    at::Tensor out =
-        mode == 0 ? fn(x) : checkpoint(fn, x, CheckpointOptions().preserve_rng_state(mode == 1));
+    at::Tensor out = mode == 0
+                         ? fn(x)
+                         : activation_checkpoint(
+                               fn, x, ActivationCheckpointOptions().preserve_rng_state(mode == 1));
     at::manual_seed(999);  // the stream moves on before backward
     out.pow(2).sum().backward();
     return w.grad();
@@ -194,7 +196,8 @@ TEST(ActivationCheckpoint, WithoutGradModeIsAPlainCall) {
   torch::nn::Linear linear(4, 3);
   at::NoGradGuard no_grad;
   const at::Tensor x = seeded_uniform({2, 4}, 5);
-  const at::Tensor out = checkpoint([&](const at::Tensor& in) { return linear->forward(in); }, x);
+  const at::Tensor out =
+      activation_checkpoint([&](const at::Tensor& in) { return linear->forward(in); }, x);
   EXPECT_FALSE(out.requires_grad());
   EXPECT_TRUE(at::equal(out, linear->forward(x)));
 }
