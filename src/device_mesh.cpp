@@ -19,9 +19,7 @@ void add(CollectiveCounters& into, const CollectiveCounters& c) {
 
 DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> group)
     : shard_group_(std::move(group)),
-      post_forward_groups_(std::make_shared<std::map<int, std::shared_ptr<ProcessGroup>>>()),
-      stats_(std::make_shared<RankStats>()),
-      tracer_(std::make_shared<Tracer>()) {
+      post_forward_groups_(std::make_shared<std::map<int, std::shared_ptr<ProcessGroup>>>()) {
   TORCH_CHECK(shard_group_ != nullptr, "DeviceMesh needs a process group, got null");
 }
 

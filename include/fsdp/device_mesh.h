@@ -1,5 +1,5 @@
-// DeviceMesh: the ranks a module is sharded over, and the per-rank accounting and timeline that
-// every unit sharded on this mesh reports into.
+// DeviceMesh: the ranks a module is sharded over. (What the units sharded on it hold and when
+// they run is reported to their observer, not kept here: fsdp/runtime/observer.h.)
 //
 // A 1-D mesh shards over every rank of a group. A 2-D mesh (replicate x shard, HSDP) splits the
 // world into replicate_size groups of consecutive ranks: parameters are sharded within a shard
@@ -7,13 +7,10 @@
 // group, are all-reduced across the replicate group. replicate_size == world size is plain
 // data parallelism (DDP): shard groups of one rank, nothing sharded.
 //
-// A mesh is a cheap, copyable handle; copies share the same process groups, RankStats and
-// Tracer.
+// A mesh is a cheap, copyable handle; copies share the same process groups.
 #pragma once
 
 #include <fsdp/comm/process_group.h>
-#include <fsdp/util/stats.h>
-#include <fsdp/util/trace.h>
 
 #include <map>
 #include <memory>
@@ -55,11 +52,6 @@ class DeviceMesh {
   CommCounters counters() const;
   void reset_counters() const;
 
-  // Bytes this rank holds, by category; shared by all units on this mesh.
-  RankStats& stats() const { return *stats_; }
-  // This rank's timeline; records nothing until enabled.
-  Tracer& tracer() const { return *tracer_; }
-
  private:
   // Every group of the mesh: shard, replicate (if any), post-forward groups made so far.
   std::vector<ProcessGroup*> groups() const;
@@ -67,8 +59,6 @@ class DeviceMesh {
   std::shared_ptr<ProcessGroup> shard_group_;
   std::shared_ptr<ProcessGroup> replicate_group_;
   std::shared_ptr<std::map<int, std::shared_ptr<ProcessGroup>>> post_forward_groups_;
-  std::shared_ptr<RankStats> stats_;
-  std::shared_ptr<Tracer> tracer_;
 };
 
 }  // namespace fsdp

@@ -20,6 +20,7 @@
 #include <fsdp/comm/comm_hooks.h>
 #include <fsdp/device_mesh.h>
 #include <fsdp/runtime/forward.h>
+#include <fsdp/runtime/observer.h>
 
 #include <c10/util/ArrayRef.h>
 #include <torch/arg.h>
@@ -128,6 +129,10 @@ struct FullyShardOptions {
   // differ per rank, so no global norm exists). Every tensor must be a parameter of the module;
   // fully_shard throws naming one that is not. (optional) defaults to none.
   TORCH_ARG(std::vector<at::Tensor>, ignored_params) = {};
+  // Where this unit reports the bytes it holds, the time compute waits on its collectives and
+  // its timeline spans (fsdp/runtime/observer.h; a RankMonitor keeps counts and a timeline).
+  // Give every unit of a tree the same one. (optional) defaults to none: nothing is reported.
+  TORCH_ARG(std::shared_ptr<RuntimeObserver>, observer) = nullptr;
 };
 
 // Where a rank's shard of one parameter sits in the global tensor (DTensor-like metadata).
@@ -182,9 +187,8 @@ class FSDPModule {
 
   // Parameters this unit manages, with their shard metadata, in registration order.
   std::vector<ShardedParameter> sharded_parameters() const;
-  // Bytes of this unit's local shards (padding included), of their gradients if present.
+  // Bytes of this unit's local shards (padding included).
   int64_t sharded_param_bytes() const;
-  int64_t sharded_grad_bytes() const;
 
   // Gathers the full parameters. With async_op the all-gather is only issued and the returned
   // handle's wait() completes it (and is needed before the parameters are used); otherwise it
@@ -272,6 +276,12 @@ class FSDPModule {
   // must outlive the recording), or stops with nullptr. For tests and debugging: the ops a step
   // issues, comparable with build_stream_schedule's. Throws during a backward pass.
   void set_schedule_recorder(ScheduleRecorder* recorder);
+
+  // Where this unit reports from now on (FullyShardOptions::observer; null: nowhere). Throws
+  // during a step, or while the unit holds unsharded parameters or unsynced gradients (their
+  // bytes are on the old observer's books).
+  void set_observer(std::shared_ptr<RuntimeObserver> observer);
+  const std::shared_ptr<RuntimeObserver>& observer() const;
 
  private:
   friend FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,

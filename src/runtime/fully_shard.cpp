@@ -276,15 +276,6 @@ std::vector<ShardedParameter> FSDPModule::sharded_parameters() const {
 
 int64_t FSDPModule::sharded_param_bytes() const { return group_->flat_shards().nbytes(); }
 
-int64_t FSDPModule::sharded_grad_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& p : group_->params()) {
-    const at::Tensor& grad = p.param().grad();
-    if (grad.defined() && !p.is_unsharded()) bytes += grad.nbytes();
-  }
-  return bytes;
-}
-
 const std::string& FSDPModule::path() const { return group_->path(); }
 
 void UnshardHandle::wait() { group_->wait_unshard(); }
@@ -358,6 +349,12 @@ void FSDPModule::set_force_sum_reduction_for_comms(bool enable) {
 void FSDPModule::set_all_reduce_hook(std::function<void(at::Tensor&)> hook) {
   group_->set_all_reduce_hook(std::move(hook));
 }
+void FSDPModule::set_observer(std::shared_ptr<RuntimeObserver> observer) {
+  group_->set_observer(std::move(observer));
+}
+
+const std::shared_ptr<RuntimeObserver>& FSDPModule::observer() const { return group_->observer(); }
+
 void FSDPModule::set_schedule_recorder(ScheduleRecorder* recorder) {
   group_->set_schedule_recorder(recorder);
 }

@@ -122,14 +122,21 @@ std::optional<PendingReduce> GradientReducer::reduce(UnitGrads grads) {
   return std::nullopt;
 }
 
+bool GradientReducer::holds_bytes() const {
+  if (partial_reduce_output_.defined()) return true;
+  for (const FSDPParam& p : params_) {
+    if (p.unsynced_grad.defined()) return true;
+  }
+  return false;
+}
+
 void GradientReducer::add_unsynced_grads(UnitGrads& grads) {
   // Gradients of earlier backward passes that did not sync are added first, so the sum is
   // formed in the same order as autograd's accumulation in a single process.
-  RankStats& stats = unit_.mesh().stats();
   for (size_t i = 0; i < grads.params.size(); ++i) {
     FSDPParam& p = *grads.params[i];
     if (!p.unsynced_grad.defined()) continue;
-    stats.add_unsharded_grads(-p.unsynced_grad.nbytes());
+    unit_.held(HeldKind::kUnshardedGrads, -p.unsynced_grad.nbytes());
     if (grads.full[i].defined()) p.unsynced_grad.add_(grads.full[i]);
     grads.full[i] = std::move(p.unsynced_grad);
     p.unsynced_grad = at::Tensor();
@@ -143,7 +150,7 @@ void GradientReducer::keep_unsynced_grads(UnitGrads& grads) {
     FSDPParam& p = *grads.params[i];
     if (grads.full[i].defined()) {
       p.unsynced_grad = grads.full[i].to(reduce_dtype_).contiguous();
-      unit_.mesh().stats().add_unsharded_grads(p.unsynced_grad.nbytes());
+      unit_.held(HeldKind::kUnshardedGrads, p.unsynced_grad.nbytes());
     }
     p.param().mutable_grad() = grads.previous[i];
   }
@@ -218,7 +225,7 @@ at::Tensor GradientReducer::pack_input(UnitGrads& grads, StreamEvent& packed) {
   const int world = unit_.mesh().shard_size();
   at::Tensor input = allocate_reduce_buffer(reduce_scatter_hook_.get(), world * grads.reduce_numel,
                                             unit_.device_options(reduce_dtype_), unit_.label());
-  TraceScope trace(unit_.mesh().tracer(), "copy", "copy-in", unit_.label());
+  SpanScope trace(unit_, "copy", "copy-in");
   const at::Tensor input_2d = input.view({world, grads.reduce_numel});
   int64_t column = 0;
   for (size_t i = 0; i < grads.params.size(); ++i) {
@@ -249,8 +256,8 @@ PendingReduce GradientReducer::issue_reduce(UnitGrads grads) {
   reduce.replicate_after = replicas && mesh.shard_size() > 1 && requires_all_reduce_;
   reduce.all_reduce_op = reduction.all_reduce_op;
   reduce.post_divide = reduction.post_divide;
-  mesh.stats().add_comm_buffers(reduce.input.nbytes());
-  reduce.issued = Tracer::Clock::now();
+  unit_.held(HeldKind::kCommBuffers, reduce.input.nbytes());
+  reduce.issued = RuntimeObserver::Clock::now();
   const CollectiveLabel collective_label(unit_.label());
   unit_.streams().flush(ScheduleStream::kReduceScatter);
   try {
@@ -260,7 +267,7 @@ PendingReduce GradientReducer::issue_reduce(UnitGrads grads) {
       issue_reduce_scatter(reduce, reduction, grads.reduce_numel);
     }
   } catch (const std::exception& e) {
-    mesh.stats().add_comm_buffers(-reduce.input.nbytes());
+    unit_.held(HeldKind::kCommBuffers, -reduce.input.nbytes());
     unit_.rethrow_with_context("reduce-scatter of gradients", e);
   }
   return reduce;
@@ -320,7 +327,7 @@ std::map<int, int64_t> GradientReducer::pack_by_owner(UnitGrads& grads, PendingR
   const auto reduce_options = flat_shards_.options().dtype(reduce_dtype_);
   reduce.input = at::empty({others}, reduce_options);
   reduce.output = at::empty({numel_of.count(rank) != 0 ? numel_of[rank] : 0}, reduce_options);
-  TraceScope trace(mesh.tracer(), "copy", "copy-in", unit_.label());
+  SpanScope trace(unit_, "copy", "copy-in");
   int64_t offset = 0;  // into input: the buckets of the other owners, back to back
   for (const auto& [owner, positions] : by_owner) {
     const bool mine = owner == rank;
@@ -352,12 +359,12 @@ PendingReduce GradientReducer::issue_owner_reduces(UnitGrads grads) {
   reduce.reducer = this;
   reduce.op = "reduce";
   const std::map<int, int64_t> numel_of = pack_by_owner(grads, reduce);
-  mesh.stats().add_comm_buffers(reduce.input.nbytes());
+  unit_.held(HeldKind::kCommBuffers, reduce.input.nbytes());
   reduce.params = std::move(grads.params);
   reduce.previous = std::move(grads.previous);
   // Summed to the owner, then divided (by W, or the unit's gradient divide factor).
   reduce.post_divide = gradient_divide_factor_.value_or(mesh.shard_size());
-  reduce.issued = Tracer::Clock::now();
+  reduce.issued = RuntimeObserver::Clock::now();
   const CollectiveLabel collective_label(unit_.label());
   std::vector<WorkHandle> works;
   try {
@@ -372,7 +379,7 @@ PendingReduce GradientReducer::issue_owner_reduces(UnitGrads grads) {
       }
     }
   } catch (const std::exception& e) {
-    mesh.stats().add_comm_buffers(-reduce.input.nbytes());
+    unit_.held(HeldKind::kCommBuffers, -reduce.input.nbytes());
     unit_.rethrow_with_context("reduce of gradients", e);
   }
   reduce.work = std::make_shared<WorkList>(std::move(works));
@@ -389,9 +396,8 @@ void GradientReducer::finish(PendingReduce& reduce) {
   // With streams, compute waits on the reduction's event below instead of the host here.
   if (streams.in_program_order()) unit_.wait_for(reduce.work, "reduction of gradients");
   const int64_t input_bytes = reduce.input.nbytes();
-  mesh.tracer().complete("comm", reduce.op, reduce.issued, reduce.work->finished_at(),
-                         unit_.label(), input_bytes, "comm");
-  mesh.stats().add_comm_buffers(-input_bytes);
+  unit_.span("comm", reduce.op, reduce.issued, reduce.work->finished_at(), input_bytes, "comm");
+  unit_.held(HeldKind::kCommBuffers, -input_bytes);
   // In program order the reduction has completed: free its input now, as ever. With streams the
   // input (allocated on compute) is freed once compute has waited on the reduction.
   if (streams.in_program_order()) reduce.input = at::Tensor();
@@ -441,7 +447,7 @@ StreamEvent GradientReducer::all_reduce_across_replicas(const at::Tensor& reduce
                                                         const StreamEvent& after,
                                                         ReduceOp op_kind) {
   // HSDP: this rank's reduced shard, summed over the replicas holding the same shard.
-  const auto issued = Tracer::Clock::now();
+  const auto issued = RuntimeObserver::Clock::now();
   const CollectiveLabel collective_label(unit_.label());
   DeviceStreams& streams = unit_.streams();
   DeviceStreams::Op op(streams, ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce,
@@ -459,15 +465,14 @@ StreamEvent GradientReducer::all_reduce_across_replicas(const at::Tensor& reduce
       unit_.rethrow_with_context("all-reduce of gradients across replicas", e);
     }
   }
-  unit_.mesh().tracer().complete("comm", "all-reduce", issued, across->finished_at(), unit_.label(),
-                                 reduced.nbytes(), "comm");
+  unit_.span("comm", "all-reduce", issued, across->finished_at(), reduced.nbytes(), "comm");
   return op.record("all_reduced");
 }
 
 void GradientReducer::add_partial_sum(const at::Tensor& output) {
   if (!partial_reduce_output_.defined()) return;
   output.add_(partial_reduce_output_);
-  unit_.mesh().stats().add_comm_buffers(-partial_reduce_output_.nbytes());
+  unit_.held(HeldKind::kCommBuffers, -partial_reduce_output_.nbytes());
   partial_reduce_output_ = at::Tensor();
 }
 
@@ -476,7 +481,7 @@ void GradientReducer::keep_partial_reduce(const at::Tensor& reduced, const Pendi
     partial_reduce_output_.add_(reduced);
   } else {
     partial_reduce_output_ = reduced;  // a buffer of this reduction's own
-    unit_.mesh().stats().add_comm_buffers(partial_reduce_output_.nbytes());
+    unit_.held(HeldKind::kCommBuffers, partial_reduce_output_.nbytes());
   }
   for (size_t i = 0; i < reduce.params.size(); ++i) {
     reduce.params[i]->param().mutable_grad() = reduce.previous[i];

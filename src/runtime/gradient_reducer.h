@@ -49,7 +49,7 @@ struct PendingReduce {
   at::Tensor output;    // [S]: becomes the sharded gradients
   std::vector<FSDPParam*> params;
   std::vector<at::Tensor> previous;  // sharded gradients to add (accumulation)
-  Tracer::Clock::time_point issued;
+  RuntimeObserver::Clock::time_point issued;
   const char* op = "reduce-scatter";  // what work is, for the trace
   bool replicate_after = false;       // HSDP: all-reduce output across replicas once work is done
   ReduceOp all_reduce_op = ReduceOp::kSum;  // ... with this op
@@ -96,6 +96,8 @@ class GradientReducer {
 
   // Whether this backward's gradients go to a collective (not kept unsynced, not one rank's).
   bool reduces_gradients() const;
+  // Whether it holds counted bytes between steps: unsynced full gradients or a partial sum.
+  bool holds_bytes() const;
   // Pre-backward: moves each trainable parameter's sharded gradient aside.
   void stash_sharded_grads();
   // Post-backward, before the unit reshards: takes this backward's full gradients (none if

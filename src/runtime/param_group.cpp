@@ -220,6 +220,18 @@ void ParamGroup::check_not_in_backward(const char* setting) const {
               "the forward of the micro-batch it applies to");
 }
 
+void ParamGroup::set_observer(std::shared_ptr<RuntimeObserver> observer) {
+  check_not_in_backward("set_observer");
+  // The old observer has this unit's held bytes on its books; only between steps, with nothing
+  // held, can the counts move to the new one balanced.
+  TORCH_CHECK(sharded_state_ == ShardedState::kSharded && !reducer_->holds_bytes(),
+              "fsdp: set_observer called on unit '", label_,
+              "' while it holds unsharded parameters or gradients; call it while the unit is "
+              "sharded, with no gradients kept unsynced");
+  options_.observer(std::move(observer));
+  unit_.bind_observer(observer_or_none(options_.observer()));
+}
+
 void ParamGroup::set_requires_gradient_sync(bool sync) {
   check_not_in_backward("set_requires_gradient_sync", sync);
   reducer_->set_requires_gradient_sync(sync);
@@ -376,11 +388,11 @@ void ParamGroup::pre_forward() {
   prefetch_forward();
   wait_unshard();
   set_training_state(TrainingState::kForward);
-  compute_begin_ = Tracer::Clock::now();
+  compute_begin_ = RuntimeObserver::Clock::now();
 }
 
 void ParamGroup::post_forward(std::vector<at::Tensor>& outputs) {
-  mesh_.tracer().complete("compute", "forward", compute_begin_, Tracer::Clock::now(), label_);
+  unit_.span("compute", "forward", compute_begin_, RuntimeObserver::Clock::now());
   if (unsharded_phase_ != nullptr) {
     DeviceStreams::Op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kForward, label_)
         .reads("unsharded", unsharded_phase_);
@@ -435,7 +447,7 @@ void ParamGroup::pre_backward() {
   }
   reducer_->stash_sharded_grads();
   set_training_state(TrainingState::kPreBackward);
-  compute_begin_ = Tracer::Clock::now();
+  compute_begin_ = RuntimeObserver::Clock::now();
 }
 
 void ParamGroup::skip_unshard_for_backward() {
@@ -458,7 +470,7 @@ void ParamGroup::post_backward() {
   }
   const bool backward_ran = training_state_ == TrainingState::kPreBackward;
   if (backward_ran) {
-    mesh_.tracer().complete("compute", "backward", compute_begin_, Tracer::Clock::now(), label_);
+    unit_.span("compute", "backward", compute_begin_, RuntimeObserver::Clock::now());
   }
   if (backward_ran && (unsharded_phase_ != nullptr || reducer_->reduces_gradients())) {
     DeviceStreams::Op op(tree().streams(), ScheduleStream::kCompute, ScheduleOpKind::kBackward,
@@ -469,10 +481,9 @@ void ParamGroup::post_backward() {
   UnitGrads grads = reducer_->take_grads(backward_ran);
   // The unit's full gradients are alive together with its full parameters at this point, the
   // unit's peak: record it, then release both.
-  RankStats& stats = mesh_.stats();
-  stats.add_unsharded_grads(grads.full_bytes);
+  unit_.held(HeldKind::kUnshardedGrads, grads.full_bytes);
   if (reshard_after_backward_) reshard();
-  stats.add_unsharded_grads(-grads.full_bytes);
+  unit_.held(HeldKind::kUnshardedGrads, -grads.full_bytes);
   set_training_state(TrainingState::kIdle);
   if (grads.params.empty()) return;
   if (std::optional<PendingReduce> reduce = reducer_->reduce(std::move(grads))) {
@@ -520,7 +531,7 @@ void ParamGroup::unshard_without_gather() {
   // none are counted).
   for (auto& p : params_) p.unshard_single_rank();
   set_sharded_state(ShardedState::kUnsharded);
-  mesh_.stats().add_unsharded_units(1);
+  unit_.held(HeldKind::kUnshardedUnits, 1);
 }
 
 void ParamGroup::wait_unshard() {
@@ -564,11 +575,11 @@ void ParamGroup::free_unsharded_params() {
   for (auto& p : params_) {
     // An owned whole tensor aliases its shard: no bytes of its own were counted.
     if (p.is_unsharded() && counted && !p.aliases_shard()) {
-      mesh_.stats().add_unsharded_params(-p.unsharded_bytes());
+      unit_.held(HeldKind::kUnshardedParams, -p.unsharded_bytes());
     }
     p.reshard();
   }
-  mesh_.stats().add_unsharded_units(-1);
+  unit_.held(HeldKind::kUnshardedUnits, -1);
   unsharded_phase_ = nullptr;
 }
 
@@ -583,7 +594,7 @@ void ParamGroup::reshard_to_post_forward_group() {
   }
   at::Tensor piece = at::empty({shards * numel}, unit_.device_options(compute_dtype_));
   {
-    TraceScope trace(mesh_.tracer(), "copy", "copy-in", label_);
+    SpanScope trace(unit_, "copy", "copy-in");
     at::NoGradGuard no_grad;
     const at::Tensor piece_2d = piece.view({shards, numel});
     int64_t column = 0;
@@ -597,12 +608,12 @@ void ParamGroup::reshard_to_post_forward_group() {
   free_unsharded_params();
   post_forward_piece_ = std::move(piece);
   set_sharded_state(ShardedState::kPostForwardPiece);
-  mesh_.stats().add_unsharded_params(post_forward_piece_.nbytes());
+  unit_.held(HeldKind::kUnshardedParams, post_forward_piece_.nbytes());
 }
 
 void ParamGroup::drop_post_forward_piece() {
   if (sharded_state_ != ShardedState::kPostForwardPiece) return;
-  mesh_.stats().add_unsharded_params(-post_forward_piece_.nbytes());
+  unit_.held(HeldKind::kUnshardedParams, -post_forward_piece_.nbytes());
   post_forward_piece_ = at::Tensor();
   set_sharded_state(ShardedState::kSharded);
 }

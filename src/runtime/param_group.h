@@ -137,6 +137,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void set_gradient_divide_factor(double factor);
   void set_force_sum_reduction_for_comms(bool enable);
   void set_all_reduce_hook(std::function<void(at::Tensor&)> hook);
+  // See FSDPModule::set_observer.
+  void set_observer(std::shared_ptr<RuntimeObserver> observer);
+  const std::shared_ptr<RuntimeObserver>& observer() const { return options_.observer(); }
   // FullyShardOptions::ignored_params, which no enclosing unit may claim either.
   const std::vector<at::Tensor>& ignored_params() const { return options_.ignored_params(); }
   // Every unit at or under this unit's module, in pre-order.
@@ -238,13 +241,13 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   std::vector<ParamGroup*> backward_prefetch_;
   int forward_index_ = -1;       // position in this step's forward order
   int last_forward_index_ = -1;  // position in the previous step's forward order
-  Tracer::Clock::time_point compute_begin_;
+  RuntimeObserver::Clock::time_point compute_begin_;
 
   bool is_top_ = true;    // no enclosing module is fully_shard'ed (set_path)
   bool in_tree_ = false;  // joined a tree (the root's lazy_init)
   // The tree's shared state, or this unit's own until it joins a tree.
   std::shared_ptr<RootState> tree_ = std::make_shared<RootState>(*this, mesh_.device());
-  UnitContext unit_{label_, mesh_, tree_->streams()};
+  UnitContext unit_{label_, mesh_, tree_->streams(), observer_or_none(options_.observer())};
   // The placement: the all-gather (or broadcasts) and copy-out (unsharder.h).
   std::unique_ptr<Unsharder> unsharder_;
   // Reduce-scatter, all-reduce, divide rules, accumulation and the reduce hooks.

@@ -47,14 +47,13 @@ class ShardUnsharder : public Unsharder {
 
 void ShardUnsharder::issue(PendingGather& pending) {
   copy_in(pending);
-  RankStats& stats = a_.unit.mesh().stats();
-  stats.add_comm_buffers(pending.buffer.nbytes());
-  stats.add_unsharded_units(1);
-  pending.issued = Tracer::Clock::now();
+  a_.unit.held(HeldKind::kCommBuffers, pending.buffer.nbytes());
+  a_.unit.held(HeldKind::kUnshardedUnits, 1);
+  pending.issued = RuntimeObserver::Clock::now();
   try {
     issue_gather(pending);
   } catch (const std::exception& e) {
-    uncount_gather(stats, pending, /*gathered=*/false);
+    uncount_gather(a_.unit, pending, /*gathered=*/false);
     a_.unit.rethrow_with_context("all-gather of parameters", e);
   }
 }
@@ -71,7 +70,7 @@ void ShardUnsharder::copy_in(PendingGather& pending) {
     op.reads("shard");
     const bool cast = a_.compute_dtype != a_.flat_shards.scalar_type();
     if (cast || a_.offload_to_host) {
-      TraceScope trace(a_.unit.mesh().tracer(), "copy", "copy-in", a_.unit.label());
+      SpanScope trace(a_.unit, "copy", "copy-in");
       pending.input = a_.offload_to_host
                           ? a_.flat_shards.to(a_.unit.device_options(a_.compute_dtype),
                                               /*non_blocking=*/true)
@@ -113,15 +112,14 @@ const char* ShardUnsharder::complete(PendingGather& pending) {
     try {
       a_.unit.wait_for(pending.work, "all-gather of parameters");
     } catch (...) {
-      uncount_gather(a_.unit.mesh().stats(), pending, /*gathered=*/false);
+      uncount_gather(a_.unit, pending, /*gathered=*/false);
       throw;
     }
   }
-  a_.unit.mesh().tracer().complete("comm", "all-gather", pending.issued,
-                                   pending.work->finished_at(), a_.unit.label(),
-                                   pending.buffer.nbytes(), "comm");
+  a_.unit.span("comm", "all-gather", pending.issued, pending.work->finished_at(),
+               pending.buffer.nbytes(), "comm");
   const StreamEvent copied_out = copy_out(pending);
-  uncount_gather(a_.unit.mesh().stats(), pending, /*gathered=*/true);
+  uncount_gather(a_.unit, pending, /*gathered=*/true);
   release(pending, copied_out);
   return pending.phase;
 }
@@ -130,13 +128,13 @@ StreamEvent ShardUnsharder::copy_out(PendingGather& pending) {
   DeviceStreams::Op op(a_.unit.streams(), ScheduleStream::kCompute, ScheduleOpKind::kCopyOut,
                        a_.unit.label());
   op.wait(pending.gathered).reads("ag_buf", pending.phase).writes("unsharded", pending.phase);
-  TraceScope trace(a_.unit.mesh().tracer(), "copy", "copy-out", a_.unit.label());
+  SpanScope trace(a_.unit, "copy", "copy-out");
   const at::Tensor gathered_2d =
       pending.buffer.view({a_.unit.mesh().shard_size(), a_.flat_shards.numel()});
   int64_t column = 0;
   for (auto& p : a_.params) {
     p.unshard_from(gathered_2d, column);
-    a_.unit.mesh().stats().add_unsharded_params(p.unsharded_bytes());
+    a_.unit.held(HeldKind::kUnshardedParams, p.unsharded_bytes());
     column += p.padded_numel();
   }
   return op.record("copied_out", pending.phase);
@@ -159,7 +157,7 @@ void ShardUnsharder::release(PendingGather& pending, const StreamEvent& last_rea
 }
 
 void ShardUnsharder::drop(PendingGather& pending) {
-  uncount_gather(a_.unit.mesh().stats(), pending, /*gathered=*/false);
+  uncount_gather(a_.unit, pending, /*gathered=*/false);
   if (a_.unit.streams().in_program_order()) {
     a_.unit.wait_for(pending.work, "all-gather of parameters");
   }

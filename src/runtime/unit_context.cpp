@@ -18,14 +18,13 @@ void UnitContext::rethrow_with_context(const char* what, const std::exception& e
 }
 
 void UnitContext::wait_for(const WorkHandle& work, const char* what) const {
-  const auto start = Tracer::Clock::now();
+  const auto start = RuntimeObserver::Clock::now();
   try {
     work->wait();
   } catch (const std::exception& e) {
     rethrow_with_context(what, e);
   }
-  mesh_.stats().add_exposed_comm(
-      std::chrono::duration<double>(Tracer::Clock::now() - start).count());
+  observer_->waited(std::chrono::duration<double>(RuntimeObserver::Clock::now() - start).count());
 }
 
 void UnitContext::order_stream_after(const WorkHandle& work) const {

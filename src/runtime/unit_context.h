@@ -2,33 +2,51 @@
 // the placement that unshards its parameters (Unsharder) and the reducer of its gradients
 // (GradientReducer); each names the unit the same way in errors, counts its bytes and times on
 // the same mesh, orders its work on the streams of the tree the unit belongs to, and waits on a
-// collective the same way. The context holds references to the unit's own label and mesh (the
-// unit outlives its parts, and is never moved), and the tree's streams, re-bound when the unit
-// joins a tree.
+// collective the same way. The context holds references to the unit's own label, mesh and
+// observer (the unit outlives its parts, and is never moved), and the tree's streams, re-bound
+// when the unit joins a tree. Every count, wait and span goes to the observer
+// ([Note: the runtime reports to an observer]).
 #pragma once
 
 #include "runtime/device_streams.h"
 
 #include <fsdp/comm/process_group.h>
 #include <fsdp/device_mesh.h>
+#include <fsdp/runtime/observer.h>
 
 #include <ATen/core/Tensor.h>
 
 #include <exception>
+#include <memory>
 #include <string>
 
 namespace fsdp::detail {
 
 class UnitContext {
  public:
-  UnitContext(const std::string& label, const DeviceMesh& mesh, DeviceStreams& streams)
-      : label_(label), mesh_(mesh), streams_(&streams) {}
+  UnitContext(const std::string& label, const DeviceMesh& mesh, DeviceStreams& streams,
+              RuntimeObserver& observer)
+      : label_(label), mesh_(mesh), streams_(&streams), observer_(&observer) {}
   UnitContext(const UnitContext&) = delete;
   UnitContext& operator=(const UnitContext&) = delete;
 
   // For error messages: the unit's path under the root, or its module's type name.
   const std::string& label() const { return label_; }
   const DeviceMesh& mesh() const { return mesh_; }
+  RuntimeObserver& observer() const { return *observer_; }
+  void bind_observer(RuntimeObserver& observer) { observer_ = &observer; }
+  // A change of a live count (RuntimeObserver::held).
+  void held(HeldKind kind, int64_t delta) const { observer_->held(kind, delta); }
+  // A span of this unit, reported only while the observer records spans.
+  // (Name: a string or a literal, made a string only when the span is recorded.)
+  template <class Name>
+  void span(const char* category, const Name& name, RuntimeObserver::Clock::time_point begin,
+            RuntimeObserver::Clock::time_point end, int64_t bytes = -1,
+            const char* track = "compute") const {
+    if (observer_->records_spans()) {
+      observer_->span(category, std::string(name), begin, end, label_, bytes, track);
+    }
+  }
   // The streams and events of the tree the unit belongs to (its own until it joins one).
   DeviceStreams& streams() const { return *streams_; }
   void bind_streams(DeviceStreams& streams) { streams_ = &streams; }
@@ -49,6 +67,37 @@ class UnitContext {
   const std::string& label_;
   const DeviceMesh& mesh_;
   DeviceStreams* streams_;
+  RuntimeObserver* observer_;
+};
+
+// The observer a unit was given, or one that ignores every report.
+inline RuntimeObserver& observer_or_none(const std::shared_ptr<RuntimeObserver>& observer) {
+  static RuntimeObserver none;
+  return observer ? *observer : none;
+}
+
+// Reports [construction, destruction) as a span of the unit, when the observer records spans.
+class SpanScope {
+ public:
+  SpanScope(const UnitContext& unit, const char* category, const char* name)
+      : unit_(unit),
+        category_(category),
+        name_(name),
+        begin_(unit.observer().records_spans() ? RuntimeObserver::Clock::now()
+                                               : RuntimeObserver::Clock::time_point{}) {}
+  ~SpanScope() {
+    if (unit_.observer().records_spans()) {
+      unit_.span(category_, name_, begin_, RuntimeObserver::Clock::now());
+    }
+  }
+  SpanScope(const SpanScope&) = delete;
+  SpanScope& operator=(const SpanScope&) = delete;
+
+ private:
+  const UnitContext& unit_;
+  const char* category_;
+  const char* name_;
+  RuntimeObserver::Clock::time_point begin_;
 };
 
 }  // namespace fsdp::detail

@@ -42,7 +42,7 @@ struct PendingGather {
   int64_t piece_bytes = 0;
   StreamEvent piece_ready;  // recorded on compute once the piece was written
   at::Tensor buffer;        // [W * shard numel], or the broadcasts' received tensors
-  Tracer::Clock::time_point issued;
+  RuntimeObserver::Clock::time_point issued;
   const char* phase = "fwd";  // which gather of the step, for the schedule's names
   StreamEvent copied_in;      // recorded on the copy-in stream once the input is ready
   StreamEvent gathered;       // recorded on the all-gather stream after the collective
@@ -86,10 +86,10 @@ std::unique_ptr<Unsharder> make_whole_tensor_unsharder(const UnsharderArgs& args
 
 // Takes a gather's buffer and hpZ piece off the books once they are released, and the unit's
 // count too unless the gather completed (gathered: the unit is now unsharded).
-inline void uncount_gather(RankStats& stats, const PendingGather& pending, bool gathered) {
-  stats.add_comm_buffers(-pending.buffer.nbytes());
-  stats.add_unsharded_params(-pending.piece_bytes);
-  if (!gathered) stats.add_unsharded_units(-1);
+inline void uncount_gather(const UnitContext& unit, const PendingGather& pending, bool gathered) {
+  unit.held(HeldKind::kCommBuffers, -pending.buffer.nbytes());
+  unit.held(HeldKind::kUnshardedParams, -pending.piece_bytes);
+  if (!gathered) unit.held(HeldKind::kUnshardedUnits, -1);
 }
 
 }  // namespace fsdp::detail

@@ -173,8 +173,12 @@ WholeTensorSharding whole_tensor_shard(const std::shared_ptr<torch::nn::Module>&
   FullyShardOptions unit_options = options.unit_options();
   unit_options.whole_tensor(placement);
   for (const auto& unit : units) fully_shard(unit, mesh, unit_options);
-  FSDPModule root = fully_shard(
-      model, mesh, FullyShardOptions().mp_policy(options.root_mp_policy()).whole_tensor(placement));
+  // The root reports where its blocks do.
+  FSDPModule root = fully_shard(model, mesh,
+                                FullyShardOptions()
+                                    .mp_policy(options.root_mp_policy())
+                                    .whole_tensor(placement)
+                                    .observer(unit_options.observer()));
   return WholeTensorSharding{root, std::move(partition), std::move(names)};
 }
 

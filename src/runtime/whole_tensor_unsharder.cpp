@@ -50,16 +50,16 @@ void WholeTensorUnsharder::issue(PendingGather& pending) {
   const int rank = mesh.shard_rank();
   const auto compute = a_.flat_shards.options().dtype(a_.compute_dtype);
   if (a_.compute_dtype != a_.flat_shards.scalar_type()) {
-    TraceScope trace(mesh.tracer(), "copy", "copy-in", a_.unit.label());
+    SpanScope trace(a_.unit, "copy", "copy-in");
     pending.input = a_.flat_shards.to(a_.compute_dtype);
   }
   const at::Tensor& own = pending.input.defined() ? pending.input : a_.flat_shards;
   int64_t received = 0;
   for (const auto& bucket : buckets_) received += bucket.owner == rank ? 0 : bucket.numel;
   pending.buffer = at::empty({received}, compute);
-  mesh.stats().add_comm_buffers(pending.buffer.nbytes());
-  mesh.stats().add_unsharded_units(1);
-  pending.issued = Tracer::Clock::now();
+  a_.unit.held(HeldKind::kCommBuffers, pending.buffer.nbytes());
+  a_.unit.held(HeldKind::kUnshardedUnits, 1);
+  pending.issued = RuntimeObserver::Clock::now();
   const CollectiveLabel collective_label(a_.unit.label());
   std::vector<WorkHandle> works;
   try {
@@ -77,7 +77,7 @@ void WholeTensorUnsharder::issue(PendingGather& pending) {
   } catch (const std::exception& e) {
     // Broadcasts already queued complete on the group's thread; their buffers stay alive in
     // their Works.
-    uncount_gather(mesh.stats(), pending, /*gathered=*/false);
+    uncount_gather(a_.unit, pending, /*gathered=*/false);
     a_.unit.rethrow_with_context("broadcast of parameters", e);
   }
   pending.work = std::make_shared<WorkList>(std::move(works));
@@ -87,18 +87,18 @@ const char* WholeTensorUnsharder::complete(PendingGather& pending) {
   try {
     a_.unit.wait_for(pending.work, "broadcast of parameters");
   } catch (...) {
-    uncount_gather(a_.unit.mesh().stats(), pending, /*gathered=*/false);
+    uncount_gather(a_.unit, pending, /*gathered=*/false);
     throw;
   }
-  a_.unit.mesh().tracer().complete("comm", "broadcast", pending.issued, pending.work->finished_at(),
-                                   a_.unit.label(), pending.buffer.nbytes(), "comm");
+  a_.unit.span("comm", "broadcast", pending.issued, pending.work->finished_at(),
+               pending.buffer.nbytes(), "comm");
   copy_out(pending);
-  uncount_gather(a_.unit.mesh().stats(), pending, /*gathered=*/true);
+  uncount_gather(a_.unit, pending, /*gathered=*/true);
   return nullptr;
 }
 
 void WholeTensorUnsharder::copy_out(const PendingGather& pending) {
-  TraceScope trace(a_.unit.mesh().tracer(), "copy", "copy-out", a_.unit.label());
+  SpanScope trace(a_.unit, "copy", "copy-out");
   const int rank = a_.unit.mesh().shard_rank();
   int64_t offset = 0;  // into the received buffer
   for (const auto& bucket : buckets_) {
@@ -115,13 +115,13 @@ void WholeTensorUnsharder::copy_out(const PendingGather& pending) {
       } else {
         p.unshard_single_rank();
       }
-      if (!p.aliases_shard()) a_.unit.mesh().stats().add_unsharded_params(p.unsharded_bytes());
+      if (!p.aliases_shard()) a_.unit.held(HeldKind::kUnshardedParams, p.unsharded_bytes());
     }
   }
 }
 
 void WholeTensorUnsharder::drop(PendingGather& pending) {
-  uncount_gather(a_.unit.mesh().stats(), pending, /*gathered=*/false);
+  uncount_gather(a_.unit, pending, /*gathered=*/false);
   a_.unit.wait_for(pending.work, "broadcast of parameters");
 }
 

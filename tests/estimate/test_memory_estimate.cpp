@@ -85,15 +85,15 @@ std::vector<Measured> measure_threads(const TrainCase& c, int world) {
   TrainCase run = c;
   run.steps = 3;
   train_sharded(run, world,
-                [&](int rank, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+                [&](int rank, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh&) {
                   Measured& r = out[rank];
                   r.param_bytes = r.grad_bytes = 0;
                   for (const auto& p : unique_parameters(*m)) {
                     r.param_bytes += p.nbytes();
                     if (p.grad().defined()) r.grad_bytes += p.grad().nbytes();
                   }
-                  r.peak_unsharded_bytes = mesh.stats().peak_unsharded_bytes();
-                  mesh.stats().reset_peaks();  // the next step's peak
+                  r.peak_unsharded_bytes = stats_of(*m).peak_unsharded_bytes();
+                  stats_of(*m).reset_peaks();  // the next step's peak
                 });
   return out;
 }

@@ -100,17 +100,18 @@ TEST(GptDeferredInit, ShardsEqualTheSingleProcessInitialValues) {
   for (auto& [name, p] : unique_named_parameters(*reference)) full[name] = p.detach();
   run_ranks_in_threads(3, [&](std::shared_ptr<ProcessGroup> group) {
     DeviceMesh mesh(group);
+    const auto monitor = std::make_shared<RankMonitor>();
     int blocks_built = 0;
     GPT2Options o(config);
     o.seed(9).on_block_built(
         [&](const std::string& name, const std::shared_ptr<torch::nn::Module>& block) {
           // Blocks are sharded as they are built: every earlier block is already sharded.
-          EXPECT_EQ(mesh.stats().live().unsharded_param_bytes, 0);
-          fully_shard(block, mesh);
+          EXPECT_EQ(monitor->stats().live().unsharded_param_bytes, 0);
+          fully_shard(block, mesh, FullyShardOptions().observer(monitor));
           ++blocks_built;
         });
     GPT2LMHead model(o);
-    fully_shard(model, mesh);
+    fully_shard(model, mesh, FullyShardOptions().observer(monitor));
     EXPECT_EQ(blocks_built, config.n_layer);
     int compared = 0;
     for (const auto& unit : fsdp_modules_under(*model)) {

@@ -331,7 +331,7 @@ TEST(RequiresAllReduce, AccumulationEqualsTheReference) {
       };
       const int units = 3;
       const auto ranks = train_sharded(
-          c, 4, [&](int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh& mesh) {
+          c, 4, [&](int, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
             // One all-reduce per unit per step (plus nothing else on the replicate group), a
             // reduce-scatter per unit per micro-batch where there is a shard dimension.
             const CommCounters across = mesh.replicate_group()->counters();
@@ -340,7 +340,7 @@ TEST(RequiresAllReduce, AccumulationEqualsTheReference) {
             EXPECT_EQ(across.all_reduce.calls, units) << "replicate " << replicate;
             EXPECT_EQ(within.reduce_scatter.calls, replicate == 4 ? 0 : kMicro * units)
                 << "replicate " << replicate;
-            EXPECT_EQ(mesh.stats().live().comm_buffer_bytes, 0) << "a partial sum was left over";
+            EXPECT_EQ(stats_of(*m).live().comm_buffer_bytes, 0) << "a partial sum was left over";
           });
       expect_equivalent(train_reference(divide_case(4, factor, kMicro)), ranks, 1e-5, 1e-5);
     }

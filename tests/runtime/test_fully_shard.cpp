@@ -2,15 +2,20 @@
 // parameter, an unused parameter and a buffer, checked against single-process training, plus
 // the runtime's memory and communication accounting against analytic counts.
 #include "support/harness.h"
+#include "support/test_support.h"
 
 #include <fsdp/fully_shard.h>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
+
+#include <map>
+#include <mutex>
 
 namespace fsdp::test {
 namespace {
@@ -221,14 +226,17 @@ TEST(FullyShardAccounting, NoUnshardedParametersBetweenUnitsAndCommBytesMatch) {
     TrainCase c = awkward_case();
     AwkwardNet net;
     c.shard(net.ptr(), mesh);
+    const auto monitor = std::make_shared<RankMonitor>();
+    observe_with(*net, monitor);
+    RankStats& stats = monitor->stats();
     auto units = fsdp_modules_under(*net);  // root first, then the three blocks
     ASSERT_EQ(units.size(), 4u);
     const int64_t root_unsharded = 4 * (7 * 5 + 7);
     std::vector<int64_t> seen;
-    net->probe = [&] { seen.push_back(mesh.stats().live().unsharded_param_bytes); };
+    net->probe = [&] { seen.push_back(stats.live().unsharded_param_bytes); };
 
     group->reset_counters();
-    mesh.stats().reset_peaks();
+    stats.reset_peaks();
     auto [x, y] = c.batch(0);
     c.loss(net.ptr(), x.narrow(0, group->rank() * 6, 6), y.narrow(0, group->rank() * 6, 6))
         .backward();
@@ -237,13 +245,13 @@ TEST(FullyShardAccounting, NoUnshardedParametersBetweenUnitsAndCommBytesMatch) {
     ASSERT_EQ(seen.size(), 3u);
     for (int64_t bytes : seen) EXPECT_EQ(bytes, root_unsharded);
     // After the step nothing is unsharded and no buffer is live.
-    EXPECT_EQ(mesh.stats().live().unsharded_param_bytes, 0);
-    EXPECT_EQ(mesh.stats().live().unsharded_grad_bytes, 0);
-    EXPECT_EQ(mesh.stats().live().comm_buffer_bytes, 0);
+    EXPECT_EQ(stats.live().unsharded_param_bytes, 0);
+    EXPECT_EQ(stats.live().unsharded_grad_bytes, 0);
+    EXPECT_EQ(stats.live().comm_buffer_bytes, 0);
     // Peak unsharded parameters: the root plus the largest block.
     const int64_t largest_block =
         4 * std::max({13 * 7 + 13 + 1 + 13 + 3, 7 * 13 + 7 + 1 + 7 + 3, 1 * 7 + 1 + 1 + 1 + 3});
-    EXPECT_EQ(mesh.stats().peak().unsharded_param_bytes, root_unsharded + largest_block);
+    EXPECT_EQ(stats.peak().unsharded_param_bytes, root_unsharded + largest_block);
 
     // Communication: every unit gathered in forward, the blocks again in backward; one
     // reduce-scatter per unit over its trainable parameters.
@@ -259,6 +267,83 @@ TEST(FullyShardAccounting, NoUnshardedParametersBetweenUnitsAndCommBytesMatch) {
     EXPECT_EQ(counters.reduce_scatter.payload_bytes, scatter);
     EXPECT_EQ(counters.reduce_scatter.calls, 4);
     EXPECT_EQ(counters.reduce_scatter.sent_bytes, scatter * (kWorld - 1) / kWorld);
+  });
+}
+
+// An observer of its own: what the runtime reports to it balances to zero after a step; spans
+// come only while it asks for them, and then one per collective with its bytes; and it can
+// change only between steps, with the unit sharded.
+struct CountingObserver : RuntimeObserver {
+  std::mutex mutex;
+  std::map<HeldKind, int64_t> live;
+  std::map<HeldKind, int64_t> increases;
+  std::vector<std::pair<std::string, int64_t>> comm_spans;  // (name, bytes)
+  int compute_spans = 0;
+  double waited_s = -1;
+  bool spans = false;
+  void held(HeldKind kind, int64_t delta) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    live[kind] += delta;
+    if (delta > 0) increases[kind] += delta;
+  }
+  void waited(double seconds) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    waited_s = std::max(waited_s, 0.0) + seconds;
+  }
+  bool records_spans() const override { return spans; }
+  void span(const char* category, const std::string& name, Clock::time_point begin,
+            Clock::time_point end, const std::string&, int64_t bytes, const char*) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_LE(begin, end) << name;
+    if (std::string(category) == "comm") comm_spans.emplace_back(name, bytes);
+    if (std::string(category) == "compute") ++compute_spans;
+  }
+};
+
+TEST(FullyShardObserver, ReportsBalanceSpansOnRequestAndChangesOnlyBetweenSteps) {
+  run_ranks_in_threads(2, [](std::shared_ptr<ProcessGroup> group) {
+    DeviceMesh mesh(group);
+    TrainCase c = awkward_case();
+    AwkwardNet net;
+    c.shard(net.ptr(), mesh);
+    auto observer = std::make_shared<CountingObserver>();
+    for (FSDPModule unit : fsdp_modules_under(*net)) {
+      EXPECT_EQ(unit.observer(), nullptr);  // none given: nothing is reported
+      unit.set_observer(observer);
+    }
+    auto [x, y] = c.batch(0);
+    const at::Tensor xs = x.narrow(0, group->rank() * 6, 6), ys = y.narrow(0, group->rank() * 6, 6);
+    c.loss(net.ptr(), xs, ys).backward();
+    for (const auto& [kind, bytes] : observer->live) {
+      EXPECT_EQ(bytes, 0) << "kind " << static_cast<int>(kind);
+    }
+    EXPECT_GT(observer->increases[HeldKind::kUnshardedParams], 0);
+    EXPECT_GT(observer->increases[HeldKind::kCommBuffers], 0);
+    EXPECT_EQ(observer->increases[HeldKind::kUnshardedUnits], 7);  // the gathers of the step
+    EXPECT_GE(observer->waited_s, 0.0);
+    EXPECT_TRUE(observer->comm_spans.empty());
+    EXPECT_EQ(observer->compute_spans, 0);
+
+    observer->spans = true;
+    c.loss(net.ptr(), xs, ys).backward();
+    int gathers = 0, reductions = 0;
+    for (const auto& [name, bytes] : observer->comm_spans) {
+      EXPECT_GT(bytes, 0) << name;
+      gathers += name == "all-gather";
+      reductions += name == "reduce-scatter";
+    }
+    EXPECT_EQ(gathers, 7);
+    EXPECT_EQ(reductions, 4);
+    EXPECT_EQ(observer->compute_spans, 4 + 4);  // each unit's forward and backward
+
+    // The root stays unsharded after its forward: no change until backward resharded it.
+    FSDPModule root = *fsdp_module_of(*net);
+    const at::Tensor loss = c.loss(net.ptr(), xs, ys);
+    EXPECT_THAT(error_message([&] { root.set_observer(nullptr); }),
+                ::testing::HasSubstr("set_observer called on unit"));
+    loss.backward();
+    root.set_observer(nullptr);
+    EXPECT_EQ(root.observer(), nullptr);
   });
 }
 

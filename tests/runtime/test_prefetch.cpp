@@ -118,16 +118,17 @@ TEST(Prefetch, BitIdenticalToNoPrefetchAndEqualToReference) {
 TEST(Prefetch, UnshardedUnitsAreBounded) {
   for (int prefetch : {0, 1, 2}) {
     train_sharded(deep_case(prefetch), 2,
-                  [&](int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh& mesh) {
-                    const MemorySnapshot peak = mesh.stats().peak();
+                  [&](int, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh&) {
+                    RankStats& stats = stats_of(*m);
+                    const MemorySnapshot peak = stats.peak();
                     EXPECT_LE(peak.unsharded_units, 2 + prefetch) << "prefetch " << prefetch;
                     EXPECT_GE(peak.unsharded_units, prefetch == 0 ? 2 : 3)
                         << "prefetch " << prefetch << " never prefetched";
-                    const MemorySnapshot live = mesh.stats().live();
+                    const MemorySnapshot live = stats.live();
                     EXPECT_EQ(live.unsharded_units, 0);
                     EXPECT_EQ(live.unsharded_param_bytes, 0);
                     EXPECT_EQ(live.comm_buffer_bytes, 0);
-                    mesh.stats().reset_peaks();
+                    stats.reset_peaks();
                   });
   }
 }
@@ -159,6 +160,7 @@ TEST(Prefetch, ExplicitPrefetchAndAsyncUnshard) {
     TrainCase c = deep_case(0);  // implicit off: only the explicit lists act
     DeepNet net(kWidth, kDepth);
     c.shard(net.ptr(), mesh);
+    observe_with(*net, std::make_shared<RankMonitor>());
     std::vector<FSDPModule> units;
     for (auto& block : net->blocks) units.push_back(*fsdp_module_of(*block));
     for (size_t i = 0; i + 2 < units.size(); ++i)
@@ -176,7 +178,7 @@ TEST(Prefetch, ExplicitPrefetchAndAsyncUnshard) {
     c.loss(net.ptr(), x.narrow(0, group->rank() * 4, 4), y.narrow(0, group->rank() * 4, 4))
         .backward();
     EXPECT_EQ(forward_hits, kDepth - 2);
-    EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
+    EXPECT_EQ(stats_of(*net).live().unsharded_units, 0);
 
     // unshard(async): issued, then completed by the handle.
     UnshardHandle handle = units[0].unshard(/*async_op=*/true);
@@ -200,6 +202,7 @@ TEST(Prefetch, UnitPrefetchedButNotRunNeitherLeaksNorHangs) {
         TrainCase c = deep_case(2);
         DeepNet net(kWidth, kDepth);
         c.shard(net.ptr(), mesh);
+        observe_with(*net, std::make_shared<RankMonitor>());
         auto [x, y] = c.batch(0);
         const at::Tensor xs = x.narrow(0, group->rank() * 4, 4),
                          ys = y.narrow(0, group->rank() * 4, 4);
@@ -207,9 +210,9 @@ TEST(Prefetch, UnitPrefetchedButNotRunNeitherLeaksNorHangs) {
         for (auto& p : unique_parameters(*net)) p.mutable_grad() = at::Tensor();  // zero_grad
         net->skip = 2;  // block 2 is prefetched (from blocks 0 and 1) but skipped
         c.loss(net.ptr(), xs, ys).backward();
-        EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
-        EXPECT_EQ(mesh.stats().live().comm_buffer_bytes, 0);
-        EXPECT_EQ(mesh.stats().live().unsharded_param_bytes, 0);
+        EXPECT_EQ(stats_of(*net).live().unsharded_units, 0);
+        EXPECT_EQ(stats_of(*net).live().comm_buffer_bytes, 0);
+        EXPECT_EQ(stats_of(*net).live().unsharded_param_bytes, 0);
         EXPECT_FALSE(fsdp_module_of(*net->blocks[2])->gather_in_flight());
         // The skipped block took no part in the step, so, as in plain LibTorch, it has no gradient
         // (and no rank reduce-scattered one for it).
@@ -217,7 +220,7 @@ TEST(Prefetch, UnitPrefetchedButNotRunNeitherLeaksNorHangs) {
         EXPECT_TRUE(net->blocks[1]->fc->weight.grad().defined());
         net->skip = -1;
         c.loss(net.ptr(), xs, ys).backward();  // and the group still works
-        EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
+        EXPECT_EQ(stats_of(*net).live().unsharded_units, 0);
       },
       options);
 }
@@ -240,11 +243,12 @@ TEST(Prefetch, RandomComputeDelaysPerRank) {
     }
     return model;
   };
-  const auto ranks = train_sharded(
-      c, 3, [](int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh& mesh) {
-        EXPECT_LE(mesh.stats().peak().unsharded_units, 2 + 2);
-        EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
-        mesh.stats().reset_peaks();
+  const auto ranks =
+      train_sharded(c, 3, [](int, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh&) {
+        RankStats& stats = stats_of(*m);
+        EXPECT_LE(stats.peak().unsharded_units, 2 + 2);
+        EXPECT_EQ(stats.live().unsharded_units, 0);
+        stats.reset_peaks();
       });
   expect_equivalent(reference, ranks, 1e-5, 1e-5);
 }

@@ -95,26 +95,27 @@ TEST_P(Accumulation, CommunicationCountsPerStep) {
   TrainCase c = accumulation_case(mode, kMicro);
   c.steps = 2;
   const int units = 1 + 2;  // root + two blocks (tiny)
-  train_sharded(c, 2, [&](int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh& mesh) {
-    const CommCounters counters = mesh.shard_group().counters();
-    mesh.shard_group().reset_counters();
-    switch (mode) {
-      case AccumMode::kSync:  // every micro-batch gathers (blocks twice) and reduces
-        EXPECT_EQ(counters.all_gather.calls, kMicro * (units + 2));
-        EXPECT_EQ(counters.reduce_scatter.calls, kMicro * units);
-        break;
-      case AccumMode::kNoSync:  // gathers as usual, one reduce-scatter per unit per step
-        EXPECT_EQ(counters.all_gather.calls, kMicro * (units + 2));
-        EXPECT_EQ(counters.reduce_scatter.calls, units);
-        break;
-      case AccumMode::kNoReshard:  // one all-gather and one reduce-scatter per unit per step
-        EXPECT_EQ(counters.all_gather.calls, units);
-        EXPECT_EQ(counters.reduce_scatter.calls, units);
-        break;
-    }
-    // Nothing stays unsharded once the step's last backward resharded.
-    EXPECT_EQ(mesh.stats().live().unsharded_units, 0);
-  });
+  train_sharded(
+      c, 2, [&](int, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+        const CommCounters counters = mesh.shard_group().counters();
+        mesh.shard_group().reset_counters();
+        switch (mode) {
+          case AccumMode::kSync:  // every micro-batch gathers (blocks twice) and reduces
+            EXPECT_EQ(counters.all_gather.calls, kMicro * (units + 2));
+            EXPECT_EQ(counters.reduce_scatter.calls, kMicro * units);
+            break;
+          case AccumMode::kNoSync:  // gathers as usual, one reduce-scatter per unit per step
+            EXPECT_EQ(counters.all_gather.calls, kMicro * (units + 2));
+            EXPECT_EQ(counters.reduce_scatter.calls, units);
+            break;
+          case AccumMode::kNoReshard:  // one all-gather and one reduce-scatter per unit per step
+            EXPECT_EQ(counters.all_gather.calls, units);
+            EXPECT_EQ(counters.reduce_scatter.calls, units);
+            break;
+        }
+        // Nothing stays unsharded once the step's last backward resharded.
+        EXPECT_EQ(stats_of(*m).live().unsharded_units, 0);
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, Accumulation,
@@ -236,6 +237,7 @@ TEST(ReshardToSmallerGroup, HoldsItsPieceBetweenForwardAndBackward) {
       TrainCase c = gpt_case(opt);
       auto model = c.make_model(&mesh);
       c.shard(model, mesh);
+      observe_with(*model, std::make_shared<RankMonitor>());
       int64_t root_bytes = 0, block_shards = 0, block_full = 0;
       for (const FSDPModule& unit : fsdp_modules_under(*model)) {
         for (const ShardedParameter& p : unit.sharded_parameters()) {
@@ -253,10 +255,11 @@ TEST(ReshardToSmallerGroup, HoldsItsPieceBetweenForwardAndBackward) {
       auto [x, y] = c.batch(0);
       const int rank = group->rank();
       at::Tensor loss = c.loss(model, x.narrow(0, 3 * rank, 3), y.narrow(0, 3 * rank, 3));
-      EXPECT_EQ(mesh.stats().live().unsharded_param_bytes, root_bytes + kept) << "size " << size;
+      EXPECT_EQ(stats_of(*model).live().unsharded_param_bytes, root_bytes + kept)
+          << "size " << size;
       mesh.reset_counters();
       loss.backward();
-      EXPECT_EQ(mesh.stats().live().unsharded_param_bytes, 0) << "size " << size;
+      EXPECT_EQ(stats_of(*model).live().unsharded_param_bytes, 0) << "size " << size;
       // Backward gathers the blocks from their pieces: within the groups of `size`.
       const int64_t padded_blocks = block_shards * 4;
       EXPECT_EQ(mesh.counters().all_gather.payload_bytes, size == 1 ? 0 : padded_blocks);

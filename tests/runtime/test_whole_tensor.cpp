@@ -339,7 +339,11 @@ TEST(WholeTensorAccounting, StateIsTheOwnedBytesAndPayloadsAreTheAnalyticCounts)
           unit_of_item.push_back(it == unit_of.end() ? static_cast<int>(units.size()) : it->second);
           unit_bytes[unit_of_item.back()] += static_cast<int64_t>(p.nbytes());
         }
-        const auto sharding = whole_tensor_shard(model, units, mesh);
+        // The root reports to the blocks' observer too.
+        const auto monitor = std::make_shared<RankMonitor>();
+        const auto sharding = whole_tensor_shard(
+            model, units, mesh,
+            WholeTensorShardOptions().unit_options(FullyShardOptions().observer(monitor)));
         std::vector<std::set<int>> unit_owners(units.size() + 1);
         for (size_t i = 0; i < unit_of_item.size(); ++i) {
           unit_owners[unit_of_item[i]].insert(sharding.partition.owners[i]);
@@ -392,8 +396,9 @@ TEST(WholeTensorAccounting, StateIsTheOwnedBytesAndPayloadsAreTheAnalyticCounts)
         EXPECT_EQ(bytes_of(grads), owned);
         EXPECT_EQ(bytes_of(state), 2 * owned);
         // Between steps no tensor of another owner is held.
-        EXPECT_EQ(mesh.stats().live().unsharded_param_bytes, 0);
-        EXPECT_EQ(mesh.stats().live().comm_buffer_bytes, 0);
+        EXPECT_EQ(sharding.root.observer(), monitor);
+        EXPECT_EQ(monitor->stats().live().unsharded_param_bytes, 0);
+        EXPECT_EQ(monitor->stats().live().comm_buffer_bytes, 0);
       },
       test_options());
 }

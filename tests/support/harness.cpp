@@ -62,6 +62,20 @@ TrainRecord train_reference(const TrainCase& c) {
   return record;
 }
 
+void observe_with(const torch::nn::Module& model, const std::shared_ptr<RankMonitor>& monitor) {
+  for (FSDPModule unit : fsdp_modules_under(model)) {
+    if (!unit.observer()) unit.set_observer(monitor);
+  }
+}
+
+RankStats& stats_of(const torch::nn::Module& model) {
+  const auto units = fsdp_modules_under(model);
+  TORCH_CHECK(!units.empty(), "stats_of: the model has no FSDP unit");
+  auto* monitor = dynamic_cast<RankMonitor*>(units.front().observer().get());
+  TORCH_CHECK(monitor != nullptr, "stats_of: the model's units report to no RankMonitor");
+  return monitor->stats();
+}
+
 std::vector<TrainRecord> train_sharded(
     const TrainCase& c, int world,
     std::function<void(int, const std::shared_ptr<torch::nn::Module>&, const DeviceMesh&)>
@@ -76,6 +90,7 @@ std::vector<TrainRecord> train_sharded(
         DeviceMesh mesh = DeviceMesh::hybrid(group, c.replicate);
         auto model = build(c, &mesh);
         c.shard(model, mesh);
+        observe_with(*model, std::make_shared<RankMonitor>());
         auto params = unique_parameters(*model);
         auto optimizer = make_optimizer(params, c);
         TrainRecord& record = records[rank];

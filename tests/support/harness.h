@@ -69,6 +69,11 @@ TrainRecord train_reference(const TrainCase& c);
 // the master parameters.
 TrainRecord train_reference_mixed(const TrainCase& c, at::ScalarType param_dtype);
 
+// Makes every unit under model that reports nowhere report to monitor (train_sharded gives
+// each rank's units one), and the stats of the RankMonitor the model's units report to.
+void observe_with(const torch::nn::Module& model, const std::shared_ptr<RankMonitor>& monitor);
+RankStats& stats_of(const torch::nn::Module& model);
+
 // Per-rank records of a W-rank run.
 std::vector<TrainRecord> train_sharded(
     const TrainCase& c, int world,

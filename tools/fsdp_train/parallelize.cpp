@@ -53,6 +53,7 @@ MixedPrecisionPolicy mixed_precision_of(const JobConfig& o) {
 FullyShardOptions shard_options(const Run& run, const MixedPrecisionPolicy& mp_policy) {
   FullyShardOptions options;
   options.mp_policy(mp_policy);
+  options.observer(run.monitor);
   if (run.o.parallelism.shard_dim > 0) {
     const int64_t d = run.o.parallelism.shard_dim;
     options.shard_placement_fn(
@@ -210,10 +211,9 @@ void parallelize(Run& run) {
   if (run.mesh) {
     run.root = shard_root(run, unit_options, mp_policy);
     configure_units(run);
-    run.tracer = &run.mesh->tracer();
   }
-  if (!o.metrics.trace_dir.empty() && run.mesh) trace_memory(*run.tracer, run.mesh->stats());
-  run.tracer->enable(!o.metrics.trace_dir.empty());
+  if (!o.metrics.trace_dir.empty() && run.mesh) trace_memory(*run.monitor);
+  run.monitor->tracer().enable(!o.metrics.trace_dir.empty());
   run.params = unique_parameters(*run.model);
   run.optimizer = make_optimizer(run.params, o);
   make_grad_scaler(run);

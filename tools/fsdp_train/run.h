@@ -25,8 +25,7 @@
 namespace fsdp::train {
 
 // Everything one rank's training run holds, built once by the trainer's set-up and then read by
-// the step and the helpers around it. Never moved: set-up's unit callback and the --no-fsdp
-// reference's tracer pointer refer to it.
+// the step and the helpers around it. Never moved: set-up's unit callback refers to it.
 struct Run {
   Run(const JobConfig& options, std::shared_ptr<ProcessGroup> process_group,
       std::shared_ptr<const models::ModelSpec> model_spec)
@@ -52,9 +51,9 @@ struct Run {
   std::unique_ptr<models::Model> built;
   std::shared_ptr<torch::nn::Module> model;
   std::optional<FSDPModule> root;
-  // The --no-fsdp reference has no mesh; it traces its compute into a tracer of its own.
-  Tracer reference_tracer;
-  Tracer* tracer = &reference_tracer;
+  // What every unit reports (bytes held, exposed communication, --trace's spans); the --no-fsdp
+  // reference has no units and traces only its own compute into it.
+  std::shared_ptr<RankMonitor> monitor = std::make_shared<RankMonitor>();
   std::vector<at::Tensor> params;
   std::unique_ptr<torch::optim::AdamW> optimizer;
   LrSchedule schedule;

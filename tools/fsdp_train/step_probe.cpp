@@ -62,8 +62,8 @@ StepProbe begin_step(Run& run) {
   probe.start = StepProbe::Clock::now();
   if (run.mesh) {
     run.mesh->reset_counters();
-    run.mesh->stats().reset_peaks();
-    run.mesh->stats().reset_exposed_comm();
+    run.monitor->stats().reset_peaks();
+    run.monitor->stats().reset_exposed_comm();
   }
   return probe;
 }
@@ -72,7 +72,7 @@ void probe_before_forward(const Run& run, StepProbe& probe) {
   probe.written_at_start = written_bytes();  // after the dump: sent_bytes is the step's
   process_cpu_memory().reset_peak();
   probe.live_before_forward = run.thread_memory->live_bytes();
-  probe.held_before_forward = run.mesh ? run.mesh->stats().live() : MemorySnapshot{};
+  probe.held_before_forward = run.mesh ? run.monitor->stats().live() : MemorySnapshot{};
 }
 
 // What forward left alive is what autograd saved, apart from gathered parameters (the root's;
@@ -80,7 +80,7 @@ void probe_before_forward(const Run& run, StepProbe& probe) {
 int64_t activation_bytes_since(const Run& run, const StepProbe& probe) {
   int64_t bytes = run.thread_memory->live_bytes() - probe.live_before_forward;
   if (run.mesh) {
-    const MemorySnapshot held = run.mesh->stats().live();
+    const MemorySnapshot held = run.monitor->stats().live();
     bytes -= held.unsharded_param_bytes - probe.held_before_forward.unsharded_param_bytes;
     bytes -= held.comm_buffer_bytes - probe.held_before_forward.comm_buffer_bytes;
   }
@@ -104,7 +104,7 @@ RankStepStats measure_rank(const Run& run, const StepProbe& probe) {
   mine.optim_bytes = optimizer_bytes(*run.optimizer);
   if (run.count_memory) mine.peak_alloc_bytes = process_cpu_memory().peak_bytes();
   if (run.mesh) {
-    mine.peak_unsharded_bytes = run.mesh->stats().peak_unsharded_bytes();
+    mine.peak_unsharded_bytes = run.monitor->stats().peak_unsharded_bytes();
     const CommCounters counters = run.mesh->counters();
     mine.all_gather_bytes = counters.all_gather.payload_bytes;
     mine.reduce_scatter_bytes = counters.reduce_scatter.payload_bytes;

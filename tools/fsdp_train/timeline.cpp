@@ -15,7 +15,9 @@
 
 namespace fsdp::train {
 
-void trace_memory(Tracer& tracer, RankStats& stats) {
+void trace_memory(RankMonitor& monitor) {
+  Tracer& tracer = monitor.tracer();
+  RankStats& stats = monitor.stats();
   stats.set_observer([&tracer] { tracer.sample_counters(); });
   tracer.set_counter_sampler("memory (bytes)", [&stats] {
     const MemorySnapshot live = stats.live();

@@ -117,7 +117,7 @@ double validation_loss(Run& run, const TokenDataset& val) {
   const JobConfig& o = run.o;
   torch::NoGradGuard no_grad;
   const bool tracing = !o.metrics.trace_dir.empty();
-  run.tracer->enable(false);
+  run.monitor->tracer().enable(false);
   double sum = 0;
   int64_t trained = 0;
   for (int64_t b = 0; b < o.data.val_batches; ++b) {
@@ -133,7 +133,7 @@ double validation_loss(Run& run, const TokenDataset& val) {
       sum += mean_over_ranks(run.built->loss(logits, targets), run);
     }
   }
-  run.tracer->enable(tracing);
+  run.monitor->tracer().enable(tracing);
   if (val.labeled()) return sum / static_cast<double>(std::max<int64_t>(trained, 1));
   return sum / static_cast<double>(o.data.val_batches);
 }
@@ -218,7 +218,7 @@ double clip_gradients(Run& run) {
 }
 
 void optimizer_step(Run& run) {
-  TraceScope trace(*run.tracer, "compute", "optimizer step");
+  TraceScope trace(run.monitor->tracer(), "compute", "optimizer step");
   if (run.scaler) {
     run.scaler->step(*run.optimizer);
   } else {
@@ -239,7 +239,7 @@ StepRecord record_step(Run& run, int64_t step, double loss, double norm, const S
                     norm,
                     tokens / step_s,
                     step_s,
-                    run.mesh ? run.mesh->stats().exposed_comm_s() : 0.0,
+                    run.monitor->stats().exposed_comm_s(),
                     gather_stats(mine, run.group.get())};
 }
 
@@ -350,7 +350,7 @@ TrainSummary train(const JobConfig& o, const std::shared_ptr<ProcessGroup>& grou
   }
   save_final(run, data.train);
   export_model(run.o, *run.spec, *run.model, run.group.get(), run.printing);
-  write_timeline(*run.tracer, o.metrics.trace_dir, run.rank, run.printing);
+  write_timeline(run.monitor->tracer(), o.metrics.trace_dir, run.rank, run.printing);
   print_final(run, summary);
   return summary;
 }
