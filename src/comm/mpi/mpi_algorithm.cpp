@@ -15,21 +15,22 @@ namespace fsdp::detail {
 namespace {
 
 // [Note: MPI algorithm by message size]
-// Open MPI 4.1's non-blocking collectives (libnbc) win on latency: 4-8 us for 1-4 KiB at W = 2
+// Open MPI 4.1's non-blocking collectives (libnbc) win on latency: 4-12 us for 1-4 KiB at W = 2
 // against 7-15 us for our ring, which posts a send and a receive per step and waits for both.
 // From tens of KiB up libnbc loses: it copies every byte through vader's shared-memory
 // fragments (two copies, and its reduce adds fragment by fragment), while the ring's receiver
 // copies once, straight from the sender (CMA), and adds in cache ([Note: ring segments]). At
-// 64-256 MiB libnbc's all-reduce and reduce-scatter were 1.1-3.2x slower than gloo's; the ring
-// brings both under gloo. Measured with bench/comm_backends.sh (MPI_ALGOS="native ring"), W = 2
-// on this 2-core machine under load 7-10, two runs (bench/RESULTS.md, "MPI at every size"):
+// 16-256 MiB libnbc's all-reduce and reduce-scatter took 1.1-4.6x gloo's time, the ring
+// 0.6-1.3x. Measured with bench/comm_backends.sh (MPI_ALGOS="native ring"), W = 2 on this
+// 2-core machine under load 7-10, two runs (bench/RESULTS.md, "MPI at every size"):
 // - reduce-scatter: the ring is faster from 64 KiB (15-16 us against 24-25 us; at 16 KiB each
 //   won one run), so the ring from 64 KiB;
 // - all-reduce: the ring is faster from 256 KiB in both runs (67-73 us against 85-91 us; at
 //   64 KiB each won one run), so the ring from 256 KiB;
-// - all-gather: libnbc's is already 2-20x faster than gloo's at every size on one host, and
-//   the ring was within the noise of it from 256 KiB up; the ring from 1 MiB, where it also
-//   carries a large all-gather between hosts at the link's speed (the shaped-link measurement).
+// - all-gather: libnbc's is already 2-20x faster than gloo's at every size on one host, and the
+//   ring was within the noise of it from 256 KiB up. The ring from 1 MiB is a bet on all-gathers
+//   between hosts, where libnbc's took 1.1-1.4x gloo's time at 1-16 MiB on the 1g link (RESULTS.md,
+//   "fsdp-comm-bench over the link"); the ring there is not measured yet.
 // The same thresholds at every W: measured at W = 2 only (W = 4 means four ranks on two cores).
 constexpr int64_t kRingAllGatherFromBytes = int64_t{1} << 20;
 constexpr int64_t kRingReduceScatterFromBytes = int64_t{64} << 10;
