@@ -29,8 +29,8 @@ namespace {
 //   64 KiB each won one run), so the ring from 256 KiB;
 // - all-gather: libnbc's is already 2-20x faster than gloo's at every size on one host, and the
 //   ring was within the noise of it from 256 KiB up. The ring from 1 MiB is a bet on all-gathers
-//   between hosts, where libnbc's took 1.1-1.4x gloo's time at 1-16 MiB on the 1g link (RESULTS.md,
-//   "fsdp-comm-bench over the link"); the ring there is not measured yet.
+//   between hosts, where libnbc's took 1.1-2.2x gloo's time at 1-16 MiB on the 1g link and the
+//   ring 0.6-1.1x (bench/RESULTS.md, "Over the shaped link (1g)": one run).
 // The same thresholds at every W: measured at W = 2 only (W = 4 means four ranks on two cores).
 constexpr int64_t kRingAllGatherFromBytes = int64_t{1} << 20;
 constexpr int64_t kRingReduceScatterFromBytes = int64_t{64} << 10;
