@@ -1,21 +1,21 @@
 // The mpi backend against the gloo backend and against a float64 sum, run as one rank of an
-// mpirun job (ctest starts it with mpirun -np 4; see tests/CMakeLists.txt). Every rank runs
-// every test in the same order, so their collectives match.
+// mpirun job (ctest starts it with mpirun -np 4, once per FSDP_MPI_ALGO; see tests/CMakeLists.txt).
+// Every rank runs every test in the same order, so their collectives match.
 //
 // Both backends' groups are made in this process over the same launch: the rendezvous store's
 // address comes over MPI, as it does for fsdp-train under mpirun. Groups of W = 1..4 are the
-// first W ranks of the world, split from it on both backends.
+// first W ranks of the world, split from it on both backends (mpi_test_groups.h).
+#include "comm/mpi_test_groups.h"
+
 #include <support/test_support.h>
 
 #include <fsdp/comm/process_group.h>
 #include <fsdp/comm/rendezvous.h>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,71 +23,14 @@
 namespace fsdp {
 namespace {
 
+using test_mpi::expect_close_to;
+using test_mpi::first_ranks;
+using test_mpi::Groups;
+using test_mpi::input_of;
+using test_mpi::sum_in_double;
+using test_mpi::tolerance;
+using test_mpi::world;
 using ::testing::HasSubstr;
-
-struct Groups {
-  std::shared_ptr<ProcessGroup> mpi;
-  std::shared_ptr<ProcessGroup> gloo;
-};
-
-// The world on both backends, made once per process.
-const Groups& world() {
-  static const Groups groups = [] {
-    const LaunchEnv env = launch_env_from_environment();
-    EXPECT_TRUE(env.launched_by_mpirun) << "run this binary under mpirun";
-    ProcessGroupOptions options = test::test_options(std::chrono::seconds(60));
-    Groups g;
-    options.backend.clear();  // the launch's backend: mpi under mpirun
-    g.mpi = init_process_group(env, options);
-    options.backend = "gloo";
-    g.gloo = init_process_group(env, options);
-    return g;
-  }();
-  return groups;
-}
-
-// The first w ranks of the world on both backends (null on the other ranks), split once.
-Groups first_ranks(int w) {
-  static std::map<int, Groups> made;
-  auto it = made.find(w);
-  if (it != made.end()) return it->second;
-  std::vector<int> ranks;
-  for (int r = 0; r < w; ++r) ranks.push_back(r);
-  const std::string name = "first" + std::to_string(w);
-  Groups g{world().mpi->split(ranks, name), world().gloo->split(ranks, name)};
-  made[w] = g;
-  return g;
-}
-
-// Rank r's input for a test: normal values, from a generator seeded by (seed, r) alone, so that
-// every rank can make every other rank's input too.
-at::Tensor input_of(int r, int64_t n, at::ScalarType dtype, uint64_t seed) {
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed * 1000 + r);
-  return at::randn({n}, generator, at::TensorOptions().dtype(at::kDouble)).to(dtype);
-}
-
-at::Tensor sum_in_double(int w, int64_t n, at::ScalarType dtype, uint64_t seed) {
-  at::Tensor sum = at::zeros({n}, at::kDouble);
-  for (int r = 0; r < w; ++r) sum += input_of(r, n, dtype, seed).to(at::kDouble);
-  return sum;
-}
-
-// How far a sum of w values rounded in dtype may be from the exact sum, relative to the
-// largest magnitude: one rounding per addition.
-double tolerance(at::ScalarType dtype, int w) {
-  const double eps = dtype == at::kBFloat16 ? 7.8e-3
-                     : dtype == at::kHalf   ? 9.8e-4
-                     : dtype == at::kFloat  ? 1.2e-7
-                                            : 2.3e-16;
-  return eps * w;
-}
-
-void expect_close_to(const at::Tensor& got, const at::Tensor& want, double tol,
-                     const std::string& what) {
-  const double scale = want.abs().max().item<double>() + 1.0;
-  const double error = (got.to(at::kDouble) - want).abs().max().item<double>();
-  EXPECT_LE(error, tol * scale) << what << ": max error " << error << " over scale " << scale;
-}
 
 const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf};
 

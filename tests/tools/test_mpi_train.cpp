@@ -124,15 +124,15 @@ TEST(MpiTrain, CheckpointFromMpiResumesOverGloo) {
 
 // MPI has no timeout: ours is the only thing between a stalled peer and a hang. Rank 1 stops
 // issuing collectives at step 2, alive; rank 0 must fail within the timeout naming the op and
-// rank 1, and mpirun then ends the stalled rank.
-TEST(MpiTrain, AStalledRankTimesOutNamingTheOperationAndTheRank) {
+// rank 1, and mpirun then ends the stalled rank. algorithm: FSDP_MPI_ALGO's value.
+void expect_a_stalled_rank_to_time_out(const std::string& algorithm) {
   const int timeout_s = 3;
   const auto start = std::chrono::steady_clock::now();
-  const CommandResult r =
-      test::run_command("env FSDP_TRAIN_STALL_AT=2:1 " + mpirun(2) + test::fsdp_train_binary() +
-                            kCommon + " --steps 6 --timeout-s " + std::to_string(timeout_s) +
-                            " --trace " + test::temp_dir("mpi_stall"),
-                        120);
+  const CommandResult r = test::run_command(
+      "env FSDP_TRAIN_STALL_AT=2:1 FSDP_MPI_ALGO=" + algorithm + " " + mpirun(2) +
+          test::fsdp_train_binary() + kCommon + " --steps 6 --timeout-s " +
+          std::to_string(timeout_s) + " --trace " + test::temp_dir("mpi_stall_" + algorithm),
+      120);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(r.exit_code, 0) << r.output;
@@ -141,7 +141,18 @@ TEST(MpiTrain, AStalledRankTimesOutNamingTheOperationAndTheRank) {
   EXPECT_THAT(r.output,
               ::testing::ContainsRegex("all_gather|all-gather|reduce_scatter|all_reduce"));
   EXPECT_LT(seconds, timeout_s + 30) << r.output;
-  std::cerr << "a stalled rank ended the mpirun job after " << seconds << " s\n";
+  std::cerr << "a stalled rank ended the mpirun job (" << algorithm << ") after " << seconds
+            << " s\n";
+}
+
+TEST(MpiTrain, AStalledRankTimesOutNamingTheOperationAndTheRank) {
+  expect_a_stalled_rank_to_time_out("auto");
+}
+
+// The same when every collective runs as our ring of point-to-point messages
+// (src/comm/mpi/mpi_ring.h), which waits on several requests at once.
+TEST(MpiTrain, AStalledRankOnTheRingTimesOutNamingTheOperationAndTheRank) {
+  expect_a_stalled_rank_to_time_out("ring");
 }
 
 // A rank that dies is mpirun's to notice: it ends the whole job at once, far inside the

@@ -6,10 +6,12 @@
 //   finalized at exit, or the job is aborted at exit when any request was abandoned: a
 //   collective that timed out can be neither cancelled nor completed, and MPI_Finalize would
 //   wait for it.
-// - Each op is a non-blocking collective (MPI_Iallgather, MPI_Ireduce_scatter_block, ...) that
-//   the progress thread drives with MPI_Test until it completes or its deadline passes. MPI has
-//   no timeout of its own; this is how a missing peer becomes an error that names the rank and
-//   the operation. Blocking collectives are faster by a few microseconds but cannot be bounded.
+// - Each op is a non-blocking collective (MPI_Iallgather, MPI_Ireduce_scatter_block, ...), or for
+//   the sizes where it is faster our ring of non-blocking sends and receives (mpi_ring.h; the
+//   choice is mpi_algorithm.h's), that the progress thread drives with MPI_Test until it
+//   completes or its deadline passes. MPI has no timeout of its own; this is how a missing peer
+//   becomes an error that names the rank and the operation. Blocking collectives are faster by a
+//   few microseconds but cannot be bounded.
 // - Ops run one at a time per group in call order (the base's queue), which is also the order
 //   MPI matches collectives on a communicator.
 // - bf16 and fp16 have no MPI type: they travel as 2-byte types of our own, summed by a user
@@ -19,6 +21,9 @@
 
 #include "../bootstrap.h"
 #include "../queued_process_group.h"
+#include "mpi_algorithm.h"
+#include "mpi_check.h"
+#include "mpi_ring.h"
 
 #include <fsdp/util/error.h>
 
@@ -26,10 +31,6 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
-
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
 
 #include <netinet/in.h>
 #include <sched.h>
@@ -54,23 +55,6 @@
 
 namespace fsdp::detail {
 namespace {
-
-std::string mpi_error_string(int code) {
-  std::array<char, MPI_MAX_ERROR_STRING> text{};
-  int length = 0;
-  if (MPI_Error_string(code, text.data(), &length) != MPI_SUCCESS) {
-    return "MPI error code " + std::to_string(code);
-  }
-  return std::string(text.data(), static_cast<size_t>(length));
-}
-
-// Throws naming the call, where it was made and MPI's own message when call failed.
-#define FSDP_MPI_CHECK(call, context)                                                     \
-  do {                                                                                    \
-    const int fsdp_mpi_rc = (call);                                                       \
-    TORCH_CHECK(fsdp_mpi_rc == MPI_SUCCESS, context, #call, " failed at ", __FILE__, ":", \
-                __LINE__, ": ", mpi_error_string(fsdp_mpi_rc));                           \
-  } while (0)
 
 // ---- The process-wide MPI state ----
 
@@ -232,6 +216,10 @@ class MpiProcessGroup final : public QueuedProcessGroup {
  private:
   void run_all_gather(const OpContext& op, const at::Tensor& output,
                       const at::Tensor& input) override {
+    if (ring_for(MpiRingCollective::kAllGather, output)) {
+      ring_all_gather(ring_link(op), output, input);
+      return;
+    }
     // Bytes are bytes: no type is needed to move them, whatever the dtype.
     const int count = byte_count(op, input);
     MPI_Request request = MPI_REQUEST_NULL;
@@ -243,6 +231,10 @@ class MpiProcessGroup final : public QueuedProcessGroup {
 
   void run_reduce_scatter(const OpContext& op, const at::Tensor& output, const at::Tensor& input,
                           ReduceOp reduce_op) override {
+    if (ring_for(MpiRingCollective::kReduceScatter, input)) {
+      ring_reduce_scatter(ring_link(op), output, input, reduce_op);
+      return;
+    }
     const Reduction sum = sum_of(input.scalar_type(), context(op));
     MPI_Request request = MPI_REQUEST_NULL;
     FSDP_MPI_CHECK(
@@ -257,6 +249,10 @@ class MpiProcessGroup final : public QueuedProcessGroup {
   }
 
   void run_all_reduce(const OpContext& op, const at::Tensor& tensor, ReduceOp reduce_op) override {
+    if (ring_for(MpiRingCollective::kAllReduce, tensor)) {
+      ring_all_reduce(ring_link(op), tensor, reduce_op);
+      return;
+    }
     const Reduction sum = sum_of(tensor.scalar_type(), context(op));
     MPI_Request request = MPI_REQUEST_NULL;
     FSDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), element_count(op, tensor),
@@ -317,6 +313,19 @@ class MpiProcessGroup final : public QueuedProcessGroup {
 
   std::string context(const OpContext& op) const { return prefix() + op.name + ": "; }
 
+  bool ring_for(MpiRingCollective collective, const at::Tensor& larger) const {
+    return mpi_algorithm_for(collective, static_cast<int64_t>(larger.nbytes()), size()) ==
+           MpiAlgorithm::kRing;
+  }
+
+  // What a ring run as op needs: it waits as every op of this group does.
+  RingLink ring_link(const OpContext& op) {
+    return {comm_, rank(), size(), context(op),
+            [this, &op](MPI_Request* requests, const int* peers, int count) {
+              wait_all(op, requests, peers, count);
+            }};
+  }
+
   // MPI counts in int; a larger message is refused rather than truncated.
   int checked_count(const OpContext& op, int64_t count) const {
     TORCH_CHECK(count <= std::numeric_limits<int>::max(), context(op), count,
@@ -333,6 +342,12 @@ class MpiProcessGroup final : public QueuedProcessGroup {
   // Drives request to completion, or throws when op's deadline passes, naming the rank waited
   // for (peer < 0: unknown, unless W = 2).
   void wait(const OpContext& op, MPI_Request& request, int peer) {
+    wait_all(op, &request, &peer, 1);
+  }
+
+  // Drives requests[0..count) to completion (each becomes MPI_REQUEST_NULL), or throws when op's
+  // deadline passes, naming peers[i] of the first request still pending.
+  void wait_all(const OpContext& op, MPI_Request* requests, const int* peers, int count) {
     const PollPolicy policy = poll_policy();
     // Linux stretches a thread's short sleeps by its timer slack, 50 us by default, which would
     // make the backoff's first sleeps 25 times longer than asked. This thread's is 1 us.
@@ -341,9 +356,7 @@ class MpiProcessGroup final : public QueuedProcessGroup {
     const auto spin_until = Clock::now() + kSpinFor;
     auto sleep = kFirstSleep;
     while (true) {
-      int done = 0;
-      FSDP_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE), context(op));
-      if (done) return;
+      if (test_all(op, requests, count)) return;
       const auto now = Clock::now();
       if (now >= op.deadline) break;
       if (policy == PollPolicy::kYield) {
@@ -354,6 +367,26 @@ class MpiProcessGroup final : public QueuedProcessGroup {
                          std::chrono::duration_cast<std::chrono::microseconds>(kLongestSleep));
       }
     }
+    int peer = -1;
+    for (int i = 0; i < count && peer < 0; ++i) {
+      if (requests[i] != MPI_REQUEST_NULL) peer = peers[i];
+    }
+    timed_out(op, peer);
+  }
+
+  // Tests each pending request once; true when none is left.
+  bool test_all(const OpContext& op, MPI_Request* requests, int count) {
+    bool all_done = true;
+    for (int i = 0; i < count; ++i) {
+      if (requests[i] == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      FSDP_MPI_CHECK(MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE), context(op));
+      all_done = all_done && done;
+    }
+    return all_done;
+  }
+
+  [[noreturn]] void timed_out(const OpContext& op, int peer) {
     abandoned_requests.store(true);
     if (peer < 0 && size() == 2) peer = 1 - rank();
     const std::string whom = peer >= 0 ? "rank " + std::to_string(peer) : "another rank";

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # comm_gloo runs through on_both
+# fsdp-comm-bench across the two hosts of cluster.sh, one rank per host: gloo, then the mpi
+# backend once per FSDP_MPI_ALGO asked for, and the ratio mpi time / gloo time per collective
+# and size (below 1: mpi faster).
+#
+#   cmake --build build --target fsdp-comm-bench && bash bench/cluster/comm_two_hosts.sh [PROFILE] [MAX_BYTES]
+#
+# PROFILE defaults to 1g, MAX_BYTES to 256M. The cluster is made, used and removed (it must not
+# be up already). gloo's ranks start from torchrun's variables on each host, the mpi backend's
+# under one mpirun across the hosts (lib.sh's mpirun_across). Needs root. Environment:
+# MPI_ALGOS (default "native auto"), COLLECTIVES (default all_gather,reduce_scatter,all_reduce),
+# PYTHON (as lib.sh).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=bench/cluster/lib.sh
+. bench/cluster/lib.sh
+profile="${1:-1g}"
+max_bytes="${2:-256M}"
+algos="${MPI_ALGOS:-native auto}"
+scratch_dir_removed_on_exit
+say() { echo "== $*" >&2; }
+flags=(--collectives "${COLLECTIVES:-all_gather,reduce_scatter,all_reduce}" --max-bytes "$max_bytes"
+       --iters 20 --time-budget-s 1 --timeout-s 300)
+
+bash "$cluster" up "$profile" | sed "s/^/   /" >&2
+comm_gloo() {
+  on "$1" env RANK="$1" WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR="$host0" MASTER_PORT=29502 \
+    build/fsdp-comm-bench --backend gloo "${flags[@]}" --output "$out/gloo.json" >/dev/null
+}
+say "load $(cut -d' ' -f1-3 /proc/loadavg); $profile: fsdp-comm-bench --backend gloo ${flags[*]}, one rank per host"
+on_both comm_gloo
+for algo in $algos; do
+  say "load $(cut -d' ' -f1-3 /proc/loadavg); $profile: mpirun (2 hosts x 1) -x FSDP_MPI_ALGO=$algo fsdp-comm-bench ${flags[*]}"
+  mpirun_across 1 -x FSDP_MPI_ALGO="$algo" build/fsdp-comm-bench "${flags[@]}" \
+    --output "$out/mpi-$algo.json" >/dev/null
+done
+say "load $(cut -d' ' -f1-3 /proc/loadavg)"
+bash "$cluster" down
+
+"$PYTHON" - "$out" "$profile" $algos <<'PY'
+import json, os, sys
+out, profile, algos = sys.argv[1], sys.argv[2], sys.argv[3:]
+sides = ["gloo"] + [f"mpi-{a}" for a in algos]
+by = {s: {(m["collective"], m["size_bytes"]): m["time_s"]
+          for m in json.load(open(os.path.join(out, s + ".json")))["results"]} for s in sides}
+def size(b):
+    for unit, scale in (("M", 2**20), ("K", 2**10)):
+        if b >= scale and b % scale == 0:
+            return f"{b // scale} {unit}iB"
+    return f"{b} B"
+print(f"{profile}, W = 2 (2 hosts x 1 rank), fp32; time: the slowest rank's median per call (us)")
+print("| collective | size | " + " | ".join(sides) + " | " +
+      " | ".join(f"{s} / gloo" for s in sides[1:]) + " |")
+print("|---|---|" + "---|" * (2 * len(sides) - 1))
+for key in sorted(by["gloo"]):
+    if any(key not in by[s] for s in sides):
+        continue
+    t = {s: by[s][key] for s in sides}
+    print(f"| {key[0]} | {size(key[1])} | " + " | ".join(f"{t[s] * 1e6:,.0f}" for s in sides) +
+          " | " + " | ".join(f"{t[s] / t['gloo']:.2f}" for s in sides[1:]) + " |")
+PY

@@ -1,0 +1,217 @@
+// Ring collectives over MPI_Isend / MPI_Irecv (see mpi_ring.h).
+//
+// Invariants:
+// - A ring step sends one chunk to the right neighbour and receives one from the left, in
+//   segments of at most kRingSegmentBytes: see [Note: ring segments]. Every message's count
+//   therefore fits MPI's int, whatever the tensor's size.
+// - Both ends of a message derive its chunk and segment bounds from the same numbers (the
+//   element count, the group's size, the chunk's index), so they agree without an exchange; an
+//   empty chunk is neither sent nor received.
+// - A step returns only when all its messages have completed, and it never writes what it sends:
+//   the reduce-scatter's partial sums alternate between the output and one scratch buffer, the
+//   all-reduce's stay in the chunks of the caller's tensor, and a step sends one chunk while it
+//   writes another.
+#include "mpi_ring.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <vector>
+
+namespace fsdp::detail {
+namespace {
+
+// [Note: ring segments]
+// A step posts every send of its chunk at once, in segments of kRingSegmentBytes, and receives
+// into kRingSlots landing slots of one segment each, adding each segment as soon as it arrives
+// and then posting the receive that reuses its slot. Posting every send at once matters more
+// than any size here: on two cores shared by more runnable threads than cores, each rank runs in
+// scheduler slices, and a peer that finds every segment already posted moves all of them in its
+// slice instead of one round trip per slice. Under Open MPI's shared-memory transport (vader
+// with CMA) the receiver copies a segment straight out of the sender's memory into a slot that
+// stays in this core's cache until the add reads it; a landing buffer of the whole chunk would
+// be written to memory and read back, and a new one per call would fault in its pages. Over TCP
+// the wire carries the next segments while this one is added. 256 KiB: the four slots and the
+// segments they are added to stay within the 2 MiB of L2 per core of this machine; 1 MiB
+// segments measured the same within the noise (bench/RESULTS.md, "MPI at every size").
+constexpr int64_t kRingSegmentBytes = int64_t{256} << 10;
+constexpr int64_t kRingSlots = 4;
+
+// The point-to-point tag of every ring message. Collectives match separately from
+// point-to-point operations in MPI, and the ops of a group run one at a time, so one tag does.
+constexpr int kRingTag = 31004;
+
+int mod(int a, int w) { return ((a % w) + w) % w; }
+
+// Chunk c of flat split into w: elements [c N / w, (c + 1) N / w).
+at::Tensor chunk(const at::Tensor& flat, int c, int w) {
+  const int64_t n = flat.numel();
+  const int64_t begin = c * n / w;
+  return flat.narrow(0, begin, (c + 1) * n / w - begin);
+}
+
+char* bytes_of(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+
+bool is_reduced_float(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+// dst = received + mine, one hop of the gloo backend's ring: in the dtype's arithmetic (at::add
+// of BFloat16 and Half adds in float32 and rounds once). divide_by > 1, the last hop of kAvg,
+// divides the sum before it is rounded, in float32 for BFloat16 and Half.
+void add_hop(const at::Tensor& dst, const at::Tensor& received, const at::Tensor& mine,
+             int divide_by) {
+  if (divide_by > 1 && is_reduced_float(dst)) {
+    dst.copy_(received.to(at::kFloat).add_(mine.to(at::kFloat)).div_(divide_by));
+    return;
+  }
+  at::Tensor out = dst;
+  at::add_out(out, received, mine);
+  if (divide_by > 1) out.div_(divide_by);
+}
+
+// The steps of a ring: each sends a chunk right while another arrives from the left.
+class RingSteps {
+ public:
+  // What happens to a received segment: elements [offset, offset + length) of the chunk.
+  using Arrived = std::function<void(int64_t offset, int64_t length, const at::Tensor& landed)>;
+
+  RingSteps(const RingLink& link, at::ScalarType dtype)
+      : link_(link),
+        left_(mod(link.rank - 1, link.size)),
+        right_(mod(link.rank + 1, link.size)),
+        dtype_(dtype),
+        item_(static_cast<int64_t>(c10::elementSize(dtype))),
+        segment_(std::max<int64_t>(1, kRingSegmentBytes / item_)) {
+    TORCH_INTERNAL_ASSERT(link.size >= 2, "a ring needs two ranks, got ", link.size);
+  }
+
+  // send goes right; the left's chunk lands in into (its own element count).
+  void copy(const at::Tensor& send, const at::Tensor& into) {
+    const int64_t count = into.numel();
+    run(
+        send, count, segments(count),
+        [&](int64_t k) { return bytes_of(into) + k * segment_ * item_; }, nullptr);
+  }
+
+  // send goes right; received (count elements) is handed to arrived segment by segment, in order,
+  // from one of kRingSlots landing slots, which is reused once arrived returns.
+  void reduce(const at::Tensor& send, int64_t count, const Arrived& arrived) {
+    if (!slots_[0].defined()) {
+      for (auto& slot : slots_) slot = at::empty({segment_}, at::TensorOptions().dtype(dtype_));
+    }
+    run(
+        send, count, kRingSlots, [&](int64_t k) { return bytes_of(slots_[k % kRingSlots]); },
+        arrived);
+  }
+
+ private:
+  using Landing = std::function<char*(int64_t k)>;
+
+  int64_t segments(int64_t count) const { return (count + segment_ - 1) / segment_; }
+  int64_t length(int64_t count, int64_t k) const {
+    return std::min(segment_, count - k * segment_);
+  }
+
+  void post_send(const at::Tensor& send, int64_t k, MPI_Request* request) {
+    FSDP_MPI_CHECK(MPI_Isend(bytes_of(send) + k * segment_ * item_,
+                             static_cast<int>(length(send.numel(), k) * item_), MPI_BYTE, right_,
+                             kRingTag, link_.comm, request),
+                   link_.context);
+  }
+  void post_receive(int64_t count, int64_t k, const Landing& landing, MPI_Request* request) {
+    FSDP_MPI_CHECK(MPI_Irecv(landing(k), static_cast<int>(length(count, k) * item_), MPI_BYTE,
+                             left_, kRingTag, link_.comm, request),
+                   link_.context);
+  }
+
+  // One step: every segment of send posted at once; at most `depth` receives posted at a time,
+  // receive k + depth once segment k has arrived. Returns when every message has completed, so
+  // the next step may overwrite what this one sent.
+  void run(const at::Tensor& send, int64_t count, int64_t depth, const Landing& landing,
+           const Arrived& arrived) {
+    const int64_t out = segments(send.numel());
+    const int64_t in = segments(count);
+    std::vector<MPI_Request> sends(out, MPI_REQUEST_NULL);
+    std::vector<MPI_Request> receives(in, MPI_REQUEST_NULL);
+    for (int64_t k = 0; k < out; ++k) post_send(send, k, &sends[k]);
+    for (int64_t k = 0; k < std::min(in, depth); ++k) post_receive(count, k, landing, &receives[k]);
+    for (int64_t k = 0; k < in; ++k) {
+      link_.wait_all(&receives[k], &left_, 1);
+      if (arrived)
+        arrived(k * segment_, length(count, k),
+                slots_[k % kRingSlots].narrow(0, 0, length(count, k)));
+      if (k + depth < in) post_receive(count, k + depth, landing, &receives[k + depth]);
+    }
+    const std::vector<int> rights(out, right_);
+    link_.wait_all(sends.data(), rights.data(), static_cast<int>(out));
+  }
+
+  const RingLink& link_;
+  const int left_;
+  const int right_;
+  const at::ScalarType dtype_;
+  const int64_t item_;
+  const int64_t segment_;  // elements
+  std::array<at::Tensor, kRingSlots>
+      slots_;  // where reduced segments land; made by the first reduce
+};
+
+// The all-gather half of a ring: rank r starts with chunk r of flat complete and ends with every
+// chunk, chunk r - s - 1 arriving at step s.
+void gather_chunks(RingSteps& ring, const at::Tensor& flat, int rank, int w) {
+  for (int s = 0; s < w - 1; ++s) {
+    ring.copy(chunk(flat, mod(rank - s, w), w), chunk(flat, mod(rank - s - 1, w), w));
+  }
+}
+
+}  // namespace
+
+// At step s rank r sends its partial sum of chunk r - s - 1 (at s = 0 its own input chunk) and
+// receives the left's partial of chunk r - s - 2, to which it adds its own contribution; after
+// step W - 2 the chunk received is chunk r, complete. A step sends the partial the step before
+// wrote, so the partials alternate between output and one scratch buffer (for W > 2), the last
+// in output.
+void ring_reduce_scatter(const RingLink& link, const at::Tensor& output, const at::Tensor& input,
+                         ReduceOp reduce_op) {
+  const int w = link.size;
+  RingSteps ring(link, input.scalar_type());
+  const at::Tensor scratch = w > 2 ? at::empty_like(output) : output;
+  at::Tensor send = chunk(input, mod(link.rank - 1, w), w);
+  for (int s = 0; s < w - 1; ++s) {
+    const at::Tensor mine = chunk(input, mod(link.rank - s - 2, w), w);
+    const at::Tensor partial = (w - 2 - s) % 2 == 0 ? output : scratch;
+    const int divide_by = s == w - 2 && reduce_op == ReduceOp::kAvg ? w : 1;
+    ring.reduce(send, output.numel(), [&](int64_t offset, int64_t length, const at::Tensor& got) {
+      add_hop(partial.narrow(0, offset, length), got, mine.narrow(0, offset, length), divide_by);
+    });
+    send = partial;
+  }
+}
+
+// The same schedule as ring_reduce_scatter, with every chunk's partial sum kept in the chunk
+// itself: rank r's own contribution to chunk c is needed only at the step that adds it.
+void ring_all_reduce(const RingLink& link, const at::Tensor& tensor, ReduceOp reduce_op) {
+  const int w = link.size;
+  RingSteps ring(link, tensor.scalar_type());
+  for (int s = 0; s < w - 1; ++s) {
+    const at::Tensor partial = chunk(tensor, mod(link.rank - s - 2, w), w);
+    const int divide_by = s == w - 2 && reduce_op == ReduceOp::kAvg ? w : 1;
+    ring.reduce(chunk(tensor, mod(link.rank - s - 1, w), w), partial.numel(),
+                [&](int64_t offset, int64_t length, const at::Tensor& got) {
+                  const at::Tensor mine = partial.narrow(0, offset, length);
+                  add_hop(mine, got, mine, divide_by);
+                });
+  }
+  gather_chunks(ring, tensor, link.rank, w);
+}
+
+void ring_all_gather(const RingLink& link, const at::Tensor& output, const at::Tensor& input) {
+  chunk(output, link.rank, link.size).copy_(input);
+  RingSteps ring(link, input.scalar_type());
+  gather_chunks(ring, output, link.rank, link.size);
+}
+
+}  // namespace fsdp::detail
