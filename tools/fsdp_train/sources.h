@@ -16,7 +16,7 @@
 // --val-data SPEC is read as --data is.
 #pragma once
 
-#include <fsdp_train/data.h>
+#include <fsdp/train/token_dataset.h>
 #include <fsdp_train/trainer.h>
 
 #include <cstdint>
