@@ -1,5 +1,5 @@
 // Where fsdp-train's tokens come from: --data, --val-data and --tokenizer, turned into the flat
-// token sequences (data.h) that batches are drawn from.
+// token sequences (fsdp/train/token_dataset.h) that batches are drawn from.
 //
 //   no --tokenizer, --data FILE     the file's bytes are the tokens (ids 0..255)
 //   no --tokenizer, --data *.bin    token files: llm.c shards (.bin, labeled ones too) and

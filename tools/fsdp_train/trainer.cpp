@@ -90,8 +90,8 @@ double mean_over_ranks(const at::Tensor& loss, const Run& run) {
 // W / N, N the count of trained targets in the whole global batch: the reduction's mean over
 // the ranks makes the gradient that of sum / N, the global mean over trained targets, and the
 // reported loss, the mean over ranks of each rank's slices, is that same sum / N. Every rank
-// draws the whole global batch (data.h), so N is counted locally: no collective. A batch with no
-// trained target has loss 0 and no gradient (N is taken as 1).
+// draws the whole global batch (fsdp/train/data_loader.h), so N is counted locally: no collective.
+// A batch with no trained target has loss 0 and no gradient (N is taken as 1).
 at::Tensor masked_loss(const Run& run, const at::Tensor& logits, const at::Tensor& targets,
                        int64_t trained) {
   const double scale = double(run.world) / double(std::max<int64_t>(trained, 1));

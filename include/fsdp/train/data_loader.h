@@ -49,6 +49,8 @@ class DataLoader {
   // rank is outside [0, world_size), world_size does not divide global_batch, or data holds no
   // window of seq_len + 1 tokens.
   DataLoader(const TokenDataset& data, const DataLoaderOptions& options);
+  // A temporary data set would be gone before the first batch: keep it in a variable.
+  DataLoader(TokenDataset&& data, const DataLoaderOptions& options) = delete;
 
   // The batch of step(), then advances to the next step.
   Batch next();
