@@ -1,7 +1,8 @@
 // The model registry: one line per model folder in FSDP_MODEL_FAMILIES. Each folder defines
 // std::vector<std::shared_ptr<const ModelSpec>> <family>_model_specs(), its named
 // configurations. Names are unique across families (checked when the registry is first used).
-#include <models/model.h>
+#include <fsdp/models/model.h>
+#include <models/common/modules.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

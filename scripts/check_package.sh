@@ -4,7 +4,7 @@
 # its control fields and the programs, a header and the CMake package among its files; dpkg -x
 # unpacks it (no root, no dpkg -i) into build/package/root, whose files must carry no
 # RPATH/RUNPATH and no path into this clone; then scripts/check_example.sh builds and runs
-# examples/minimal against its usr/, exactly as against `cmake --install`'s prefix. Needs a
+# the examples (examples/minimal, examples/pretrain_llama) against its usr/, exactly as against `cmake --install`'s prefix. Needs a
 # build (scripts/run.sh). The unpacked tree and the example's build stay at fixed paths in
 # build/, so that the compiler cache hits on a rerun.
 set -euo pipefail
@@ -29,7 +29,8 @@ $info"
 done
 contents="$(dpkg-deb --contents "$deb" | awk '{print $NF}')"
 for f in bin/fsdp-train bin/fsdp-estimate bin/fsdp-plan bin/fsdp-tokenize bin/fsdp-comm-bench \
-  include/fsdp/fully_shard.h lib/libfsdp_comm.a lib/cmake/fsdp/fsdpConfig.cmake \
+  include/fsdp/fully_shard.h include/fsdp/models/model.h include/fsdp/train/data_loader.h \
+  lib/libfsdp_comm.a lib/libfsdp_models.a lib/libfsdp_train.a lib/cmake/fsdp/fsdpConfig.cmake \
   lib/cmake/fsdp/fsdpTargets.cmake share/fsdp/hardware/h100_sxm.json; do
   echo "$contents" | grep -qx "\./usr/$f" || fail "$deb holds no /usr/$f"
 done
@@ -46,4 +47,4 @@ done < <(find "$root" -type f)
 ! grep -rl "$PWD" "$root/usr/lib/cmake" "$root/usr/include" || fail "these files name $PWD"
 
 bash scripts/check_example.sh "$root/usr" build/package/example
-echo "check_package: $deb ($(du -h "$deb" | cut -f1)): fields, contents, no RPATH; examples/minimal built and run against it"
+echo "check_package: $deb ($(du -h "$deb" | cut -f1)): fields, contents, no RPATH; the examples built and run against it"

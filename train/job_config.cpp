@@ -1,7 +1,7 @@
 #include <train/job_config.h>
 
 #include <fsdp/comm/comm_hooks.h>
-#include <models/model.h>
+#include <fsdp/models/model.h>
 
 #include <ostream>
 

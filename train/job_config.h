@@ -11,6 +11,7 @@
 
 #include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/sharding_strategy.h>
+#include <fsdp/train/lr_schedule.h>
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -23,12 +24,11 @@
 #include <vector>
 
 namespace fsdp::models {
-struct SizeOverrides;  // models/model.h
+struct SizeOverrides;  // fsdp/models/model.h
 }  // namespace fsdp::models
 
 namespace fsdp::train {
 
-enum class LrScheduleKind { kConstant, kCosine, kWsd };
 enum class DeviceKind { kCpu, kCuda };
 
 // A typed setting's names: the name every program, config file and error uses for each value,
@@ -113,8 +113,8 @@ struct TrainingConfig {
   double max_grad_norm = 1.0;
   int64_t skip_nonfinite = 0;  // steps with a non-finite loss or gradient norm to skip; then stop
   int64_t seed = 1234;         // of the initial weights and of batch sampling
-  // Learning-rate schedule (schedule.h) after warmup_steps of linear warm-up, down to min_lr;
-  // wsd decays over the last decay_frac of the steps.
+  // Learning-rate schedule (fsdp/train/lr_schedule.h) after warmup_steps of linear warm-up, down to
+  // min_lr; wsd decays over the last decay_frac of the steps.
   LrScheduleKind lr_schedule = LrScheduleKind::kConstant;
   int64_t warmup_steps = 0;
   double min_lr = 0;

@@ -1,8 +1,9 @@
-// Pieces every model folder's modules share (models/model.h is the registry's interface): the
+// Pieces every model folder's modules share (fsdp/models/model.h is the registry's interface): the
 // per-parameter seed that makes initialization a pure function of (seed, parameter name), and a
 // linear layer over a weight owned by another module (tied input and output embeddings).
 #pragma once
 
+#include <fsdp/models/unit_built.h>
 #include <models/common/activation.h>
 #include <models/common/param_table.h>
 
@@ -18,11 +19,6 @@
 #include <string_view>
 
 namespace fsdp::models {
-
-// Called during construction right after the unit called name (its full parameter prefix, e.g.
-// "model.layers.3") is built and initialized, before the next unit is built.
-using UnitBuiltCallback =
-    std::function<void(const std::string& name, const std::shared_ptr<torch::nn::Module>& unit)>;
 
 // Mean cross-entropy (in nats) of logits [B, T, V] against targets [B, T] int64, computed in
 // float32 at least: bf16 / fp16 logits are upcast before the log-softmax, as transformers and

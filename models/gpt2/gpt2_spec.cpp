@@ -1,4 +1,4 @@
-// GPT-2 behind the model interface (models/model.h): every GPT2Config name, built as
+// GPT-2 behind the model interface (fsdp/models/model.h): every GPT2Config name, built as
 // GPT2LMHead with its blocks as the FSDP units. This file only adapts; what the model is and
 // how it initializes, lays out and counts its memory lives in gpt2.h, hf.h and gpt2_memory.h.
 #include <fsdp/runtime/forward.h>

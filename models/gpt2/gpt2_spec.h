@@ -1,9 +1,9 @@
-// GPT-2 behind the model interface (models/model.h), for configurations other than the
+// GPT-2 behind the model interface (fsdp/models/model.h), for configurations other than the
 // registered ones (models/hf/ builds them from a config.json).
 #pragma once
 
+#include <fsdp/models/model.h>
 #include <models/gpt2/gpt2_config.h>
-#include <models/model.h>
 
 #include <memory>
 #include <string>

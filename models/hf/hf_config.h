@@ -10,7 +10,7 @@
 // HfConfigError naming the field and the offending value, raised before anything allocates.
 //
 // No LibTorch here (nlohmann-json and the standard library only): this is fuzzed on its own
-// (tests/fuzz/fuzz_hf_config.cpp). models/model.h's model_spec_from_pretrained is the entry
+// (tests/fuzz/fuzz_hf_config.cpp). fsdp/models/model.h's model_spec_from_pretrained is the entry
 // point for programs.
 #pragma once
 

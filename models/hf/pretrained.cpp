@@ -1,10 +1,10 @@
 // Models from a Hugging Face directory: DIR/config.json parsed and checked (hf_config.h), built
 // through the family's own spec (models/llama/, models/gpt2/), and wrapped so that the spec
-// keeps DIR's name and writes DIR's config.json back on export. See models/model.h.
+// keeps DIR's name and writes DIR's config.json back on export. See fsdp/models/model.h.
+#include <fsdp/models/model.h>
 #include <models/gpt2/gpt2_spec.h>
 #include <models/hf/hf_config.h>
 #include <models/llama/llama_spec.h>
-#include <models/model.h>
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>

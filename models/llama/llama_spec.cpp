@@ -1,4 +1,4 @@
-// Llama behind the model interface (models/model.h): every LlamaConfig name, built as
+// Llama behind the model interface (fsdp/models/model.h): every LlamaConfig name, built as
 // LlamaForCausalLM with its decoder layers as the FSDP units.
 #include <fsdp/runtime/forward.h>
 #include <models/llama/hf.h>

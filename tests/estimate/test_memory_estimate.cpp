@@ -3,12 +3,12 @@
 // (the library's category counts, the counting allocator's peak and activation bytes).
 #include <ATen/ATen.h>
 #include <fsdp/memory_estimate.h>
+#include <fsdp/models/model.h>
 #include <fsdp/util/memory_counter.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <models/gpt2/gpt2.h>
 #include <models/gpt2/gpt2_memory.h>
-#include <models/model.h>
 
 #include <cstdio>
 #include <cstdlib>

@@ -4,8 +4,8 @@
 // writes back (every field kept), the resolver programs use for --model, the sliding-window
 // limit, and broken or hostile files each refused naming the field and the value.
 #include <fsdp/fully_shard.h>
+#include <fsdp/models/model.h>
 #include <models/hf/hf_config.h>
-#include <models/model.h>
 
 #include "support/checkpoint_util.h"
 #include "support/test_support.h"

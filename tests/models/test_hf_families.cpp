@@ -14,7 +14,7 @@
 #include <fsdp/checkpoint/safetensors.h>
 #include <fsdp/data/token_shard.h>
 #include <fsdp/fully_shard.h>
-#include <models/model.h>
+#include <fsdp/models/model.h>
 
 #include "support/checkpoint_util.h"
 #include "support/harness.h"

@@ -1,9 +1,9 @@
-// The model plug-in interface (models/model.h), for every registered configuration: names are
+// The model plug-in interface (fsdp/models/model.h), for every registered configuration: names are
 // unique and resolvable; the parameter count agrees with the parameters the estimator's memory
 // spec lists (an independent count of the same shapes) and, for the configurations small
 // enough to build here, with the built model; the units handed to on_unit_built are the units()
 // in forward order; config.json is JSON naming a transformers architecture.
-#include <models/model.h>
+#include <fsdp/models/model.h>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

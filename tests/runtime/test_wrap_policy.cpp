@@ -14,10 +14,10 @@
 #include "support/test_support.h"
 
 #include <fsdp/comm/rendezvous.h>
+#include <fsdp/models/model.h>
 #include <fsdp/wrap_policy.h>
 #include <models/gpt2/gpt2.h>
 #include <models/llama/llama.h>
-#include <models/model.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -5,8 +5,8 @@
 #include "support/test_support.h"
 
 #include <ATen/ATen.h>
+#include <fsdp/train/token_dataset.h>
 #include <fsdp_train/corpus.h>
-#include <fsdp_train/data.h>
 #include <gtest/gtest.h>
 #include <models/common/modules.h>
 #include <unistd.h>

@@ -73,7 +73,7 @@ TEST(FsdpTrainVal, EvaluatingLeavesTrainingBitIdentical) {
   EXPECT_FALSE(y[2].contains("val_loss"));
 }
 
-// The closed forms of schedule.h, written out again here.
+// The closed forms of fsdp/train/lr_schedule.h, written out again here.
 double expected_lr(const std::string& kind, int64_t step, int64_t steps, int64_t warmup,
                    double peak, double min_lr, double decay_frac) {
   if (step < warmup) return peak * double(step + 1) / double(warmup);

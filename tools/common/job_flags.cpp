@@ -5,7 +5,7 @@
 #include <common/cli_checks.h>
 #include <common/model_flags.h>
 #include <fsdp/data/corpus.h>
-#include <models/model.h>
+#include <fsdp/models/model.h>
 
 namespace fsdp::tools {
 namespace {

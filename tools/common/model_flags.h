@@ -9,7 +9,7 @@
 #include <common/config_flags.h>
 #include <common/job_flags.h>
 #include <fsdp/memory_estimate.h>
-#include <models/model.h>
+#include <fsdp/models/model.h>
 #include <train/job_config.h>
 
 #include <c10/util/Exception.h>

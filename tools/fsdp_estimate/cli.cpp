@@ -11,7 +11,7 @@
 #include <common/model_flags.h>
 #include <common/torch_program.h>
 #include <fsdp/memory_estimate.h>
-#include <models/model.h>
+#include <fsdp/models/model.h>
 
 #include <c10/util/Exception.h>
 

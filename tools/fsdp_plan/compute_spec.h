@@ -3,8 +3,8 @@
 // the memory estimator, attention from its width and heads, the rest from its saved activations.
 #pragma once
 
+#include <fsdp/models/model.h>
 #include <fsdp/step_time_plan.h>
-#include <models/model.h>
 
 namespace fsdp::tools {
 

@@ -1,17 +1,19 @@
-// The trainer's checkpoints (checkpointing.h). A checkpoint's user JSON records the options that
-// decide the model and the batches, and the data position: batches are a pure function of
-// (seed, step), so the next step is the position and the rest makes a mismatch visible. A resume
-// refuses other data or another schedule (it would not continue the run); rank 0 notes other
-// model or batch settings.
+// The trainer's checkpoints (checkpointing.h), through the run's CheckpointManager
+// (fsdp/train/checkpoint_manager.h). A checkpoint's user JSON records the options that decide
+// the model and the batches, and the loader's position (DataLoader::state_json): batches are a
+// pure function of (seed, step), so the next step is the position and the rest makes a mismatch
+// visible. A resume refuses other data or another schedule (it would not continue the run);
+// rank 0 notes other model or batch settings, which fsdp-train allows (the loader then seeks to
+// the checkpoint's step rather than load a state saved with other settings).
 #include <fsdp_train/checkpointing.h>
 
 #include <fsdp/checkpoint/checkpoint.h>
+#include <fsdp/train/checkpoint_manager.h>
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <unistd.h>
 #include <cstdio>
 #include <string>
 
@@ -48,17 +50,10 @@ nlohmann::json trainer_json(const JobConfig& o) {
           {"schedule", lr_schedule_json(o)}};
 }
 
-std::string run_state_json(const JobConfig& o, const TokenDataset& data, int64_t next_step,
-                           int64_t skipped_steps) {
+std::string run_state_json(const JobConfig& o, const DataLoader& loader, int64_t skipped_steps) {
   const nlohmann::json j = {{"trainer", trainer_json(o)},
                             {"skipped_steps", skipped_steps},
-                            {"data",
-                             {{"source", data.source()},
-                              {"tokens", data.size()},
-                              {"next_step", next_step},
-                              {"seed", o.training.seed},
-                              {"global_batch", o.training.global_batch},
-                              {"seq_len", o.training.seq_len}}}};
+                            {"data", nlohmann::json::parse(loader.state_json())}};
   return j.dump();
 }
 
@@ -96,20 +91,6 @@ void check_resume_compatible(const JobConfig& o, const std::string& user_json) {
               ", this run's is ", now["schedule"].dump(),
               "; resume with the same --lr, --lr-schedule, --warmup-steps, --min-lr, "
               "--decay-frac (and --steps, for a decaying schedule)");
-}
-
-// Where --resume loads from: its directory, or under --resume auto the --save directory when it
-// holds a checkpoint (its `latest`), else nowhere: the first start of a job that restarts with
-// the same command.
-std::string resume_dir_of(const Run& run) {
-  const JobConfig& o = run.o;
-  if (o.checkpoint.resume != "auto") return o.checkpoint.resume;
-  if (::access((o.checkpoint.save_dir + "/latest").c_str(), F_OK) == 0)
-    return o.checkpoint.save_dir;
-  if (run.printing)
-    fmt::print("fsdp-train: --resume auto: no checkpoint in {} yet; starting fresh\n",
-               o.checkpoint.save_dir);
-  return "";
 }
 
 // fp16: the scale and growth tracker of the run a resume continues, and the steps it skipped.
@@ -152,14 +133,15 @@ void print_resumed(const Run& run, const checkpoint::LoadResult& loaded) {
       loaded.bytes_read / 1e6);
 }
 
-// Collective: every rank saves its shards; the checkpoint holds the state after `step` steps.
-void save_checkpoint(Run& run, const TokenDataset& data, int64_t step) {
-  auto options = checkpoint::SaveOptions().step(step).user_json(
-      run_state_json(run.o, data, step, skipped_steps(run)));
-  if (run.scaler) options.grad_scaler(run.scaler->state());
+// Collective: every rank saves its shards; the checkpoint holds the state after `step` steps,
+// where the loader stands.
+void save_checkpoint(Run& run, const DataLoader& loader, int64_t step) {
+  TORCH_INTERNAL_ASSERT(loader.step() == step, "the loader is at step ", loader.step(),
+                        ", the checkpoint holds step ", step);
+  std::optional<GradScalerState> scaler;
+  if (run.scaler) scaler = run.scaler->state();
   const auto saved =
-      checkpoint::save_checkpoint(run.o.checkpoint.format, run.o.checkpoint.save_dir, *run.model,
-                                  run.optimizer.get(), run.group.get(), options);
+      run.checkpoints->save(step, run_state_json(run.o, loader, skipped_steps(run)), scaler);
   if (!run.printing) return;
   fmt::print("fsdp-train: saved {} ({:.1f} MB in {:.2f}s, {:.0f} MB/s)\n", saved.path,
              saved.bytes / 1e6, saved.seconds, saved.bytes / 1e6 / saved.seconds);
@@ -168,41 +150,38 @@ void save_checkpoint(Run& run, const TokenDataset& data, int64_t step) {
 
 }  // namespace
 
-void load_initial_state(Run& run) {
+void load_initial_state(Run& run, DataLoader& loader) {
   const JobConfig& o = run.o;
   if (!o.model.init_from.empty()) {
     checkpoint::load_full(o.model.init_from, *run.model, run.group.get(), run.spec->hf_layout());
     if (run.printing) fmt::print("fsdp-train: initialized from {}\n", o.model.init_from);
   }
-  const std::string resume_dir = resume_dir_of(run);
-  if (resume_dir.empty()) return;
-  const checkpoint::LoadResult loaded =
-      checkpoint::load_checkpoint(resume_dir, *run.model, run.optimizer.get(), run.group.get());
-  check_resume_compatible(o, loaded.user_json);
-  restore_grad_scaler(run, loaded);
-  run.first_step = loaded.step;
-  TORCH_CHECK(run.first_step <= o.training.steps, "--resume ", loaded.path, " is at step ",
-              run.first_step, ", past --steps ", o.training.steps, " (the total number of steps)");
-  if (!run.printing) return;
-  print_resumed(run, loaded);
-  report_resume_mismatches(o, loaded.user_json);
-}
-
-void save_periodically(Run& run, const TokenDataset& data, int64_t steps_done) {
-  const JobConfig& o = run.o;
-  if (!o.checkpoint.save_dir.empty() && o.checkpoint.save_every > 0 &&
-      steps_done % o.checkpoint.save_every == 0) {
-    save_checkpoint(run, data, steps_done);
+  if (o.checkpoint.resume == "auto" && run.checkpoints->resume_path("auto").empty() &&
+      run.printing) {
+    fmt::print("fsdp-train: --resume auto: no checkpoint in {} yet; starting fresh\n",
+               o.checkpoint.save_dir);
   }
+  const auto loaded = run.checkpoints->load(o.checkpoint.resume);
+  if (!loaded) return;
+  check_resume_compatible(o, loaded->user_json);
+  restore_grad_scaler(run, *loaded);
+  run.first_step = loaded->step;
+  TORCH_CHECK(run.first_step <= o.training.steps, "--resume ", loaded->path, " is at step ",
+              run.first_step, ", past --steps ", o.training.steps, " (the total number of steps)");
+  loader.seek(run.first_step);
+  if (!run.printing) return;
+  print_resumed(run, *loaded);
+  report_resume_mismatches(o, loaded->user_json);
 }
 
-void save_final(Run& run, const TokenDataset& data) {
-  const JobConfig& o = run.o;
-  if (o.checkpoint.save_dir.empty()) return;
-  if (o.checkpoint.save_every > 0 && o.training.steps > run.first_step &&
-      o.training.steps % o.checkpoint.save_every == 0)
-    return;
-  save_checkpoint(run, data, o.training.steps);
+void save_periodically(Run& run, const DataLoader& loader, int64_t steps_done) {
+  if (run.checkpoints->due(steps_done)) save_checkpoint(run, loader, steps_done);
+}
+
+void save_final(Run& run, const DataLoader& loader) {
+  if (run.checkpoints->final_save_due(run.o.training.steps, run.first_step)) {
+    save_checkpoint(run, loader, run.o.training.steps);
+  }
 }
 
 }  // namespace fsdp::train

@@ -11,10 +11,10 @@
 #include <common/torch_program.h>
 #include <fsdp/comm/rendezvous.h>
 #include <fsdp/data/corpus.h>
+#include <fsdp/models/model.h>
 #include <fsdp_train/job_checks.h>
 #include <fsdp_train/machine_fit.h>
 #include <fsdp_train/trainer.h>
-#include <models/model.h>
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>

@@ -2,9 +2,9 @@
 // what no single flag's validator can see (job_flags.h checks each value alone). Every message
 // names the flags and their values.
 #include <fsdp/data/tokenizer.h>
+#include <fsdp/models/model.h>
 #include <fsdp_train/job_checks.h>
 #include <fsdp_train/sources.h>
-#include <models/model.h>
 
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>

@@ -4,7 +4,7 @@
 #include <fsdp_train/machine_fit.h>
 
 #include <fsdp/memory_estimate.h>
-#include <models/model.h>
+#include <fsdp/models/model.h>
 
 #include <c10/util/Exception.h>
 

@@ -2,7 +2,7 @@
 // step, and the final loss.
 #pragma once
 
-#include <fsdp_train/data.h>
+#include <fsdp/train/token_dataset.h>
 #include <fsdp_train/run.h>
 #include <fsdp_train/trainer.h>
 

@@ -5,13 +5,14 @@
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
 #include <fsdp/grad_scaler.h>
+#include <fsdp/models/model.h>
+#include <fsdp/train/checkpoint_manager.h>
+#include <fsdp/train/lr_schedule.h>
+#include <fsdp/train/metrics_sink.h>
 #include <fsdp/util/memory_counter.h>
 #include <fsdp/util/trace.h>
 #include <fsdp_train/batch_dump.h>
-#include <fsdp_train/schedule.h>
-#include <fsdp_train/step_metrics.h>
 #include <fsdp_train/trainer.h>
-#include <models/model.h>
 
 #include <torch/optim/adamw.h>
 
@@ -57,9 +58,10 @@ struct Run {
   std::vector<at::Tensor> params;
   std::unique_ptr<torch::optim::AdamW> optimizer;
   LrSchedule schedule;
+  std::optional<CheckpointManager> checkpoints;  // --save, --save-every, --resume
 
-  std::optional<StepMetrics> metrics;  // rank 0
-  BatchDump batches;                   // --dump-batches (rank 0)
+  MetricsSinks metrics;  // --metrics and --tensorboard (rank 0; none elsewhere)
+  BatchDump batches;     // --dump-batches (rank 0)
   int64_t first_step = 0;
   double elapsed = 0;                       // seconds spent in steps so far
   double tokens_done = 0;                   // tokens trained in those steps (tokens_per_s's)

@@ -1,14 +1,11 @@
 // The token sources of a run.
 //
-// Invariants: every rank loads the same files in the same order (expand_data_spec sorts a
-// glob's matches), so every rank holds the same flat token array and draws the same batches.
-// A tokenized corpus is held as int32 (every vocabulary we load is below 2^31); a text taken as
-// bytes stays uint8. The split of the embedded corpus is by bytes, before tokenizing.
+// Invariants: the files are read as fsdp::train::load_token_dataset reads them (the same files
+// in the same order on every rank). The split of the embedded corpus is by bytes, before
+// tokenizing.
 #include <fsdp_train/sources.h>
 
-#include <fsdp/data/corpus.h>
 #include <fsdp/data/error.h>
-#include <fsdp/data/labeled.h>
 #include <fsdp/data/tokenizer.h>
 #include <fsdp_train/corpus.h>
 
@@ -17,9 +14,7 @@
 
 #include <sys/stat.h>
 
-#include <cmath>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <vector>
 
@@ -27,22 +22,6 @@ namespace fsdp::train {
 namespace {
 
 constexpr double kDefaultValFraction = 0.1;
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// Files of token ids, which need no tokenizer: llm.c shards and input_ids/labels JSON lines.
-bool all_token_files(const std::string& spec) {
-  for (const auto& file : data::expand_data_spec(spec)) {
-    const bool ids =
-        ends_with(file, ".bin") ||
-        (ends_with(file, ".jsonl") && data::jsonl_form_of(file) == data::JsonlForm::kTokenIds);
-    if (!ids) return false;
-  }
-  return true;
-}
 
 // tokenizer_config.json beside tokenizer.json, if there is one (it names BOS and EOS).
 std::string config_beside(const std::string& tokenizer_path) {
@@ -63,40 +42,21 @@ std::unique_ptr<data::Tokenizer> load_tokenizer(const std::string& path) {
   }
 }
 
-// int32 holds every id and label: vocabularies stay below 2^31.
-at::Tensor int32_tensor(const void* values, size_t n) {
-  at::Tensor t = at::empty({static_cast<int64_t>(n)}, at::kInt);
-  if (n > 0) std::memcpy(t.data_ptr<int32_t>(), values, n * 4);
-  return t;
-}
-
 TokenDataset from_ids(const std::vector<uint32_t>& ids, std::string source) {
-  return TokenDataset(int32_tensor(ids.data(), ids.size()), std::move(source));
-}
-
-TokenDataset from_corpus(const data::TokenCorpus& corpus, std::string source) {
-  if (!corpus.labeled()) return from_ids(corpus.tokens(), std::move(source));
-  return TokenDataset(int32_tensor(corpus.tokens().data(), corpus.tokens().size()),
-                      int32_tensor(corpus.labels().data(), corpus.labels().size()),
-                      std::move(source));
+  at::Tensor t = at::empty({static_cast<int64_t>(ids.size())}, at::kInt);
+  if (!ids.empty()) std::memcpy(t.data_ptr<int32_t>(), ids.data(), ids.size() * 4);
+  return TokenDataset(t, std::move(source));
 }
 
 // --data or --val-data SPEC (flag names it in messages).
 TokenDataset load_spec(const JobConfig& o, const std::string& flag, const std::string& spec,
                        data::Tokenizer* tokenizer, int64_t model_vocab) {
-  if (tokenizer == nullptr && !all_token_files(spec)) {
-    const auto files = data::expand_data_spec(spec);
-    TORCH_CHECK(files.size() == 1 && files[0] == spec, flag, " '", spec, "' names ", files.size(),
-                " files; without --tokenizer it takes one text file (its bytes are the tokens) "
-                "or token files only (llm.c .bin shards, input_ids/labels .jsonl)");
-    return TokenDataset::from_file(spec);
-  }
-  data::CorpusOptions options;
+  TokenSourceOptions options;
   options.tokenizer = tokenizer;
   options.text_field = o.data.text_field;
-  options.vocab_size = static_cast<uint64_t>(model_vocab);
-  const data::TokenCorpus corpus = data::TokenCorpus::load(spec, options);
-  return from_corpus(corpus, flag + " '" + spec + "'");
+  options.vocab_size = model_vocab;
+  options.name = flag;
+  return load_token_dataset(spec, options);
 }
 
 // The embedded corpus's bytes [begin, end), tokenized when there is a tokenizer.
@@ -116,7 +76,7 @@ TokenDataset embedded_part(data::Tokenizer* tokenizer, size_t begin, size_t end,
 }  // namespace
 
 bool feeds_bytes(const JobConfig& o) {
-  return o.data.tokenizer.empty() && (o.data.path.empty() || !all_token_files(o.data.path));
+  return o.data.tokenizer.empty() && (o.data.path.empty() || !names_token_files_only(o.data.path));
 }
 
 JobTokenizer::JobTokenizer(const JobConfig& o) : path_(o.data.tokenizer) {}

@@ -1,5 +1,5 @@
 // Where fsdp-train's tokens come from: --data, --val-data and --tokenizer, turned into the flat
-// token sequences (data.h) that batches are drawn from.
+// token sequences (fsdp/train/token_dataset.h) that batches are drawn from.
 //
 //   no --tokenizer, --data FILE     the file's bytes are the tokens (ids 0..255)
 //   no --tokenizer, --data *.bin    token files: llm.c shards (.bin, labeled ones too) and
@@ -16,7 +16,7 @@
 // --val-data SPEC is read as --data is.
 #pragma once
 
-#include <fsdp_train/data.h>
+#include <fsdp/train/token_dataset.h>
 #include <fsdp_train/trainer.h>
 
 #include <cstdint>

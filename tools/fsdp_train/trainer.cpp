@@ -1,18 +1,18 @@
 // fsdp-train's training loop.
 //
 // Invariants that make a sharded run comparable to the --no-fsdp reference:
-// - every process builds the same global batch for a step (data.h) and rank r trains on rows
-//   [r*B/W, (r+1)*B/W) of it, so the ranks' micro-batches concatenated in rank order are the
-//   reference's batch;
-// - every parameter's initial value depends only on its name and the seed (models/model.h), so
+// - every process builds the same global batch for a step (fsdp/train/data_loader.h) and rank
+//   r trains on rows [r*B/W, (r+1)*B/W) of it, so the ranks' micro-batches concatenated in rank
+//   order are the reference's batch;
+// - every parameter's initial value depends only on its name and the seed (fsdp/models/model.h), so
 //   the sharded model, built and sharded unit by unit, starts where the reference starts;
 // - the reported loss is the mean over ranks of the micro-batch losses, which equals the
 //   reference's loss on the global batch because micro-batches have equal sizes; fine-tuning
 //   data, whose ranks train different numbers of targets, scales each rank's summed loss so
 //   that the same mean is the global mean over trained targets (see [Note: the mean over
 //   trained targets]).
-// - the learning rate of step s is lr_at(schedule, s) (schedule.h), set on every param group
-//   before the optimizer step: no state, so a resumed run takes the same rates;
+// - the learning rate of step s is lr_at(schedule, s) (fsdp/train/lr_schedule.h), set on every
+//   param group before the optimizer step: no state, so a resumed run takes the same rates;
 // - the held-out loss runs forward only, without autograd, after the step's numbers are taken:
 //   it changes no parameter and no optimizer state, so training is bit-identical with or
 //   without it, and its batches come from a fixed seed, so every evaluation sees the same ones.
@@ -24,9 +24,11 @@
 #include <fsdp_train/trainer.h>
 
 #include <fsdp/clip_grad.h>
+#include <fsdp/models/model.h>
+#include <fsdp/train/data_loader.h>
+#include <fsdp/train/lr_schedule.h>
 #include <fsdp/util/memory_counter.h>
 #include <fsdp_train/checkpointing.h>
-#include <fsdp_train/data.h>
 #include <fsdp_train/export.h>
 #include <fsdp_train/fault_injection.h>
 #include <fsdp_train/job_checks.h>
@@ -34,11 +36,9 @@
 #include <fsdp_train/parallelize.h>
 #include <fsdp_train/progress.h>
 #include <fsdp_train/run.h>
-#include <fsdp_train/schedule.h>
 #include <fsdp_train/sources.h>
 #include <fsdp_train/step_probe.h>
 #include <fsdp_train/timeline.h>
-#include <models/model.h>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -90,22 +90,22 @@ double mean_over_ranks(const at::Tensor& loss, const Run& run) {
 // W / N, N the count of trained targets in the whole global batch: the reduction's mean over
 // the ranks makes the gradient that of sum / N, the global mean over trained targets, and the
 // reported loss, the mean over ranks of each rank's slices, is that same sum / N. Every rank
-// draws the whole global batch (data.h), so N is counted locally: no collective. A batch with no
-// trained target has loss 0 and no gradient (N is taken as 1).
+// draws the whole global batch (fsdp/train/data_loader.h), so N is counted locally: no collective.
+// A batch with no trained target has loss 0 and no gradient (N is taken as 1).
 at::Tensor masked_loss(const Run& run, const at::Tensor& logits, const at::Tensor& targets,
                        int64_t trained) {
   const double scale = double(run.world) / double(std::max<int64_t>(trained, 1));
   return run.built->summed_loss(logits, targets) * scale;
 }
 
-// The step's rate on every parameter group: the optimizer state a resume loads carries no
-// schedule, the step alone decides.
-double set_learning_rate(Run& run, int64_t step) {
-  const double lr = lr_at(run.schedule, step);
-  for (auto& group : run.optimizer->param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-  }
-  return lr;
+// The loader of the run's training batches, or of the held-out ones under seed.
+DataLoaderOptions loader_options(const Run& run, uint64_t seed) {
+  return DataLoaderOptions()
+      .global_batch(run.o.training.global_batch)
+      .seq_len(run.o.training.seq_len)
+      .seed(seed)
+      .rank(run.rank)
+      .world_size(run.world);
 }
 
 // Forward only, no autograd graph (so FSDP runs no backward and no reduce-scatter) over
@@ -115,19 +115,19 @@ double set_learning_rate(Run& run, int64_t step) {
 // Fine-tuning data: the mean over every trained target of the batches, as in training.
 double validation_loss(Run& run, const TokenDataset& val) {
   const JobConfig& o = run.o;
+  const DataLoader loader(val, loader_options(run, kValSeed));
   torch::NoGradGuard no_grad;
   const bool tracing = !o.metrics.trace_dir.empty();
   run.monitor->tracer().enable(false);
   double sum = 0;
   int64_t trained = 0;
   for (int64_t b = 0; b < o.data.val_batches; ++b) {
-    const auto global = val.global_batch(b, o.training.global_batch, o.training.seq_len, kValSeed);
-    const auto [host_inputs, host_targets] = micro_batch(global, run.rank, run.world);
-    const at::Tensor inputs = host_inputs.to(run.device);
-    const at::Tensor targets = host_targets.to(run.device);
+    const Batch batch = loader.batch_at(b);
+    const at::Tensor inputs = batch.inputs.to(run.device);
+    const at::Tensor targets = batch.targets.to(run.device);
     const at::Tensor logits = run.built->forward(inputs);
     if (val.labeled()) {
-      trained += trained_targets(global.second);
+      trained += trained_targets(batch.global_targets);
       sum += sum_over_ranks(run.built->summed_loss(logits, targets), run);
     } else {
       sum += mean_over_ranks(run.built->loss(logits, targets), run);
@@ -145,7 +145,17 @@ bool validates_after(const Run& run, int64_t steps_done) {
          (o.data.val_every > 0 && steps_done % o.data.val_every == 0);
 }
 
-// The rank's data-independent state, mesh, model and optimizer, and rank 0's outputs.
+// --metrics and --tensorboard, in that order.
+void open_metrics_sinks(Run& run) {
+  const MetricsConfig& m = run.o.metrics;
+  if (!m.path.empty()) run.metrics.add(std::make_unique<JsonLinesSink>(m.path, "--metrics file"));
+  if (!m.tensorboard_dir.empty()) {
+    run.metrics.add(std::make_unique<TensorBoardSink>(m.tensorboard_dir, "--tensorboard"));
+  }
+}
+
+// The rank's data-independent state, mesh, model and optimizer, its checkpoints, and rank 0's
+// outputs.
 void set_up(Run& run) {
   run.world = run.group ? run.group->size() : 1;
   run.rank = run.group ? run.group->rank() : 0;
@@ -161,8 +171,12 @@ void set_up(Run& run) {
   // --trace's memory track counts every tensor of the model too.
   if (!run.o.metrics.trace_dir.empty()) install_cpu_memory_counter();
   parallelize(run);
+  const CheckpointConfig& c = run.o.checkpoint;
+  run.checkpoints.emplace(
+      CheckpointManagerOptions().dir(c.save_dir).save_every(c.save_every).format(c.format),
+      *run.model, run.optimizer.get(), run.group.get());
   if (run.rank == 0) {
-    run.metrics.emplace(run.o.metrics);
+    open_metrics_sinks(run);
     run.batches.open(run.o);
   }
 }
@@ -282,17 +296,19 @@ bool step_is_finite(Run& run, int64_t step, const at::Tensor& loss, double mean_
 
 // One optimizer step: forward and backward over the rank's micro-batches, clip, step; then the
 // bookkeeping around it.
-StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
+StepRecord train_step(Run& run, DataLoader& loader) {
   const JobConfig& o = run.o;
+  const int64_t step = loader.step();
   crash_or_stall_if_asked(step, run.rank);
   StepProbe probe = begin_step(run);
-  const auto global =
-      data.global_batch(step, o.training.global_batch, o.training.seq_len, o.training.seed);
-  run.batches.write(step, global, run.world);
-  const auto [inputs, targets] = micro_batch(global, run.rank, run.world);
+  const Batch batch = loader.next();
+  run.batches.write(step, {batch.global_inputs, batch.global_targets}, run.world);
+  const at::Tensor& inputs = batch.inputs;
+  const at::Tensor& targets = batch.targets;
   // Fine-tuning data trains (and tokens_per_s counts) only the targets its labels keep.
   const std::optional<int64_t> trained =
-      data.labeled() ? std::optional<int64_t>(trained_targets(global.second)) : std::nullopt;
+      loader.data().labeled() ? std::optional<int64_t>(trained_targets(batch.global_targets))
+                              : std::nullopt;
   // Before the probe: the gradients zero_grad frees are not part of what forward keeps.
   run.optimizer->zero_grad();
   probe_before_forward(run, probe);
@@ -306,7 +322,8 @@ StepRecord train_step(Run& run, const TokenDataset& data, int64_t step) {
   const double norm = clip_gradients(run);
   const double mean_loss = mean_over_ranks(loss, run);
   probe.grad_bytes = grad_bytes(run.params);
-  const double lr = set_learning_rate(run, step);
+  // The optimizer state a resume loads carries no schedule: the step alone decides the rate.
+  const double lr = apply_lr(*run.optimizer, run.schedule, step);
   // An overflow at the loss scale skips the step on every rank (found_inf is global); a loss
   // that is not finite is the numerics guard's, scaler or not.
   if (overflow && std::isfinite(mean_loss)) {
@@ -336,19 +353,20 @@ TrainSummary train(const JobConfig& o, const std::shared_ptr<ProcessGroup>& grou
   TrainSummary summary;
   summary.unigram_entropy = unigram_entropy_of(data.train);
   print_banner(run, data.train, summary.unigram_entropy);
-  load_initial_state(run);
+  DataLoader loader(data.train, loader_options(run, static_cast<uint64_t>(o.training.seed)));
+  load_initial_state(run, loader);
 
-  for (int64_t step = run.first_step; step < o.training.steps; ++step) {
-    StepRecord record = train_step(run, data.train, step);
-    if (data.val && validates_after(run, step + 1)) {
+  while (loader.step() < o.training.steps) {
+    StepRecord record = train_step(run, loader);
+    if (data.val && validates_after(run, loader.step())) {
       record.val_loss = validation_loss(run, *data.val);
     }
-    if (run.metrics) run.metrics->write(record);
+    run.metrics.write(record);
     print_progress(run, record);
     summary.steps.push_back(std::move(record));
-    save_periodically(run, data.train, step + 1);
+    save_periodically(run, loader, loader.step());
   }
-  save_final(run, data.train);
+  save_final(run, loader);
   export_model(run.o, *run.spec, *run.model, run.group.get(), run.printing);
   write_timeline(run.monitor->tracer(), o.metrics.trace_dir, run.rank, run.printing);
   print_final(run, summary);

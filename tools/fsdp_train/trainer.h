@@ -1,10 +1,11 @@
-// The training loop of fsdp-train: any registered model (models/model.h) on text as bytes or
+// The training loop of fsdp-train: any registered model (fsdp/models/model.h) on text as bytes or
 // tokens (sources.h), sharded with fully_shard along the model's shard plan (one unit per
 // transformer block plus the root) or, with no_fsdp, plain single-process LibTorch on the same
 // global batch, which is the reference every sharded run must reproduce.
 #pragma once
 
 #include <fsdp/comm/process_group.h>
+#include <fsdp/train/step_record.h>
 #include <train/job_config.h>
 
 #include <c10/core/ScalarType.h>
@@ -29,53 +30,6 @@ namespace fsdp::train {
 // of its K micro-batch losses; on fine-tuning data, the mean over the step's trained targets
 // (those not -100) of all K records: Hugging Face's `model(input_ids, labels=labels).loss` of
 // input_ids = inputs with one more token and labels = -100 followed by the targets.
-
-// One rank's numbers for a step, as written under "ranks" in the metrics file.
-struct RankStepStats {
-  int rank = 0;
-  int64_t param_bytes = 0;
-  int64_t grad_bytes = 0;
-  int64_t optim_bytes = 0;
-  int64_t peak_unsharded_bytes = 0;
-  int64_t all_gather_bytes = 0;
-  int64_t reduce_scatter_bytes = 0;
-  // All-reduce payload: gradients across replicas (no_shard, hybrid_shard), the gradient norm
-  // and, when the mesh's group is the world, the step's loss.
-  int64_t all_reduce_bytes = 0;
-  // whole_tensor: the broadcasts of parameters and the reduces of gradients to their owners.
-  int64_t broadcast_bytes = 0;
-  int64_t reduce_bytes = 0;
-  // What the process has measured of itself (Linux; 0 elsewhere): its peak resident memory so
-  // far (VmHWM), and the bytes it wrote during the step, to sockets and files alike
-  // (/proc/self/io wchar: the bytes every collective sent, plus the small metrics writes).
-  int64_t peak_rss_bytes = 0;
-  int64_t sent_bytes = 0;
-  // With --metrics, CPU tensors are counted by fsdp's counting allocator
-  // (include/fsdp/util/memory_counter.h): the most bytes alive at once in the process during
-  // the step (parameters and optimizer state included; what fsdp-estimate's total_bytes
-  // predicts), and the bytes autograd holds for backward at the end of the step's first
-  // forward (allocated by the compute thread during forward and still alive, minus the
-  // parameters gathered and communication buffers still held).
-  int64_t peak_alloc_bytes = 0;
-  int64_t activation_bytes = 0;
-};
-
-struct StepRecord {
-  int64_t step = 0;
-  double loss = 0;
-  double grad_norm = 0;
-  double tokens_per_s = 0;  // on fine-tuning data, trained (unmasked) targets per second
-  double step_s = 0;
-  double exposed_comm_s = 0;  // rank 0's time blocked on FSDP communication in the step
-  std::vector<RankStepStats> ranks;
-  double lr = 0;                   // the learning rate the step took
-  std::optional<double> val_loss;  // held-out loss after the step, when evaluated
-  // Steps skipped so far without an update: non-finite ones (--skip-nonfinite) and, under fp16,
-  // those whose gradients overflowed at the loss scale.
-  int64_t skipped_steps = 0;
-  std::optional<double> loss_scale;  // fp16: the scale this step's loss was multiplied by
-  int64_t units = 0;                 // FSDP units, the root included (0 under --no-fsdp)
-};
 
 struct TrainSummary {
   std::vector<StepRecord> steps;

@@ -1,8 +1,8 @@
 // Every multi-byte number is written byte by byte, low byte first, so the encoding does not
 // depend on the host's byte order. See [Note: TensorBoard events encoded by hand].
-#include <fsdp_train/tensorboard_event.h>
+#include <train/tensorboard_event.h>
 
-#include <fsdp_train/crc32c.h>
+#include <train/crc32c.h>
 
 #include <cstring>
 

@@ -27,7 +27,7 @@
 
 #include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/memory_estimate.h>
-#include <models/common/modules.h>
+#include <fsdp/models/unit_built.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>

@@ -1,6 +1,6 @@
 // The file is opened exclusively ("wx"): a second run into the same DIR never truncates an
 // earlier run's events, which TensorBoard shows side by side.
-#include <fsdp_train/tensorboard_writer.h>
+#include <train/tensorboard_writer.h>
 
 #include <c10/util/Exception.h>
 
@@ -30,9 +30,10 @@ std::FILE* open_new(const std::string& path) { return std::fopen(path.c_str(), "
 
 }  // namespace
 
-TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
-  TORCH_CHECK(::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST,
-              "--tensorboard: cannot create directory '", dir, "': ", std::strerror(errno));
+TensorBoardWriter::TensorBoardWriter(const std::string& dir, const std::string& name)
+    : name_(name) {
+  TORCH_CHECK(::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST, name_,
+              ": cannot create directory '", dir, "': ", std::strerror(errno));
   const double now = unix_seconds();
   const std::string base =
       dir + "/events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." + host_name();
@@ -42,7 +43,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
     path_ = base + "." + std::to_string(::getpid());
     file_.reset(open_new(path_));
   }
-  TORCH_CHECK(file_ != nullptr, "--tensorboard: cannot create event file '", path_,
+  TORCH_CHECK(file_ != nullptr, name_, ": cannot create event file '", path_,
               "': ", std::strerror(errno));
   write_record(file_version_event(now));
 }
@@ -54,7 +55,7 @@ void TensorBoardWriter::write_scalars(int64_t step, const std::vector<TensorBoar
 void TensorBoardWriter::write_record(const std::string& data) {
   const std::string record = tf_record(data);
   const bool written = std::fwrite(record.data(), 1, record.size(), file_.get()) == record.size();
-  TORCH_CHECK(written && std::fflush(file_.get()) == 0, "--tensorboard: cannot write '", path_,
+  TORCH_CHECK(written && std::fflush(file_.get()) == 0, name_, ": cannot write '", path_,
               "': ", std::strerror(errno));
 }
 

@@ -1,6 +1,10 @@
-// The JSON lines and the TensorBoard scalars come from the same StepRecord, so the two never
-// disagree; tests/tools/test_fsdp_train_tensorboard.cpp reads both back and compares them.
-#include <fsdp_train/step_metrics.h>
+// The sinks of fsdp/train/metrics_sink.h. The JSON lines and the TensorBoard scalars come from
+// the same StepRecord, so the two never disagree; tests/tools/test_fsdp_train_tensorboard.cpp
+// reads both back and compares them.
+#include <fsdp/train/metrics_sink.h>
+
+#include <train/tensorboard_event.h>
+#include <train/tensorboard_writer.h>
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
@@ -37,8 +41,6 @@ int64_t largest_peak_alloc_bytes(const std::vector<RankStepStats>& ranks) {
   return peak;
 }
 
-}  // namespace
-
 nlohmann::json to_json(const StepRecord& r) {
   nlohmann::json line = {{"step", r.step},
                          {"loss", r.loss},
@@ -69,20 +71,29 @@ std::vector<TensorBoardScalar> tensorboard_scalars(const StepRecord& r) {
   return scalars;
 }
 
-StepMetrics::StepMetrics(const MetricsConfig& metrics) {
-  if (!metrics.path.empty()) {
-    json_lines_.open(metrics.path, std::ios::out | std::ios::trunc);
-    TORCH_CHECK(json_lines_.good(), "cannot open --metrics file '", metrics.path, "' for writing");
-  }
-  if (!metrics.tensorboard_dir.empty()) tensorboard_.emplace(metrics.tensorboard_dir);
+}  // namespace
+
+std::string to_json_line(const StepRecord& record) { return to_json(record).dump(); }
+
+JsonLinesSink::JsonLinesSink(const std::string& path, const std::string& name)
+    : path_(path), out_(path, std::ios::out | std::ios::trunc) {
+  TORCH_CHECK(out_.good(), "cannot open ", name, " '", path, "' for writing");
 }
 
-void StepMetrics::write(const StepRecord& record) {
-  if (json_lines_.is_open()) {
-    json_lines_ << to_json(record).dump() << '\n';
-    json_lines_.flush();
-  }
-  if (tensorboard_) tensorboard_->write_scalars(record.step, tensorboard_scalars(record));
+void JsonLinesSink::write(const StepRecord& record) {
+  out_ << to_json_line(record) << '\n';
+  out_.flush();
+  TORCH_CHECK(out_.good(), "cannot write metrics file '", path_, "'");
 }
+
+TensorBoardSink::TensorBoardSink(const std::string& dir, const std::string& name)
+    : writer_(std::make_unique<TensorBoardWriter>(dir, name)) {}
+TensorBoardSink::~TensorBoardSink() = default;
+
+void TensorBoardSink::write(const StepRecord& record) {
+  writer_->write_scalars(record.step, tensorboard_scalars(record));
+}
+
+const std::string& TensorBoardSink::path() const { return writer_->path(); }
 
 }  // namespace fsdp::train

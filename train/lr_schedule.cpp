@@ -1,9 +1,10 @@
 // Learning-rate schedules: closed forms of the step, no state, so a resume restores the rate by
 // recomputing it. Warm-up takes precedence over every schedule; the schedules' progress counts
 // from the end of warm-up.
-#include <fsdp_train/schedule.h>
+#include <fsdp/train/lr_schedule.h>
 
 #include <c10/util/Exception.h>
+#include <torch/optim/optimizer.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +12,7 @@
 namespace fsdp::train {
 
 double lr_at(const LrSchedule& s, int64_t step) {
+  TORCH_CHECK(step >= 0, "lr_at: step must be non-negative, got ", step);
   if (step < s.warmup_steps) {
     return s.peak_lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
   }
@@ -31,6 +33,12 @@ double lr_at(const LrSchedule& s, int64_t step) {
     }
   }
   TORCH_INTERNAL_ASSERT(false, "unknown learning-rate schedule");
+}
+
+double apply_lr(torch::optim::Optimizer& optimizer, const LrSchedule& schedule, int64_t step) {
+  const double lr = lr_at(schedule, step);
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+  return lr;
 }
 
 }  // namespace fsdp::train

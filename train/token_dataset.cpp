@@ -8,7 +8,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <fsdp/data/labeled.h>
-#include <fsdp_train/data.h>
+#include <fsdp/train/token_dataset.h>
 
 #include <cerrno>
 #include <cstdio>

@@ -2,8 +2,8 @@
 // (the CRC catalogue's "123456789", RFC 3720's iSCSI test vectors), protobuf's wire format
 // against the examples of protobuf's encoding guide, and the record framing byte by byte. The
 // whole file is read back by TensorBoard itself in test_fsdp_train_tensorboard.cpp.
-#include <fsdp_train/crc32c.h>
-#include <fsdp_train/tensorboard_event.h>
+#include <train/crc32c.h>
+#include <train/tensorboard_event.h>
 
 #include <gtest/gtest.h>
 

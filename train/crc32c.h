@@ -2,7 +2,7 @@
 // masked form they store. No Debian package gives C++ a CRC-32C, so it is computed here: one
 // 256-entry table of the reflected polynomial 0x82F63B78, a byte at a time (an event file takes
 // a few hundred bytes per step, so speed does not matter). Checked against the published check
-// values in tests/tools/test_tensorboard_format.cpp.
+// values in tests/train/test_tensorboard_format.cpp.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,8 @@
-// Training data for fsdp-train: one flat sequence of token ids, either a text taken byte by byte
-// (ids 0..255) or a tokenized corpus (fsdp/data/corpus.h: documents already concatenated with
-// their BOS/EOS separators), and a training sample is a window of seq_len + 1 consecutive tokens.
+// A training data set as one flat sequence of token ids: a text taken byte by byte (ids
+// 0..255), or a tokenized corpus (fsdp/data/corpus.h: documents already concatenated with their
+// BOS/EOS separators), and a training sample is a window of seq_len + 1 consecutive tokens.
+// load_token_dataset reads it from text, JSON lines or llm.c token shards; fsdp/train/
+// data_loader.h walks it step by step.
 //
 // Every rank computes the same global batch from (seed, step) alone and keeps its own rows, so
 // the W micro-batches of a step, concatenated in rank order, are exactly the batch a single
@@ -18,6 +20,10 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+
+namespace fsdp::data {
+class Tokenizer;
+}  // namespace fsdp::data
 
 namespace fsdp::train {
 
@@ -75,5 +81,33 @@ int64_t trained_targets(const at::Tensor& targets);
 at::Tensor micro_batch(const at::Tensor& global, int64_t rank, int64_t world);
 std::pair<at::Tensor, at::Tensor> micro_batch(const std::pair<at::Tensor, at::Tensor>& global,
                                               int64_t rank, int64_t world);
+
+// Where load_token_dataset takes its tokens from, and how it names them.
+struct TokenSourceOptions {
+  // Tokenizes text and text JSON lines. (optional) defaults to none: a single text file is then
+  // taken byte by byte, and otherwise only token files are accepted (llm.c .bin shards, labeled
+  // ones too, and input_ids/labels .jsonl).
+  data::Tokenizer* tokenizer = nullptr;
+  // The field of a text .jsonl document. (optional) defaults to "text".
+  std::string text_field = "text";
+  // Every id must be below it (the model's vocabulary). (optional) defaults to 0: the
+  // tokenizer's vocabulary, or unchecked without one.
+  int64_t vocab_size = 0;
+  // What the spec is called in messages and in TokenDataset::source() (e.g. a flag's name).
+  // (optional) defaults to "data".
+  std::string name = "data";
+};
+
+// The tokens of spec: a path, or what fsdp::data::TokenCorpus takes (files comma-separated,
+// globs, sorted so that every rank reads the same files in the same order). Any fine-tuning
+// file (prompt/completion or labeled) makes the dataset labeled. A tokenized corpus is held as
+// int32 (every vocabulary we load is below 2^31); a text taken as bytes stays uint8. Throws
+// naming the file and what is wrong (missing, unreadable, an id out of range, several files of
+// text without a tokenizer).
+TokenDataset load_token_dataset(const std::string& spec, const TokenSourceOptions& options = {});
+
+// Whether spec names token files only (llm.c .bin shards and input_ids/labels .jsonl), which
+// need no tokenizer.
+bool names_token_files_only(const std::string& spec);
 
 }  // namespace fsdp::train

@@ -1,6 +1,6 @@
 // The table is built once, at first use, from the polynomial: entry b is the CRC register after
 // shifting the byte b through eight reflected steps, so each input byte then costs one lookup.
-#include <fsdp_train/crc32c.h>
+#include <train/crc32c.h>
 
 #include <array>
 
