@@ -15,8 +15,10 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -283,14 +285,25 @@ TEST(MultiHostTest, ACutLinkEndsEveryRankWithinTheTimeout) {
         slurm_launches(test::fsdp_train_binary() + kFlags + " --steps 100000 --timeout-s " +
                        std::to_string(timeout_s) + " --metrics " + metrics));
   });
-  // Cut the link once training is under way (a few steps in the metrics).
+  // Cut the link once training is under way (a few steps in the metrics). The metrics are being
+  // written meanwhile, so only complete lines are counted: parsing a half-written last line
+  // threw, and the exception left the test with `job` still running (std::terminate).
+  const auto complete_lines = [&metrics] {
+    std::ifstream in(metrics);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return std::count(text.begin(), text.end(), '\n');
+  };
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < give_up &&
-         (!test::exists(metrics) || test::read_json_lines(metrics).size() < 3)) {
+  while (std::chrono::steady_clock::now() < give_up && complete_lines() < 3) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::ofstream(marker) << "cut\n";
-  hosts.cut_link();
+  try {
+    hosts.cut_link();
+  } catch (...) {
+    job.join();  // the job ends at its own timeout; never leave it running
+    throw;
+  }
   job.join();
   const auto after = seconds_after(marker, outcomes);
   for (int r = 0; r < 4; ++r) {
