@@ -27,7 +27,7 @@ torch_prefix="$(.venv/bin/python3 -c 'import torch; print(torch.utils.cmake_pref
 torch_lib="$(.venv/bin/python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
 LD_LIBRARY_PATH="$torch_lib" "$prefix/bin/fsdp-train" --help >/dev/null
 # The compiler cache: see [Note: one compiler cache for every clone].
-FSDP_CCACHE_ROOT="$PWD" . scripts/lib/ccache_env.sh
+. scripts/lib/ccache_env.sh
 build_example() {  # build_example SOURCE_DIR BUILD_DIR
   cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER="${FSDP_CCACHE:-}" \
     -DCMAKE_PREFIX_PATH="$prefix;$torch_prefix" >/dev/null

@@ -73,7 +73,7 @@ else
 fi
 
 # The compiler cache, shared by every clone: see [Note: one compiler cache for every clone].
-FSDP_CCACHE_ROOT="$ROOT" . scripts/lib/ccache_env.sh
+. scripts/lib/ccache_env.sh
 # Without the cache, a .gch.sum left from a build with it would vouch for a newer .gch.
 [ -n "${FSDP_CCACHE:-}" ] || find build -name '*.gch.sum' -delete 2>/dev/null || true
 echo "== building (LibTorch from $prefix${FSDP_CCACHE:+, through ccache})"

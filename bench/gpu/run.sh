@@ -308,7 +308,7 @@ check_tools() {
 
 step_build() {
   # shellcheck source=scripts/lib/ccache_env.sh
-  FSDP_CCACHE_ROOT="$ROOT" . "$ROOT/scripts/lib/ccache_env.sh"
+  . "$ROOT/scripts/lib/ccache_env.sh"
   fn build_tools check_tools; check tools $? || return 1
   local torch_prefix
   torch_prefix="$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>&1)"

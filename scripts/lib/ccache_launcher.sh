@@ -15,6 +15,14 @@
 # serves. (scripts/run.sh deletes the sums when it builds without the cache, so a .gch rebuilt
 # then cannot inherit an old sum.)
 set -uo pipefail
+# ccache's settings come from here, not only from the script that configured the build: a
+# `make` run by hand in build/ (the edit loop) compiles through this launcher too, and without
+# them its objects were stored under absolute paths, a hit for no other clone (CI's build of the
+# same commit missed 137 of 230 objects, stop 36). See ccache_env.sh's
+# [Note: one compiler cache for every clone].
+CCACHE_BASEDIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+export CCACHE_BASEDIR CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-8G}"
+export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime,pch_external_checksum
 ccache "$@" || exit $?
 out="" dep="" prev=""
 for a in "$@"; do
@@ -27,7 +35,7 @@ case "$out" in *.gch) ;; *) exit 0 ;; esac
 # line, and the set of the headers' contents. A set, not a list: GCC's dependency file leaves out
 # a header whose twin (same bytes, same size and time: torch ships two python_stub.h) it already
 # read under #pragma once, and which twin it keeps differs between two installs of one wheel.
-python3 - "${CCACHE_BASEDIR:-/nonexistent}" "$dep" "$(command -v "$1")" "${@:2}" > "$out.sum" <<'PY'
+python3 - "$CCACHE_BASEDIR" "$dep" "$(command -v "$1")" "${@:2}" > "$out.sum" <<'PY'
 import hashlib, subprocess, sys
 base, dep, compiler, args = sys.argv[1].encode(), sys.argv[2], sys.argv[3], sys.argv[4:]
 text = open(dep).read().replace("\\\n", " ")

@@ -35,7 +35,7 @@ fi
 rm -rf "$work" && mkdir -p "$work/obj"
 # Each source compiled once, through the shared compiler cache (see
 # [Note: one compiler cache for every clone]), then each target linked with libFuzzer's main.
-FSDP_CCACHE_ROOT="$PWD" . scripts/lib/ccache_env.sh
+. scripts/lib/ccache_env.sh
 sanitizers="address,undefined -fno-sanitize-recover=undefined"
 compile() {  # compile SOURCE: prints the object's path
   local obj="$work/obj/$(echo "$1" | tr / _).o"
