@@ -2,13 +2,17 @@
 // - the timelines, on a made-up machine where every unit computes for a whole second and every
 //   collective takes a chosen time, against the schedule worked out by hand from the runtime's
 //   rules (prefetch on and off), and the planner's memory against the estimator's (one walk);
-// - the prediction against a measurement: fsdp-train --metrics on this machine against
-//   fsdp-plan with a hardware file that fsdp-plan --calibrate has just measured, as a ratio in
-//   one run (see [Note: the plan's validation is a ratio]); the absolute error of every strategy
-//   is bench/plan_validation.sh's, recorded in bench/RESULTS.md.
+// - what the plan counts, against independent counts: its bytes against fsdp-train's runtime on
+//   every rank, its FLOPs against torch's FlopCounterMode on transformers' model of the same
+//   config (see [Note: the plan is checked for what it counts; its timing is a benchmark]);
+//   how well the priced plan predicts a measured step is bench/plan_validation.sh's, recorded in
+//   bench/RESULTS.md.
 // Hardware files with a field missing or wrong are refused naming the field.
+#include "support/checkpoint_util.h"
+#include "support/reference_cache.h"
 #include "support/test_support.h"
 
+#include <fsdp/models/model.h>
 #include <fsdp/step_time_plan.h>
 
 #include <gmock/gmock.h>
@@ -168,81 +172,85 @@ std::string job_flags(const std::string& model) {
   return " --model " + model + " --global-batch 8 --seq-len 128 --prefetch 1";
 }
 
-// The fastest of steps 3..N of a fsdp-train --metrics file: other processes on the cores only
-// ever add time to a step.
-double fastest_step_s(const std::string& metrics) {
-  std::vector<double> steps;
-  const auto lines = read_json_lines(metrics);
-  for (size_t i = 2; i < lines.size(); ++i) steps.push_back(lines[i]["step_s"].get<double>());
-  EXPECT_GE(steps.size(), 4u) << metrics;
-  return steps.empty() ? 0 : *std::min_element(steps.begin(), steps.end());
+// One training step's FLOPs of each model (global batch 8 x 128 tokens), as torch's FlopCounterMode
+// counts them on the transformers model that our spec's config.json describes
+// (tests/tools/model_flops.py): {model: {"total", "by_op"}}.
+nlohmann::json torch_step_flops(const std::vector<std::string>& models) {
+  const std::string root = temp_dir("plan_flops"), configs = root + "/configs";
+  const std::string out = root + "/flops.json";
+  for (const std::string& model : models) {
+    EXPECT_TRUE(make_directories(configs + "/" + model));
+    std::ofstream(configs + "/" + model + "/config.json")
+        << models::model_spec(model)->hf_config_json(at::kFloat);
+  }
+  const ReferenceResult r =
+      run_reference(reference_python(), {FSDP_SOURCE_DIR "/tests/tools/model_flops.py",
+                                         "8 128 " + configs + " " + out,
+                                         {configs},
+                                         {out},
+                                         false,
+                                         300});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (r.exit_code != 0) return nlohmann::json::object();
+  std::ifstream in(out);
+  return nlohmann::json::parse(in);
 }
 
-// Trains `model` for 6 steps at W = 2 and returns its fastest step; the metrics stay in `metrics`.
-double train_fastest_step_s(const std::string& model, const std::string& metrics) {
+// fsdp-train's --metrics of one step of `model` at W = 2: its last line, with every rank's bytes.
+nlohmann::json trained_step(const std::string& model) {
+  const std::string metrics = temp_path(model + "_metrics.jsonl");
   const CommandResult r =
       run_command(program_path("fsdp-train") + " --nproc 2" + job_flags(model) +
-                      " --steps 6 --val-every 0 --quiet --metrics " + metrics + " 2>&1",
+                      " --steps 1 --val-every 0 --quiet --metrics " + metrics + " 2>&1",
                   120);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  return r.exit_code == 0 ? fastest_step_s(metrics) : 0;
+  return r.exit_code == 0 ? read_json_lines(metrics).back() : nlohmann::json::object();
 }
 
-// Plans `model`'s job with the hardware file `hw` and returns the predicted step time. The
-// planner's byte fields are the estimator's, which tests/estimate/ checks exactly; here only that
-// they come under fsdp-train's names for every rank. (all_reduce_bytes is left out: the runtime
-// also counts clipping's scalar all-reduce there, which the estimator does not.)
-double planned_step_s(const std::string& model, const std::string& hw, const std::string& metrics) {
-  const CommandResult r = run_command(program_path("fsdp-plan") + " --hardware " + hw +
-                                          " --world-size 2" + job_flags(model) + " --json 2>&1",
+// fsdp-plan --json for `model` at W = 2. The hardware file only prices the counts this test
+// checks, so the checked-in one serves.
+nlohmann::json planned_step(const std::string& model) {
+  const CommandResult r = run_command(program_path("fsdp-plan") +
+                                          " --hardware " FSDP_SOURCE_DIR
+                                          "/bench/hardware/dev_vm_2core.json --world-size 2" +
+                                          job_flags(model) + " --json 2>&1",
                                       60);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  if (r.exit_code != 0) return 0;
-  const nlohmann::json plan = nlohmann::json::parse(r.output);
-  EXPECT_EQ(plan["ranks"].size(), 2u);
-  const auto measured_rank = read_json_lines(metrics).back()["ranks"][0];
-  for (const char* key :
-       {"param_bytes", "grad_bytes", "optim_bytes", "all_gather_bytes", "reduce_scatter_bytes"}) {
-    EXPECT_EQ(plan["ranks"][0][key], measured_rank[key]) << model << ": " << key;
-  }
-  return plan["step_s"].get<double>();
+  return r.exit_code == 0 ? nlohmann::json::parse(r.output) : nlohmann::json::object();
 }
 
-// [Note: the plan's validation is a ratio]
-// A test shares the machine with whatever else runs (ctest -j2's other test, a build), and a
-// calibration taken under one load predicts a step measured under another: an absolute bound of
-// 15% failed whenever the load changed between the two. What the planner must get right on any
-// machine is how jobs compare, so the test holds the ratio of two models' step times, planned and
-// measured in one run, to 15%. The two models train in turns, twice, so a change of load falls on
-// both, and each one's fastest step is taken, which drops the spikes. `small` (GELU, LayerNorm,
-// width 384) and `llama-debug` (SiLU gating, RMSNorm, rotary, width 256) weigh matmuls, attention
-// and elementwise work differently, so a planner that mis-charged one kind of work would move
-// the ratio. The absolute error, on a quiet machine and for every strategy, is
-// bench/plan_validation.sh's table in bench/RESULTS.md.
-TEST(FsdpPlanValidation, PredictedStepTimeRatioIsWithin15PercentOfMeasured) {
-  const std::string hw = temp_path("hw.json");
-  const CommandResult r =
-      run_command(program_path("fsdp-plan") + " --calibrate --output " + hw + " 2>&1", 300);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+// [Note: the plan is checked for what it counts; its timing is a benchmark]
+// The planner's step time is what it counts (the bytes each collective moves, the FLOPs each
+// kernel does) priced by a hardware file. This test holds the counts exactly to independent ones:
+// the bytes to what fsdp-train's runtime reports on every rank, the FLOPs to torch's
+// FlopCounterMode over one training step of transformers' model for the same config.json, so a
+// planner that mis-counted a matmul, attention or the output head fails here on any machine.
+// How well the priced plan predicts a measured step is a benchmark: bench/plan_validation.sh,
+// every strategy at W = 1, 2 and 4, its table in bench/RESULTS.md. Until stop 36 this test also
+// timed it, as the ratio of two models' predicted and measured step times, and failed CI: on
+// the 2-core VM the machine's own speed moves by up to 40% within seconds (the fastest of 0.5 s
+// of 512 x 512 matmul calls: 6.9 to 9.7 ms over six rounds on an idle machine), so calibrations a
+// minute apart priced other work at 1.7, 5.1 and 19 GB/s and predicted ratios of 0.37 to 0.54,
+// while measurements gave 0.44 to 0.65. No tolerance that holds there would catch a real bug.
+TEST(FsdpPlanAccounting, FlopsAreTorchsCountAndBytesAreTheRuntimes) {
   const std::vector<std::string> models = {"small", "llama-debug"};
-  std::vector<double> measured(models.size(), 1e30);
-  for (int round = 0; round < 2; ++round) {
-    for (size_t m = 0; m < models.size(); ++m) {
-      const std::string metrics = temp_path(models[m] + "_metrics.jsonl");
-      measured[m] = std::min(measured[m], train_fastest_step_s(models[m], metrics));
-    }
-  }
-  std::vector<double> predicted;
+  const nlohmann::json flops = torch_step_flops(models);
   for (const std::string& model : models) {
-    predicted.push_back(planned_step_s(model, hw, temp_path(model + "_metrics.jsonl")));
+    SCOPED_TRACE(model);
+    const nlohmann::json plan = planned_step(model), measured = trained_step(model);
+    ASSERT_EQ(plan["ranks"].size(), 2u);
+    ASSERT_EQ(measured["ranks"].size(), 2u);
+    for (int rank = 0; rank < 2; ++rank) {
+      for (const char* key : {"param_bytes", "grad_bytes", "optim_bytes", "all_gather_bytes",
+                              "reduce_scatter_bytes"}) {
+        EXPECT_EQ(plan["ranks"][rank][key], measured["ranks"][rank][key])
+            << "rank " << rank << ": " << key;
+      }
+    }
+    // Integers below 2^53: the two counts are equal as doubles or the planner miscounts.
+    EXPECT_EQ(plan["model_flops_per_step"].get<double>(), flops.at(model).at("total").get<double>())
+        << "torch's count by op: " << flops.at(model).at("by_op").dump();
   }
-  ASSERT_GT(measured[0] * measured[1] * predicted[0] * predicted[1], 0);
-  std::cout << "llama-debug / small step time: predicted " << predicted[1] / predicted[0]
-            << ", measured " << measured[1] / measured[0] << "\n";
-  EXPECT_NEAR(predicted[1] / predicted[0], measured[1] / measured[0],
-              0.15 * measured[1] / measured[0])
-      << "llama-debug / small: predicted " << predicted[1] << " / " << predicted[0]
-      << " s, measured " << measured[1] << " / " << measured[0] << " s";
 }
 
 }  // namespace
