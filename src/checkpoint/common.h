@@ -98,6 +98,15 @@ void unless_failed(std::exception_ptr& error, Work&& work) {
   }
 }
 
+// One phase of a collective save or load: runs work on this rank, then agree()s on every
+// rank's outcome, so the ranks leave the phase together, all done or all throwing.
+template <class Work>
+void agreed_phase(ProcessGroup* group, const std::string& what, Work&& work) {
+  std::exception_ptr error;
+  unless_failed(error, std::forward<Work>(work));
+  agree(group, error, what);
+}
+
 // "[3, 4]".
 std::string shape_string(c10::IntArrayRef shape);
 

@@ -232,25 +232,19 @@ void publish(const DcpManifest& manifest, const std::string& root, const std::st
 }
 
 // Phase 1 on this rank: checks the options and lists the items to store; rank 0 also creates
-// tmp_dir (and its model/ and optim/). Returns this rank's failure, or null.
-std::exception_ptr plan(const torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                        ProcessGroup* group, const SaveOptions& options, const std::string& root,
-                        const std::string& tmp_dir, std::vector<LocalParam>& locals,
-                        std::vector<Item>& items) {
-  try {
-    detail::check_save_options(options);
-    locals = detail::local_params(model, group);
-    items = plan_items(locals, detail::as_adamw(optimizer));
-    if (group == nullptr || group->rank() == 0) {
-      detail::prepare_tmp_dir(root, tmp_dir);
-      for (const char* dir : {kDcpModelDir, kDcpOptimDir}) {
-        detail::make_directories(tmp_dir + "/" + dir);
-      }
+// tmp_dir (and its model/ and optim/).
+void plan(const torch::nn::Module& model, torch::optim::Optimizer* optimizer, ProcessGroup* group,
+          const SaveOptions& options, const std::string& root, const std::string& tmp_dir,
+          std::vector<LocalParam>& locals, std::vector<Item>& items) {
+  detail::check_save_options(options);
+  locals = detail::local_params(model, group);
+  items = plan_items(locals, detail::as_adamw(optimizer));
+  if (group == nullptr || group->rank() == 0) {
+    detail::prepare_tmp_dir(root, tmp_dir);
+    for (const char* dir : {kDcpModelDir, kDcpOptimDir}) {
+      detail::make_directories(tmp_dir + "/" + dir);
     }
-  } catch (...) {
-    return std::current_exception();
   }
-  return nullptr;
 }
 
 }  // namespace
@@ -268,43 +262,32 @@ SaveResult save_dcp_hf(const std::string& root, const torch::nn::Module& model,
   // Phase 1: plan; rank 0 prepares the temporary directory.
   std::vector<LocalParam> locals;
   std::vector<Item> items;
-  std::exception_ptr error = plan(model, optimizer, group, options, root, tmp_dir, locals, items);
-  detail::agree(group, error, what);
+  detail::agreed_phase(
+      group, what, [&] { plan(model, optimizer, group, options, root, tmp_dir, locals, items); });
   detail::check_same_on_every_rank(group, static_cast<int64_t>(items.size()),
                                    items_signature(items, locals), what);
-  try {
-    assign_writers(group, locals, items, rank);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  detail::agree(group, error, what);
+  detail::agreed_phase(group, what, [&] { assign_writers(group, locals, items, rank); });
 
   // Phase 2: every rank writes its chunks.
   int64_t bytes[2] = {0, 0};
-  try {
+  detail::agreed_phase(group, what, [&] {
     const std::string file = dcp_shard_file_name(rank);
     bytes[0] = static_cast<int64_t>(
         write_chunks(tmp_dir + "/" + kDcpModelDir + "/" + file, items, false, locals));
     bytes[1] = static_cast<int64_t>(
         write_chunks(tmp_dir + "/" + kDcpOptimDir + "/" + file, items, true, locals));
-  } catch (...) {
-    error = std::current_exception();
-  }
-  detail::agree(group, error, what);
+  });
 
   // Phase 3: rank 0 writes the manifest and publishes the checkpoint.
   const Gathered gathered = gather_files(group, bytes[0], bytes[1]);
   int64_t total = 0;
   for (int64_t b : gathered.bytes) total += b;
-  try {
+  detail::agreed_phase(group, what, [&] {
     if (rank == 0) {
       publish(build_manifest(options, world, gathered), root, tmp_dir, dir_name,
               options.keep_last());
     }
-  } catch (...) {
-    error = std::current_exception();
-  }
-  detail::agree(group, error, what);
+  });
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return {root + "/" + dir_name, total, seconds};
 }

@@ -419,20 +419,19 @@ ExportResult save_full(const std::string& path, const torch::nn::Module& model, 
   const std::string what = "exporting '" + path + "'";
   std::vector<LocalParam> locals;
   std::vector<bool> transposed;
-  std::exception_ptr error;
-  detail::unless_failed(error, [&] {
+  detail::agreed_phase(group, what, [&] {
     locals = detail::local_params(model, group);
     for (const auto& lp : locals) transposed.push_back(is_transposed(options.layout(), lp));
   });
-  detail::agree(group, error, what);
   std::vector<int64_t> layouts;
   std::vector<std::vector<detail::RowRange>> writers;
-  detail::unless_failed(error, [&] {
+  detail::agreed_phase(group, what, [&] {
     layouts = detail::gather_row_layouts(group, locals);
     writers = detail::choose_writers(layouts, locals, world);
   });
-  detail::agree(group, error, what);
 
+  // Rank 0 writes while every rank keeps gathering: its failure is agreed on at the end.
+  std::exception_ptr error;
   ExportFiles files;
   const std::string dir = detail::parent_directory(path);
   if (rank == 0)
@@ -452,8 +451,7 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
                const FullLayout& layout) {
   const int world = group ? group->size() : 1;
   const int rank = group ? group->rank() : 0;
-  std::exception_ptr error;
-  try {
+  detail::agreed_phase(group, "initializing from '" + path + "'", [&] {
     const FullSource source = open_full_source(path);
     const std::vector<LocalParam> locals = detail::local_params(model, group);
     std::vector<bool> transposed;
@@ -468,10 +466,7 @@ void load_full(const std::string& path, torch::nn::Module& model, ProcessGroup* 
           file->stored_checksum(entry->name).has_value() && static_cast<int>(i % world) == rank;
       load_param(lp, *file, *entry, transposed[i], verify);
     }
-  } catch (...) {
-    error = std::current_exception();
-  }
-  detail::agree(group, error, "initializing from '" + path + "'");
+  });
 }
 
 }  // namespace fsdp::checkpoint

@@ -548,47 +548,35 @@ SaveResult save_sharded(const std::string& root, const torch::nn::Module& model,
   std::vector<LocalParam> locals;
   std::vector<Slot> slots;
   torch::optim::AdamW* adamw = nullptr;
-  std::exception_ptr error;
-  try {
+  detail::agreed_phase(group, what, [&] {
     detail::check_save_options(options);
     adamw = detail::as_adamw(optimizer);
     locals = detail::local_params(model, group);
     slots = plan_slots(locals, adamw);
     if (rank == 0) detail::prepare_tmp_dir(root, tmp_dir);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  detail::agree(group, error, what);
+  });
   check_same_slots(group, slots, what);
   std::vector<std::vector<detail::RowRange>> writers;
-  try {
-    writers = assign_writers(group, locals, slots, world, rank);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  detail::agree(group, error, what);
+  detail::agreed_phase(group, what,
+                       [&] { writers = assign_writers(group, locals, slots, world, rank); });
 
   // Phase 2: every rank writes its file.
   std::vector<int64_t> mine(kHead + slots.size(), 0);
   const at::Tensor rng = detail::cpu_rng_state();
-  error = write_rank_file(group, tmp_dir, slots, options.step(), rank, world, rng, mine);
-  detail::agree(group, error, what);
+  detail::agree(
+      group, write_rank_file(group, tmp_dir, slots, options.step(), rank, world, rng, mine), what);
   const Gathered all = gather_records(group, world, mine, rng);
   const auto* v = all.records.const_data_ptr<int64_t>();
   int64_t total_bytes = 0;
   for (int r = 0; r < world; ++r) total_bytes += v[r * mine.size()];
 
   // Phase 3: rank 0 writes the index and publishes the checkpoint.
-  try {
-    if (rank == 0) {
-      const CheckpointIndex index =
-          build_index(options, world, mine, all, slots, writers, locals, adamw);
-      publish(index, root, tmp_dir, dir_name, options.keep_last());
-    }
-  } catch (...) {
-    error = std::current_exception();
-  }
-  detail::agree(group, error, what);
+  detail::agreed_phase(group, what, [&] {
+    if (rank != 0) return;
+    const CheckpointIndex index =
+        build_index(options, world, mine, all, slots, writers, locals, adamw);
+    publish(index, root, tmp_dir, dir_name, options.keep_last());
+  });
   return {final_dir, total_bytes, seconds_since(start)};
 }
 
