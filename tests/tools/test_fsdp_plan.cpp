@@ -233,7 +233,8 @@ nlohmann::json planned_step(const std::string& model) {
 // minute apart priced other work at 1.7, 5.1 and 19 GB/s and predicted ratios of 0.37 to 0.54,
 // while measurements gave 0.44 to 0.65. No tolerance that holds there would catch a real bug.
 TEST(FsdpPlanAccounting, FlopsAreTorchsCountAndBytesAreTheRuntimes) {
-  const std::vector<std::string> models = {"small", "llama-debug"};
+  // GPT-2; Llama; Llama with grouped-query attention (4 heads, 2 key-value heads).
+  const std::vector<std::string> models = {"small", "llama-debug", "llama-tiny"};
   const nlohmann::json flops = torch_step_flops(models);
   for (const std::string& model : models) {
     SCOPED_TRACE(model);
