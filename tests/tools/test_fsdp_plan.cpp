@@ -19,9 +19,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <fstream>
-#include <iostream>
 #include <string>
 #include <vector>
 
@@ -242,6 +240,8 @@ TEST(FsdpPlanAccounting, FlopsAreTorchsCountAndBytesAreTheRuntimes) {
     ASSERT_EQ(plan["ranks"].size(), 2u);
     ASSERT_EQ(measured["ranks"].size(), 2u);
     for (int rank = 0; rank < 2; ++rank) {
+      // all_reduce_bytes is left out: the runtime also counts clipping's scalar all-reduce
+      // there, which the estimator does not.
       for (const char* key : {"param_bytes", "grad_bytes", "optim_bytes", "all_gather_bytes",
                               "reduce_scatter_bytes"}) {
         EXPECT_EQ(plan["ranks"][rank][key], measured["ranks"][rank][key])

@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -289,8 +288,7 @@ TEST(MultiHostTest, ACutLinkEndsEveryRankWithinTheTimeout) {
   // written meanwhile, so only complete lines are counted: parsing a half-written last line
   // threw, and the exception left the test with `job` still running (std::terminate).
   const auto complete_lines = [&metrics] {
-    std::ifstream in(metrics);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string text = test::read_bytes(metrics);
     return std::count(text.begin(), text.end(), '\n');
   };
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
