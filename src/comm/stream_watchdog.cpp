@@ -88,7 +88,7 @@ void StreamWatchdog::sweep() {
       continue;
     }
     try {
-      on_expired_(timeout_message(entry.op, how_));
+      on_expired_(timeout_message(entry.op, entry.op.how.empty() ? how_ : entry.op.how));
     } catch (const std::exception&) {
       // The handler breaks the group, best effort; an exception must not end this thread (and
       // with it the process), nor stop the other ops' deadlines.

@@ -38,6 +38,9 @@ struct TimedOp {
   std::string unit;    // "h.3"; "" when the op had no label
   std::string peer;    // "rank 1", or "another rank" when W > 2
   std::chrono::milliseconds timeout{0};
+  // Ends the message in place of the watchdog's own how, for an op watched for another reason
+  // (see [Note: a deadline for the issue] in nccl/nccl_process_group.cpp); "" for the default.
+  std::string how;
 };
 
 // The message above; how is appended as is (e.g. " (the NCCL communicator was aborted)").

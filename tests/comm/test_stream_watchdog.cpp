@@ -71,7 +71,11 @@ class Reports {
 TimedOp op_of_unit(const std::string& unit, int rank = 0, int size = 2,
                    milliseconds timeout = milliseconds(300)) {
   return TimedOp{"fsdp: rank " + std::to_string(rank) + " of " + std::to_string(size) + ": ",
-                 "all_gather_into_tensor", unit, timeout_peer(rank, size), timeout};
+                 "all_gather_into_tensor",
+                 unit,
+                 timeout_peer(rank, size),
+                 timeout,
+                 ""};
 }
 
 // Waits until the watchdog let go of every op, up to 5 s.
@@ -95,6 +99,20 @@ TEST(StreamWatchdog, OpPastItsDeadlineIsReportedOnceNamingRankOpUnitAndTimeout) 
               ElementsAre("fsdp: rank 0 of 2: all_gather_into_tensor of unit 'h.3' timed out "
                           "after 300 ms waiting for rank 1 (the test's watchdog)"));
   EXPECT_EQ(watchdog.watched(), 0u);
+}
+
+// The NCCL backend watches the issue of a collective with a message of its own ([Note: a
+// deadline for the issue]): an op's own how replaces the watchdog's.
+TEST(StreamWatchdog, OpWithItsOwnHowEndsTheMessageWithIt) {
+  Reports reports;
+  StreamWatchdog watchdog(reports.handler(), kHow, kPoll);
+  TimedOp op = op_of_unit("h.2");
+  op.how = " (blocked in the issue)";
+  watchdog.watch(std::make_shared<FakeWork>(), op, Clock::now() + milliseconds(100));
+  ASSERT_EQ(reports.wait_for(1), 1u);
+  EXPECT_THAT(reports.messages(),
+              ElementsAre("fsdp: rank 0 of 2: all_gather_into_tensor of unit 'h.2' timed out "
+                          "after 300 ms waiting for rank 1 (blocked in the issue)"));
 }
 
 TEST(StreamWatchdog, MessageLeavesOutAMissingUnitAndNamesNoPeerAmongMany) {

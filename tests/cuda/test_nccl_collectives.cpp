@@ -229,6 +229,27 @@ void progress(int rank, const char* what) {
   std::cerr << "rank " << rank << ": " << what << std::endl;
 }
 
+// Rank 0's side of the first all-reduce on a group, which rank 1 never joins: NCCL connects
+// the peers inside the issue and blocks there (see [Note: a deadline for the issue]); the
+// watchdog must abort it at the deadline, and the call throw the timeout message.
+void check_issue_timeout(ProcessGroup& group) {
+  at::Tensor t = at::ones({16}, at::TensorOptions(group.device()));
+  const std::string message = error_message([&] { group.all_reduce(t, ReduceOp::kSum)->wait(); });
+  child_check(message.find("fsdp: rank 0 of 2: all_reduce timed out after 3000 ms waiting for "
+                           "rank 1 (blocked in NCCL's issue") != std::string::npos,
+              "issue timeout message: '" + message + "'");
+}
+
+// Rank 0's side of a collective rank 1 never joins, on a connected group: wait() must give up
+// at the deadline.
+void check_host_wait_timeout(ProcessGroup& group) {
+  at::Tensor t = at::ones({16}, at::TensorOptions(group.device()));
+  const std::string message = error_message([&] { group.all_reduce(t, ReduceOp::kSum)->wait(); });
+  child_check(message.find("fsdp: rank 0 of 2: all_reduce timed out after 3000 ms waiting for "
+                           "rank 1 (the NCCL communicator was aborted)") != std::string::npos,
+              "host wait timeout message: '" + message + "'");
+}
+
 // Rank 0's side of a collective rank 1 never joins, waited on through a stream as the runtime
 // does on a device: wait_on_stream() returns at once, and once the deadline (3 s) has passed
 // the watchdog has broken the group with a message naming the unit, which the next call throws.
@@ -287,20 +308,23 @@ int child_main() {
   }
 
   progress(env.rank, "broadcast over a split");
-  // A collective rank 1 never joins: rank 0's wait must give up after the timeout, naming the
-  // rank and the op. Rank 1 stays alive meanwhile (a dead peer would fail it sooner, another way).
+  // Collectives rank 1 never joins: rank 0 must give up after the timeout, naming the rank and
+  // the op. Rank 1 stays alive meanwhile (a dead peer would fail it sooner, another way).
   ProcessGroupOptions short_options = options;
   short_options.timeout = std::chrono::seconds(3);
+  auto at_issue = init_process_group(store, env.rank, env.world_size, short_options);
   auto lonely = init_process_group(store, env.rank, env.world_size, short_options);
   auto lonely_on_stream = init_process_group(store, env.rank, env.world_size, short_options);
+  // Both ranks use the all-reduce once on these two, so that NCCL has connected its peers and
+  // rank 0's lone call below waits on the device, not in its issue.
+  for (auto* group : {lonely.get(), lonely_on_stream.get()}) {
+    group->all_reduce(at::ones({16}, at::TensorOptions(group->device())), ReduceOp::kSum)->wait();
+  }
   progress(env.rank, "connected the groups that time out");
   if (env.rank == 0) {
-    at::Tensor t = at::ones({16}, at::TensorOptions(lonely->device()));
-    const std::string message =
-        error_message([&] { lonely->all_reduce(t, ReduceOp::kSum)->wait(); });
-    child_check(message.find("fsdp: rank 0 of 2: all_reduce timed out after 3000 ms waiting for "
-                             "rank 1") != std::string::npos,
-                "timeout message: '" + message + "'");
+    check_issue_timeout(*at_issue);
+    progress(env.rank, "checked a timeout in the issue");
+    check_host_wait_timeout(*lonely);
     progress(env.rank, "checked a host wait's timeout");
     check_stream_wait_timeout(*lonely_on_stream);
     progress(env.rank, "checked a stream-ordered wait's timeout");

@@ -13,7 +13,8 @@
 //   the gloo and MPI backends'. wait_on_stream() leaves the host free, so the group's
 //   StreamWatchdog applies the same deadline to it (see [Note: a deadline for stream-ordered
 //   waits]). c10d's own watchdog gets a longer timeout (kWatchdogSlack more), so ours speaks
-//   first.
+//   first. The issue itself is held to the same deadline: NCCL may block in it, connecting
+//   peers (see [Note: a deadline for the issue]).
 // - The first failure breaks the group for good, as for every backend: later calls throw
 //   quoting it.
 // - Reduce-scatter is NCCL's own (ncclReduceScatter): each rank sends (W-1)/W of the input.
@@ -64,6 +65,9 @@ constexpr auto kPollInterval = std::chrono::microseconds(50);
 constexpr const char* kWaitAborted = " (the NCCL communicator was aborted)";
 constexpr const char* kStreamWaitAborted =
     " (a stream-ordered wait; the fsdp watchdog aborted the NCCL communicator)";
+constexpr const char* kIssueAborted =
+    " (blocked in NCCL's issue of the op, which connects the peers an algorithm needs on its "
+    "first use; the fsdp watchdog aborted the NCCL communicator)";
 
 // Runs fn, a call into c10d that starts an operation, one at a time per process: c10d's flight
 // recorder is one per process and registers a group on its first collective without a lock
@@ -107,6 +111,12 @@ struct NcclState {
       // The abort is best effort; the error the caller gets is the op's.
     }
     return message;
+  }
+
+  // The first failure's message; empty while healthy.
+  std::string broken_by() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return broken;
   }
 
   void check_healthy(const char* op) {
@@ -196,8 +206,8 @@ class NcclWork final : public Work, public std::enable_shared_from_this<NcclWork
   }
 
   TimedOp timed_op() const {
-    return TimedOp{state_->prefix, op_, unit_, timeout_peer(state_->rank, state_->size),
-                   state_->timeout};
+    return TimedOp{state_->prefix,  op_, unit_, timeout_peer(state_->rank, state_->size),
+                   state_->timeout, ""};
   }
 
   // Hands this op to the group's watchdog, the first time only. A group already destroyed has
@@ -229,6 +239,26 @@ class NcclWork final : public Work, public std::enable_shared_from_this<NcclWork
   std::atomic<bool> done_{false};
   bool watched_ = false;
   std::exception_ptr error_;
+};
+
+// [Note: a deadline for the issue]
+// NCCL (2.22 and later, NCCL_RUNTIME_CONNECT on by default) connects a communicator's peers for
+// an algorithm the first time a collective uses it, on the host, inside the issuing call. A
+// peer that never issues that collective leaves the caller blocked in NCCL, where neither
+// wait()'s deadline nor the watchdog's can reach it: the first H200 runs saw rank 0 of the
+// two-process test stuck there until the test's own limit killed it, our timeout never said.
+// So the issue is watched as well: an IssueInFlight, complete once the call has returned, goes
+// to the group's watchdog with the op's deadline. Its expiry breaks the group and aborts the
+// communicator, which releases the blocked call (NCCL's abort is meant to be called from
+// another thread for this); issue() then throws the timeout message.
+class IssueInFlight final : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return returned_.load(); }
+  void returned() { returned_.store(true); }
+
+ private:
+  std::atomic<bool> returned_{false};
 };
 
 // [Note: host tensors over NCCL]
@@ -467,13 +497,25 @@ class NcclProcessGroup final : public ProcessGroup {
                    const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                    std::function<void()> on_success) {
     state_->check_healthy(op);
+    // Watched while it runs (see [Note: a deadline for the issue]).
+    auto in_flight = std::make_shared<IssueInFlight>();
+    watchdog_->watch(
+        in_flight,
+        TimedOp{state_->prefix, op, CollectiveLabel::current(),
+                timeout_peer(state_->rank, state_->size), state_->timeout, kIssueAborted},
+        Clock::now() + state_->timeout);
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = issue_c10d(start);
     } catch (const std::exception& e) {
+      in_flight->returned();
       TORCH_CHECK(false,
                   state_->fail(state_->prefix + op + " failed to start: " + error_message(e)));
     }
+    in_flight->returned();
+    // The watchdog's abort released a blocked issue: its message is the op's error.
+    const std::string broken_by = state_->broken_by();
+    TORCH_CHECK(broken_by.empty(), broken_by);
     return std::make_shared<NcclWork>(state_, op, std::move(work), std::move(tensors),
                                       std::move(on_success));
   }

@@ -26,7 +26,9 @@ namespace fsdp::detail {
 // aborting the communicator: the group is broken from then on); after it returns, the caller's
 // current CUDA stream is ordered after the op too. Work::wait_on_stream() returns at once; the
 // group's watchdog then applies the same deadline, and on expiry breaks the group (the next
-// call throws the timeout message) and aborts the communicator.
+// call throws the timeout message) and aborts the communicator. A collective whose issue
+// blocks in NCCL past the deadline (a peer that never joins its first use of an algorithm)
+// throws the same way from the call itself.
 std::shared_ptr<ProcessGroup> make_nccl_process_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                       int rank, int world_size,
                                                       const ProcessGroupOptions& options);
