@@ -159,8 +159,6 @@ struct ShardedParameter {
   ShardMetadata metadata;
 };
 
-class ScheduleRecorder;  // fsdp/runtime/stream_schedule.h
-
 namespace detail {
 class ParamGroup;
 }
@@ -272,14 +270,10 @@ class FSDPModule {
   // backward pass.
   void set_all_reduce_hook(std::function<void(at::Tensor&)> hook);
 
-  // On the root: reports every stream op the tree issues from now on to recorder (not owned; it
-  // must outlive the recording), or stops with nullptr. For tests and debugging: the ops a step
-  // issues, comparable with build_stream_schedule's. Throws during a backward pass.
-  void set_schedule_recorder(ScheduleRecorder* recorder);
-
-  // Where this unit reports from now on (FullyShardOptions::observer; null: nowhere). Throws
-  // during a step, or while the unit holds unsharded parameters or unsynced gradients (their
-  // bytes are on the old observer's books).
+  // Where this unit reports from now on (FullyShardOptions::observer; null: nowhere); on the
+  // root, the tree's stream ops too (RuntimeObserver::stream_op). Throws during a step, or
+  // while the unit holds unsharded parameters or unsynced gradients (their bytes are on the old
+  // observer's books).
   void set_observer(std::shared_ptr<RuntimeObserver> observer);
   const std::shared_ptr<RuntimeObserver>& observer() const;
 

@@ -20,7 +20,8 @@ std::string schedule_name(const char* base, const std::string& unit, const char*
   return phase == nullptr ? out : out + "@" + phase;
 }
 
-DeviceStreams::DeviceStreams(c10::Device device) : device_(device) {
+DeviceStreams::DeviceStreams(c10::Device device, RuntimeObserver& observer)
+    : device_(device), observer_(&observer) {
   if (device.is_cpu()) return;
   const c10::impl::VirtualGuardImpl impl(device.type());
   const c10::Stream current = impl.getStream(device);
@@ -98,7 +99,7 @@ DeviceStreams::Op::Op(DeviceStreams& streams, ScheduleStream role, ScheduleOpKin
 DeviceStreams::Op::~Op() {
   if (outermost_) streams_.compute_.reset();
   if (!log_ || std::uncaught_exceptions() > uncaught_) return;
-  streams_.recorder_->record(std::move(*log_), unit_);
+  streams_.observer_->stream_op(std::move(*log_), unit_);
 }
 
 std::string DeviceStreams::Op::named(const char* base, const char* phase) const {

@@ -11,10 +11,11 @@
 //
 // On a device without streams (CPU) every stream is the calling thread, work runs in program
 // order, no event exists and a release frees at once: the runtime's CPU work and its order are
-// what they were before streams existed. Either way, each op is reported to a ScheduleRecorder
-// when one is set; with none, an op costs a branch.
+// what they were before streams existed. Either way, each op is reported to the root unit's
+// observer when it records the schedule (RuntimeObserver::stream_op); else an op costs a branch.
 #pragma once
 
+#include <fsdp/runtime/observer.h>
 #include <fsdp/runtime/stream_schedule.h>
 
 #include <ATen/core/Tensor.h>
@@ -32,25 +33,26 @@
 namespace fsdp::detail {
 
 // A recorded event, shared by the ops that wait on it. Empty (no c10::Event) on a device without
-// streams; named only while a recorder is set.
+// streams; named only while the schedule is recorded.
 struct StreamEvent {
   std::shared_ptr<c10::Event> event;
   std::string name;
 };
 
-// "base[unit]" or "base[unit]@phase": a buffer's or event's name in the recorder's log.
+// "base[unit]" or "base[unit]@phase": a buffer's or event's name in the recorded schedule.
 std::string schedule_name(const char* base, const std::string& unit, const char* phase = nullptr);
 
 class DeviceStreams {
  public:
-  explicit DeviceStreams(c10::Device device);
+  DeviceStreams(c10::Device device, RuntimeObserver& observer);
 
   c10::Device device() const { return device_; }
   // True on a device without streams: waits, records and guards do nothing.
   bool in_program_order() const { return !pool_.has_value(); }
 
-  void set_recorder(ScheduleRecorder* recorder) { recorder_ = recorder; }
-  bool recording() const { return recorder_ != nullptr; }
+  // The root unit's observer: it receives the stream ops while it records the schedule.
+  void bind_observer(RuntimeObserver& observer) { observer_ = &observer; }
+  bool recording() const { return observer_->records_schedule(); }
 
   // The stream a role runs on: compute is the calling thread's current stream.
   c10::Stream stream(ScheduleStream role) const;
@@ -83,7 +85,7 @@ class DeviceStreams {
   c10::Device device_;
   // The four side streams; nullopt on a device without streams.
   std::optional<std::array<c10::Stream, kScheduleStreams>> pool_;
-  ScheduleRecorder* recorder_ = nullptr;
+  RuntimeObserver* observer_;
   std::vector<Deferred> deferred_;
   // The compute stream while an Op guards another stream current; nullopt outside any Op.
   std::optional<c10::Stream> compute_;
@@ -92,8 +94,8 @@ class DeviceStreams {
 
 // One op on one stream, as stream_schedule.h describes it: the stream waits on events, the work
 // (the caller's code while the Op lives) runs with that stream current, then an event may be
-// recorded. Reads, writes and frees are only named for the recorder. The op is reported when the
-// Op ends, unless an exception is unwinding (then the step is abandoned anyway).
+// recorded. Reads, writes and frees are only named for the recorded schedule. The op is reported
+// when the Op ends, unless an exception is unwinding (then the step is abandoned anyway).
 class DeviceStreams::Op {
  public:
   // report = false: the op does its stream work but is not reported (a unit with nothing
@@ -108,7 +110,7 @@ class DeviceStreams::Op {
   Op& wait(const StreamEvent& event);
   // The step's first copy-in: records an event on compute and waits on it.
   Op& wait_for_step_begin();
-  // Names, for the recorder only.
+  // Names, for the recorded schedule only.
   Op& reads(const char* base, const char* phase = nullptr);
   Op& writes(const char* base, const char* phase = nullptr);
   Op& frees(const char* base, const char* phase = nullptr);

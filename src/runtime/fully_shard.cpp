@@ -355,8 +355,4 @@ void FSDPModule::set_observer(std::shared_ptr<RuntimeObserver> observer) {
 
 const std::shared_ptr<RuntimeObserver>& FSDPModule::observer() const { return group_->observer(); }
 
-void FSDPModule::set_schedule_recorder(ScheduleRecorder* recorder) {
-  group_->set_schedule_recorder(recorder);
-}
-
 }  // namespace fsdp

@@ -230,6 +230,9 @@ void ParamGroup::set_observer(std::shared_ptr<RuntimeObserver> observer) {
               "sharded, with no gradients kept unsynced");
   options_.observer(std::move(observer));
   unit_.bind_observer(observer_or_none(options_.observer()));
+  // The tree's streams report to the root's observer (before lazy init, each unit is the root
+  // of a tree of its own).
+  if (!in_tree_ || is_root()) tree().streams().bind_observer(observer_or_none(options_.observer()));
 }
 
 void ParamGroup::set_requires_gradient_sync(bool sync) {
@@ -283,13 +286,6 @@ void ParamGroup::check_root_only(const char* setter) const {
 void ParamGroup::set_implicit_prefetch(int count) {
   check_root_only("set_implicit_prefetch");
   tree().set_implicit_prefetch(count);
-}
-
-void ParamGroup::set_schedule_recorder(ScheduleRecorder* recorder) {
-  check_root_only("set_schedule_recorder");
-  check_not_in_backward(recorder != nullptr ? "set_schedule_recorder(recorder)"
-                                            : "set_schedule_recorder(nullptr)");
-  tree().streams().set_recorder(recorder);
 }
 
 void ParamGroup::set_is_last_backward(bool last) {

@@ -174,8 +174,6 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   bool is_root() const { return in_tree_ && &tree_->root() == this; }
   // Whether the sharded state lives in host memory while the mesh computes on a device.
   bool offloads_to_host() const { return offload_to_host_; }
-  // See FSDPModule::set_schedule_recorder. Throws on a unit that is not its tree's root.
-  void set_schedule_recorder(ScheduleRecorder* recorder);
   TrainingState training_state() const { return training_state_; }
   ShardedState sharded_state() const { return sharded_state_; }
 
@@ -224,7 +222,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   at::Tensor flat_shards_;        // every parameter's padded shard, concatenated
   bool offload_to_host_ = false;  // flat_shards_ (and so gradients) on the host, mesh on a device
   // The phase ("fwd", "bwd") of the gather whose values the unsharded parameters hold; null
-  // while sharded or unsharded without a gather (one rank). Names buffers for the recorder.
+  // while sharded or unsharded without a gather (one rank). Names buffers for the recorded
+  // schedule.
   const char* unsharded_phase_ = nullptr;
   // hpZ: the group of N ranks that gathers for backward (null unless reshard_after_forward
   // is an N with 1 < N < W), and in kPostForwardPiece this rank's piece of the unsharded
@@ -246,7 +245,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   bool is_top_ = true;    // no enclosing module is fully_shard'ed (set_path)
   bool in_tree_ = false;  // joined a tree (the root's lazy_init)
   // The tree's shared state, or this unit's own until it joins a tree.
-  std::shared_ptr<RootState> tree_ = std::make_shared<RootState>(*this, mesh_.device());
+  std::shared_ptr<RootState> tree_ =
+      std::make_shared<RootState>(*this, mesh_.device(), observer_or_none(options_.observer()));
   UnitContext unit_{label_, mesh_, tree_->streams(), observer_or_none(options_.observer())};
   // The placement: the all-gather (or broadcasts) and copy-out (unsharder.h).
   std::unique_ptr<Unsharder> unsharder_;

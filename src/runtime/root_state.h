@@ -6,9 +6,9 @@
 // in no tree, so that the tree-wide settings given to the outermost unit before its first
 // forward have somewhere to live. On the root's first forward, lazy_init binds every unit at or
 // under the root's module to the root's; the others' own are dropped. A unit reaches its tree
-// only through ParamGroup::tree(). The tree-wide settings (implicit prefetch, is_last_backward,
-// the schedule recorder) are set through the root unit only: ParamGroup throws for any other,
-// whose setting would otherwise be lost.
+// only through ParamGroup::tree(). The tree-wide settings (implicit prefetch, is_last_backward)
+// are set through the root unit only: ParamGroup throws for any other, whose setting would
+// otherwise be lost. The tree's stream ops go to the root's observer.
 //
 // Within one training step the root:
 //   - starts the step (begin_step, in the root's pre-forward): units that a forward left
@@ -44,8 +44,10 @@ class ParamGroup;
 
 class RootState : public std::enable_shared_from_this<RootState> {
  public:
-  // The state of the tree root would be the root of, made by root itself (not yet bound).
-  RootState(ParamGroup& root, c10::Device device) : root_(root), streams_(device) {}
+  // The state of the tree root would be the root of, made by root itself (not yet bound);
+  // observer is root's, to which the tree's stream ops go.
+  RootState(ParamGroup& root, c10::Device device, RuntimeObserver& observer)
+      : root_(root), streams_(device, observer) {}
   RootState(const RootState&) = delete;
   RootState& operator=(const RootState&) = delete;
 

@@ -83,10 +83,11 @@ class SpanScope {
       : unit_(unit),
         category_(category),
         name_(name),
-        begin_(unit.observer().records_spans() ? RuntimeObserver::Clock::now()
-                                               : RuntimeObserver::Clock::time_point{}) {}
+        recording_(unit.observer().records_spans()),
+        begin_(recording_ ? RuntimeObserver::Clock::now() : RuntimeObserver::Clock::time_point{}) {}
+  // See [Note: a scope reports only what it timed] (fsdp/util/trace.h).
   ~SpanScope() {
-    if (unit_.observer().records_spans()) {
+    if (recording_ && unit_.observer().records_spans()) {
       unit_.span(category_, name_, begin_, RuntimeObserver::Clock::now());
     }
   }
@@ -97,6 +98,7 @@ class SpanScope {
   const UnitContext& unit_;
   const char* category_;
   const char* name_;
+  bool recording_;
   RuntimeObserver::Clock::time_point begin_;
 };
 

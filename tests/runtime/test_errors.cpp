@@ -73,11 +73,8 @@ TEST(FullyShardErrors, TreeWideSettersOnANestedUnit) {
                 not_root("set_is_last_backward"));
     EXPECT_THAT(test::error_message([&] { nested.set_implicit_prefetch(0); }),
                 not_root("set_implicit_prefetch"));
-    EXPECT_THAT(test::error_message([&] { nested.set_schedule_recorder(nullptr); }),
-                not_root("set_schedule_recorder"));
     root.set_is_last_backward(true);
     root.set_implicit_prefetch(1);
-    root.set_schedule_recorder(nullptr);
   });
 }
 

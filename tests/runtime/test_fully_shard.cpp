@@ -5,6 +5,7 @@
 #include "support/test_support.h"
 
 #include <fsdp/fully_shard.h>
+#include <fsdp/util/trace.h>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -299,6 +300,26 @@ struct CountingObserver : RuntimeObserver {
     if (std::string(category) == "compute") ++compute_spans;
   }
 };
+
+// [Note: a scope reports only what it timed]: a scope opened while the tracer was off and
+// closed after it was turned on has no begin time, and must not report an event from the
+// clock's epoch.
+TEST(TraceScope, ReportsOnlyAScopeThatBeganAndEndedWhileTracing) {
+  Tracer tracer;
+  {
+    TraceScope opened_while_off(tracer, "compute", "optimizer step");
+    tracer.enable();
+  }
+  EXPECT_EQ(tracer.size(), 0u);
+  {
+    TraceScope opened_while_on(tracer, "compute", "optimizer step");
+    tracer.enable(false);
+  }
+  EXPECT_EQ(tracer.size(), 0u);
+  tracer.enable();
+  { TraceScope traced(tracer, "compute", "optimizer step"); }
+  EXPECT_EQ(tracer.size(), 1u);
+}
 
 TEST(FullyShardObserver, ReportsBalanceSpansOnRequestAndChangesOnlyBetweenSteps) {
   run_ranks_in_threads(2, [](std::shared_ptr<ProcessGroup> group) {

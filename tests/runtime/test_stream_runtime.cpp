@@ -1,5 +1,6 @@
 // The runtime against the stream schedule as data: a real training step, ranks as threads over
-// gloo, reports every stream op it issues (FSDPModule::set_schedule_recorder), and that log must
+// gloo, reports every stream op it issues to the root's observer (RuntimeObserver::stream_op),
+// and that log must
 // equal build_stream_schedule's for the same units and options, op for op, and pass
 // check_schedule. This ties the schedule to the code that issues it. On CPU the streams are the
 // calling thread and the ops run in program order; the log is the order and the events a device
@@ -7,6 +8,7 @@
 #include "support/harness.h"
 
 #include <fsdp/fully_shard.h>
+#include <fsdp/runtime/observer.h>
 #include <fsdp/runtime/stream_schedule.h>
 
 #include <ATen/ATen.h>
@@ -58,9 +60,10 @@ TORCH_MODULE(StepNet);
 constexpr int64_t kWidth = 8;
 
 // Collects one rank's ops, with the unit paths "blocks.i" turned into the schedule's indices.
-class Log : public ScheduleRecorder {
+class Log : public RuntimeObserver {
  public:
-  void record(ScheduleOp op, const std::string& unit) override {
+  bool records_schedule() const override { return true; }
+  void stream_op(ScheduleOp op, const std::string& unit) override {
     op.unit = unit.empty() ? -1 : index_of(unit);
     for (auto* names : {&op.waits, &op.reads, &op.writes, &op.frees}) {
       for (auto& n : *names) n = renamed(n);
@@ -84,6 +87,11 @@ class Log : public ScheduleRecorder {
     return name.substr(0, open + 1) + std::to_string(index_of(unit)) + name.substr(close);
   }
 };
+
+// The root's observer, not owned: the test's logs outlive the training.
+std::shared_ptr<RuntimeObserver> observed_by(Log& log) {
+  return std::shared_ptr<RuntimeObserver>(std::shared_ptr<RuntimeObserver>(), &log);
+}
 
 std::string text(const ScheduleOp& op) {
   std::ostringstream out;
@@ -141,7 +149,7 @@ std::vector<Log> record_second_step(const RunOptions& o) {
                   auto root = fsdp_module_of(*m);
                   ASSERT_TRUE(root.has_value());
                   // After step 0, record step 1; after step 1, stop.
-                  root->set_schedule_recorder(logs[rank].ops.empty() ? &logs[rank] : nullptr);
+                  root->set_observer(logs[rank].ops.empty() ? observed_by(logs[rank]) : nullptr);
                 });
   return logs;
 }
@@ -296,7 +304,7 @@ TEST(StreamRuntime, RecordingDoesNotChangeTraining) {
   std::vector<Log> logs(2);
   const auto recorded = train_sharded(
       c, 2, [&](int rank, const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh&) {
-        fsdp_module_of(*m)->set_schedule_recorder(&logs[rank]);
+        fsdp_module_of(*m)->set_observer(observed_by(logs[rank]));
       });
   for (int r = 0; r < 2; ++r) {
     for (size_t s = 0; s < plain[r].losses.size(); ++s) {

@@ -14,12 +14,20 @@
 //     completion, with its bytes) or copy (copy-out after an all-gather, copy-in before a
 //     reduction) interval, only while records_spans() is true, so that a run without a
 //     timeline reads no clocks for it.
+//   - stream_op(op, unit): one op the tree issues on its streams, in issue order, only while
+//     records_schedule() is true: the vocabulary of build_stream_schedule (stream_schedule.h),
+//     with op.unit -1 and the unit's path in the buffer and event names ("ag_buf[blocks.1]@fwd")
+//     and in unit ("" for a release). A tree's streams are one, so these go to the root unit's
+//     observer only. On a device without streams (CPU) the runtime reports the ops it would
+//     issue on one, while its work runs in program order on the calling thread. For tests and
+//     debugging: a recorded step can be compared with the built one and checked.
 // Reports come from whatever thread does the work (autograd's, the ranks' own); an observer
 // must be thread-safe. RankMonitor is the observer fsdp-train and the tests use: RankStats for
 // the counts (live and peak) and a Tracer for the spans. Give every unit of a tree the same
 // observer to account for the whole tree.
 #pragma once
 
+#include <fsdp/runtime/stream_schedule.h>
 #include <fsdp/util/stats.h>
 #include <fsdp/util/trace.h>
 
@@ -45,6 +53,8 @@ class RuntimeObserver {
   virtual void span(const char* /*category*/, const std::string& /*name*/,
                     Clock::time_point /*begin*/, Clock::time_point /*end*/,
                     const std::string& /*unit*/, int64_t /*bytes*/, const char* /*track*/) {}
+  virtual bool records_schedule() const { return false; }
+  virtual void stream_op(ScheduleOp /*op*/, const std::string& /*unit*/) {}
 };
 
 // The per-rank accounts (RankStats) and timeline (Tracer, off until enabled) of the units that

@@ -4,8 +4,8 @@
 // waits on and records, which buffers it reads and writes, and which buffers it frees, so that
 // the invariants can be checked on a machine with no GPU. The schedule has NOT been run on a GPU.
 // The runtime issues the same ops through src/runtime/device_streams.h and reports them to a
-// ScheduleRecorder (below), so a recorded step can be compared with the built one and checked
-// by the same checker.
+// RuntimeObserver::stream_op (observer.h), so a recorded step can be compared with the built one
+// and checked by the same checker.
 //
 // The model is N sequential units (blocks), the steady state of a step (the runtime's implicit
 // forward prefetch follows the previous step's order, so step 1 prefetches nothing in forward),
@@ -66,17 +66,6 @@ struct StreamSchedule {
   ScheduleOptions options;
   std::vector<ScheduleOp> ops;          // in the order the CPU issues them, all streams
   std::vector<std::string> persistent;  // buffers alive across steps (shards, sharded grads)
-};
-
-// Receives a running runtime's stream ops in issue order (FSDPModule::set_schedule_recorder):
-// the vocabulary of build_stream_schedule, with op.unit -1 and the unit's path in the buffer and
-// event names ("ag_buf[blocks.1]@fwd") and in `unit` ("" for a release). On a device without
-// streams (CPU) the runtime reports the ops it would issue on one, while its work runs in program
-// order on the calling thread.
-class ScheduleRecorder {
- public:
-  virtual ~ScheduleRecorder() = default;
-  virtual void record(ScheduleOp op, const std::string& unit) = 0;
 };
 
 // Builds one training step (forward over units 0..N-1, backward N-1..0) as the runtime in

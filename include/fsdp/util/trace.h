@@ -72,6 +72,13 @@ class Tracer {
 };
 
 // Records [construction, destruction) as one complete event when the tracer is enabled.
+//
+// [Note: a scope reports only what it timed]
+// A scope reads the clock at construction only if the tracer (or observer) records then. One
+// that began while it was off and ends after it was turned on has no begin: reporting it would
+// draw an event from the clock's epoch, which a timeline shows as decades long. Such a scope
+// reports nothing; one that began while on and ends after it was turned off reports nothing
+// either (the tracer was told to stop).
 class TraceScope {
  public:
   TraceScope(Tracer& tracer, const char* category, std::string name, std::string unit = {})
@@ -79,9 +86,12 @@ class TraceScope {
         category_(category),
         name_(std::move(name)),
         unit_(std::move(unit)),
-        begin_(tracer.enabled() ? Tracer::Clock::now() : Tracer::Clock::time_point{}) {}
+        recording_(tracer.enabled()),
+        begin_(recording_ ? Tracer::Clock::now() : Tracer::Clock::time_point{}) {}
+  // Only a scope that began while the tracer was on reports: one opened before it was enabled
+  // has no begin time (see [Note: a scope reports only what it timed]).
   ~TraceScope() {
-    if (tracer_.enabled()) {
+    if (recording_ && tracer_.enabled()) {
       tracer_.complete(category_, std::move(name_), begin_, Tracer::Clock::now(), std::move(unit_));
     }
   }
@@ -93,6 +103,7 @@ class TraceScope {
   const char* category_;
   std::string name_;
   std::string unit_;
+  bool recording_;
   Tracer::Clock::time_point begin_;
 };
 
