@@ -229,25 +229,15 @@ void progress(int rank, const char* what) {
   std::cerr << "rank " << rank << ": " << what << std::endl;
 }
 
-// Rank 0's side of the first all-reduce on a group, which rank 1 never joins: NCCL connects
-// the peers inside the issue and blocks there (see [Note: a deadline for the issue]); the
-// watchdog must abort it at the deadline, and the call throw the timeout message.
-void check_issue_timeout(ProcessGroup& group) {
+// Rank 0's side of an all-reduce rank 1 never joins, waited on by the host: the call gives up
+// at the deadline (3 s) with a message that names the rank and the op, and ends in how.
+void check_host_timeout(ProcessGroup& group, const std::string& how, const std::string& what) {
   at::Tensor t = at::ones({16}, at::TensorOptions(group.device()));
   const std::string message = error_message([&] { group.all_reduce(t, ReduceOp::kSum)->wait(); });
   child_check(message.find("fsdp: rank 0 of 2: all_reduce timed out after 3000 ms waiting for "
-                           "rank 1 (blocked in NCCL's issue") != std::string::npos,
-              "issue timeout message: '" + message + "'");
-}
-
-// Rank 0's side of a collective rank 1 never joins, on a connected group: wait() must give up
-// at the deadline.
-void check_host_wait_timeout(ProcessGroup& group) {
-  at::Tensor t = at::ones({16}, at::TensorOptions(group.device()));
-  const std::string message = error_message([&] { group.all_reduce(t, ReduceOp::kSum)->wait(); });
-  child_check(message.find("fsdp: rank 0 of 2: all_reduce timed out after 3000 ms waiting for "
-                           "rank 1 (the NCCL communicator was aborted)") != std::string::npos,
-              "host wait timeout message: '" + message + "'");
+                           "rank 1 " +
+                           how) != std::string::npos,
+              what + " timeout message: '" + message + "'");
 }
 
 // Rank 0's side of a collective rank 1 never joins, waited on through a stream as the runtime
@@ -322,9 +312,11 @@ int child_main() {
   }
   progress(env.rank, "connected the groups that time out");
   if (env.rank == 0) {
-    check_issue_timeout(*at_issue);
+    // The group's first all-reduce: NCCL connects the peers inside the issue and blocks
+    // there (see [Note: a deadline for the issue]).
+    check_host_timeout(*at_issue, "(blocked in NCCL's issue", "issue");
     progress(env.rank, "checked a timeout in the issue");
-    check_host_wait_timeout(*lonely);
+    check_host_timeout(*lonely, "(the NCCL communicator was aborted)", "host wait");
     progress(env.rank, "checked a host wait's timeout");
     check_stream_wait_timeout(*lonely_on_stream);
     progress(env.rank, "checked a stream-ordered wait's timeout");
