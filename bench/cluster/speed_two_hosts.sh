@@ -17,7 +17,12 @@
 # steps 3..N of both runs, tokens/s from it, our exposed communication, the bytes each run sent
 # on the link per step (the veth's counters), and the ratio of tokens/s ours / FSDP2.
 #
-# Needs root. Environment: FSDP_TRAIN_BIN, PYTHON (as lib.sh).
+# PER_HOST=2 runs 2 ranks on each host (W = 4) as HSDP: each host's two ranks shard the model,
+# the hosts replicate it (fsdp-train --strategy hybrid_shard --replicate 2, FSDP2 --replicate 2:
+# both meshes are (2 replicas, 2 shards), ranks 0-1 on host 0), so the reduce-scatters and
+# all-gathers stay in a host and only the all-reduce across replicas crosses the link.
+#
+# Needs root. Environment: FSDP_TRAIN_BIN, PYTHON (as lib.sh), PER_HOST (1 or 2; default 1).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=bench/cluster/lib.sh
@@ -26,6 +31,13 @@ model="${1:-small}"
 steps="${2:-8}"
 profiles="${3:-1g 10g}"
 max_bytes="${4:-16M}"
+per_host="${PER_HOST:-1}"
+case "$per_host" in
+  1) ours_strategy=() theirs_strategy=() ;;
+  2) ours_strategy=(--strategy hybrid_shard --replicate 2) theirs_strategy=(--replicate 2) ;;
+  *) echo "speed_two_hosts.sh: PER_HOST must be 1 or 2, got '$per_host'" >&2; exit 2 ;;
+esac
+world=$((2 * per_host))
 scratch_dir_removed_on_exit
 shape=(--model "$model" --global-batch 8 --seq-len 128 --seed 1234 --quiet)
 say() { echo "== $*" >&2; }
@@ -33,23 +45,37 @@ say() { echo "== $*" >&2; }
 say "$bin --nproc 1 ${shape[*]} --steps 0 --export init/model.safetensors; --nproc 2 --steps $steps --dump-batches"
 mkdir -p "$out/init"
 "$bin" --nproc 1 "${shape[@]}" --steps 0 --export "$out/init/model.safetensors"
-"$bin" --nproc 2 "${shape[@]}" --steps "$steps" --dump-batches "$out/batches.bin" >/dev/null
+"$bin" --nproc "$world" "${shape[@]}" "${ours_strategy[@]}" --steps "$steps" \
+  --dump-batches "$out/batches.bin" >/dev/null
 
-# rank_env HOST PORT: the variables of rank HOST of 2.
+# rank_env HOST LOCAL PORT: the variables of the LOCAL-th rank on HOST, of $world.
 rank_env() {
-  echo "RANK=$1 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=$host0 MASTER_PORT=$2"
+  echo "RANK=$(($1 * per_host + $2)) WORLD_SIZE=$world LOCAL_RANK=$2 MASTER_ADDR=$host0 MASTER_PORT=$3"
 }
-ours() {  # HOST; needs $metrics
+# per_rank HOST FN: FN HOST LOCAL for each of the host's ranks at once; fails if one fails.
+per_rank() {
+  local pids=() local_rank rc=0
+  for ((local_rank = 0; local_rank < per_host; local_rank++)); do
+    "$2" "$1" "$local_rank" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+  return "$rc"
+}
+ours_rank() {  # HOST LOCAL; needs $metrics
   # shellcheck disable=SC2046  # the variables, one a word
-  on "$1" env $(rank_env "$1" 29500) "$bin" "${shape[@]}" --steps "$steps" --metrics "$metrics"
+  on "$1" env $(rank_env "$1" "$2" 29500) "$bin" "${shape[@]}" "${ours_strategy[@]}" \
+    --steps "$steps" --metrics "$metrics"
 }
-theirs() {  # HOST; needs $metrics
+theirs_rank() {  # HOST LOCAL; needs $metrics
   # shellcheck disable=SC2046
-  on "$1" env $(rank_env "$1" 29501) GLOO_SOCKET_IFNAME="fsdpcl-v$1" "$PYTHON" \
+  on "$1" env $(rank_env "$1" "$2" 29501) GLOO_SOCKET_IFNAME="fsdpcl-v$1" "$PYTHON" \
     bench/cluster/fsdp2_rank.py --mode fsdp2 --init "$out/init/model.safetensors" \
-    --batches "$out/batches.bin" --metrics "$metrics" --quiet 2>&1 |
+    --batches "$out/batches.bin" --metrics "$metrics" "${theirs_strategy[@]}" --quiet 2>&1 |
     { grep -v gpuGetDeviceCount || true; } >&2
 }
+ours() { per_rank "$1" ours_rank; }
+theirs() { per_rank "$1" theirs_rank; }
 # Runs side ($1) on both hosts; the link's bytes per step go to $out/$2.link.
 run_side() {
   metrics="$out/$2.jsonl"
@@ -72,7 +98,7 @@ for profile in $profiles; do
                  --iters 20 --time-budget-s 1 --timeout-s 120)
     comm_gloo() {
       # shellcheck disable=SC2046
-      on "$1" env $(rank_env "$1" 29502) build/fsdp-comm-bench --backend gloo "${bench_flags[@]}" \
+      on "$1" env RANK="$1" WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR="$host0" MASTER_PORT=29502 build/fsdp-comm-bench --backend gloo "${bench_flags[@]}" \
         --output "$out/comm_gloo_$profile.json" >/dev/null
     }
     say "$profile: fsdp-comm-bench --backend gloo ${bench_flags[*]}, one rank per host"
@@ -83,9 +109,11 @@ for profile in $profiles; do
   bash "$cluster" down
 done
 
-"$PYTHON" - "$out" "$model" "$steps" "$profiles" <<'PY'
+"$PYTHON" - "$out" "$model" "$steps" "$profiles" "$per_host" <<'PY'
 import json, os, statistics, sys
 out, model, steps, profiles = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split()
+per_host = int(sys.argv[5])
+layout = f"W = {2 * per_host} (2 hosts x {per_host} rank{'s, HSDP' if per_host > 1 else ''})"
 
 def load(name):
     path = os.path.join(out, name + ".jsonl")
@@ -98,7 +126,7 @@ def summary(side, profile):
     exposed = statistics.median(x.get("exposed_comm_s", 0.0) for x in rows)
     return dict(step_s=step_s, tps=8 * 128 / step_s, link=statistics.mean(link), exposed=exposed)
 
-print(f"model {model}, 8 x 128 tokens per step, W = 2 (2 hosts x 1 rank), medians over steps "
+print(f"model {model}, 8 x 128 tokens per step, {layout}, medians over steps "
       f"3..{steps} of two runs per side")
 print("| link | side | step time (s) | tokens/s | host 0 sent on the link per step (MiB) | exposed comm (s) |")
 print("|---|---|---|---|---|---|")

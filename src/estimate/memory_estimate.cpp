@@ -452,6 +452,7 @@ class StepModel {
     r_.transient(concurrent_temporaries(), "end of backward");
     if (sync) {
       while (!pending_.empty()) finish_oldest();
+      while (!all_reducing_.empty()) finish_oldest_all_reduce();
     }
   }
 
@@ -569,16 +570,43 @@ class StepModel {
     return 2 * u.shard_numel * reduce_ + widened;
   }
 
+  struct Pending {
+    int64_t input, output, shard_numel;
+    int unit;
+  };
+
+  // As RootState::finish_reduces: the oldest reduce-scatter completes; under HSDP its output's
+  // all-reduce across replicas is issued and completes kMaxReductionsInFlight later (see
+  // [Note: HSDP's all-reduce runs beside the next units' backward]).
   void finish_oldest() {
     const Pending p = pending_.front();
     pending_.pop_front();
+    const bool all_reduce_after = shard_ > 1 && replicate_ > 1 && all_reduce_this_pass_;
     obs_.finish_reduction(p.unit, shard_ == 1 ? p.input : p.output,
-                          shard_ > 1 && replicate_ > 1 ? replicate_ : 1);
+                          all_reduce_after ? replicate_ : 1);
     r_.count_comm(-p.input);
-    // The reduced shard becomes the gradient (in the master dtype); an earlier pass's sharded
-    // gradient is added to it and freed.
-    const int64_t reduced = shard_ == 1 ? p.input : p.output;
     if (shard_ > 1) r_.free(p.input);
+    if (!all_reduce_after) {
+      assign_reduced(p);
+      return;
+    }
+    all_reducing_.push_back(p);
+    while (all_reducing_.size() > static_cast<size_t>(kMaxReductionsInFlight)) {
+      finish_oldest_all_reduce();
+    }
+  }
+
+  void finish_oldest_all_reduce() {
+    const Pending p = all_reducing_.front();
+    all_reducing_.pop_front();
+    obs_.finish_all_reduce(p.unit, p.output);
+    assign_reduced(p);
+  }
+
+  // The reduced shard becomes the gradient (in the master dtype); an earlier pass's sharded
+  // gradient is added to it and freed.
+  void assign_reduced(const Pending& p) {
+    const int64_t reduced = shard_ == 1 ? p.input : p.output;
     if (reduce_ != master_) {
       r_.alloc(p.shard_numel * master_, "gradient reduction");
       r_.free(reduced);
@@ -587,11 +615,6 @@ class StepModel {
     if (s.sharded_grad) r_.free(p.shard_numel * master_);
     s.sharded_grad = true;
   }
-
-  struct Pending {
-    int64_t input, output, shard_numel;
-    int unit;
-  };
 
   // Collectives run one at a time on each process group's progress thread, with temporaries of
   // their own. Those issued since the previous unit began computing (the next unit's
@@ -633,6 +656,7 @@ class StepModel {
   State root_state_;
   std::vector<State> states_;
   std::deque<Pending> pending_;
+  std::deque<Pending> all_reducing_;  // HSDP: reduced shards being all-reduced across replicas
   Replay r_;
 };
 

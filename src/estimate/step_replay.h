@@ -49,9 +49,14 @@ class StepObserver {
   // reduce dtype and the reduction over group_size ranks is issued.
   virtual void issue_reduction(int unit, int64_t full_bytes, int64_t input_bytes,
                                ReductionKind kind, int group_size) {}
-  // The compute thread waits for the oldest reduction; under HSDP it then all-reduces
-  // output_bytes across replicas ranks, blocking.
+  // The compute thread waits for the oldest reduction; with replicas > 1 (HSDP) it then issues
+  // the all-reduce of output_bytes across replicas ranks, which finish_all_reduce waits for
+  // (see [Note: HSDP's all-reduce runs beside the next units' backward]); else it assigns the
+  // gradients at once.
   virtual void finish_reduction(int unit, int64_t output_bytes, int replicas) {}
+  // HSDP: the compute thread waits for the unit's all-reduce across replicas, then assigns the
+  // output_bytes of gradients.
+  virtual void finish_all_reduce(int unit, int64_t output_bytes) {}
   // The full gradients of a unit are kept (no sync) or assigned (one rank): a copy of bytes.
   virtual void keep_gradients(int unit, int64_t bytes) {}
   // AdamW over the rank's shards: shard_numel elements in the master dtype.

@@ -240,10 +240,16 @@ class Timelines : public detail::StepObserver {
   void finish_reduction(int unit, int64_t output_bytes, int replicas) override {
     wait_until(reductions_.front());
     reductions_.pop_front();
-    if (replicas > 1) {  // HSDP: the reduced shard across replicas, waited for at once
-      wait_until(replicate_lane_.run(t_, collective_s(h_, "all_reduce", output_bytes, replicas)));
+    if (replicas > 1) {  // HSDP: the reduced shard across replicas, waited for later
+      all_reduce_end_[unit] =
+          replicate_lane_.run(t_, collective_s(h_, "all_reduce", output_bytes, replicas));
+      return;
     }
     busy(d_.bytes_s(3.0 * output_bytes));  // the average, and the copy into the master dtype
+  }
+  void finish_all_reduce(int unit, int64_t output_bytes) override {
+    wait_until(all_reduce_end_.at(unit));
+    busy(d_.bytes_s(3.0 * output_bytes));
   }
   void keep_gradients(int unit, int64_t bytes) override { busy(d_.bytes_s(2.0 * bytes)); }
   void optimizer_step(int64_t shard_numel) override {
@@ -319,6 +325,7 @@ class Timelines : public detail::StepObserver {
   double t_ = 0, busy_s_ = 0, exposed_s_ = 0, optimizer_s_ = 0;
   Lane shard_lane_, piece_lane_, replicate_lane_;
   std::map<int, double> gather_end_;
+  std::map<int, double> all_reduce_end_;  // HSDP: when each unit's all-reduce across replicas ends
   std::deque<double> reductions_;
 };
 

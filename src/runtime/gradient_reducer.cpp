@@ -391,9 +391,42 @@ PendingReduce GradientReducer::issue_owner_reduces(UnitGrads grads) {
 void GradientReducer::finish(PendingReduce& reduce) {
   TORCH_INTERNAL_ASSERT(reduce.reducer == this, "fsdp: unit '", unit_.label(),
                         "' asked to finish another unit's reduction");
+  if (reduce.replicate_after) {
+    TORCH_INTERNAL_ASSERT(reduce.across != nullptr, "fsdp: unit '", unit_.label(),
+                          "' asked to finish a reduction whose all-reduce was not started");
+    // In program order the host waits here; with streams compute waits on all_reduced below.
+    if (unit_.streams().in_program_order()) {
+      unit_.wait_for(reduce.across, "all-reduce of gradients across replicas");
+    }
+    unit_.span("comm", "all-reduce", reduce.across_issued, reduce.across->finished_at(),
+               reduce.output.nbytes(), "comm");
+    assign_and_release(reduce, reduce.all_reduced);
+    return;
+  }
+  complete_collective(reduce);
+  if (reduce.keep_partial) {
+    // On a device the host waits for the reduce-scatter before compute adds its output.
+    if (!unit_.streams().in_program_order()) {
+      unit_.wait_for(reduce.work, "reduction of gradients");
+    }
+    keep_partial_reduce(reduce.output, reduce);
+    return;
+  }
+  assign_and_release(reduce, reduce.reduced);
+}
+
+void GradientReducer::start_all_reduce(PendingReduce& reduce) {
+  TORCH_INTERNAL_ASSERT(reduce.reducer == this && reduce.replicate_after && !reduce.across,
+                        "fsdp: unit '", unit_.label(),
+                        "' asked to start an all-reduce twice, "
+                        "or for a reduction that has none");
+  complete_collective(reduce);
+  issue_all_reduce_across_replicas(reduce);
+}
+
+void GradientReducer::complete_collective(PendingReduce& reduce) {
   DeviceStreams& streams = unit_.streams();
-  const DeviceMesh& mesh = unit_.mesh();
-  // With streams, compute waits on the reduction's event below instead of the host here.
+  // With streams, compute waits on the reduction's event instead of the host here.
   if (streams.in_program_order()) unit_.wait_for(reduce.work, "reduction of gradients");
   const int64_t input_bytes = reduce.input.nbytes();
   unit_.span("comm", reduce.op, reduce.issued, reduce.work->finished_at(), input_bytes, "comm");
@@ -401,22 +434,15 @@ void GradientReducer::finish(PendingReduce& reduce) {
   // In program order the reduction has completed: free its input now, as ever. With streams the
   // input (allocated on compute) is freed once compute has waited on the reduction.
   if (streams.in_program_order()) reduce.input = at::Tensor();
-  if (reduce.keep_partial) {
-    // On a device the host waits for the reduce-scatter before compute adds its output.
-    if (!streams.in_program_order()) unit_.wait_for(reduce.work, "reduction of gradients");
-    keep_partial_reduce(reduce.output, reduce);
-    return;
-  }
-  const StreamEvent ready =
-      reduce.replicate_after
-          ? all_reduce_across_replicas(reduce.output, reduce.reduced, reduce.all_reduce_op)
-          : reduce.reduced;
+}
+
+void GradientReducer::assign_and_release(PendingReduce& reduce, const StreamEvent& ready) {
   const StreamEvent finished = assign_reduced(reduce, ready);
   // The output (allocated on the reduce-scatter stream) may live on as the sharded gradients;
   // this drops the runtime's own reference, ordered after the finish (FSDP2 does the same).
-  if (mesh.shard_size() > 1) {
-    streams.release_after(ScheduleStream::kReduceScatter, std::move(reduce.output), finished,
-                          "rs_out", unit_.label());
+  if (unit_.mesh().shard_size() > 1) {
+    unit_.streams().release_after(ScheduleStream::kReduceScatter, std::move(reduce.output),
+                                  finished, "rs_out", unit_.label());
   }
 }
 
@@ -443,30 +469,25 @@ StreamEvent GradientReducer::assign_reduced(PendingReduce& reduce, const StreamE
   return op.record("finished");
 }
 
-StreamEvent GradientReducer::all_reduce_across_replicas(const at::Tensor& reduced,
-                                                        const StreamEvent& after,
-                                                        ReduceOp op_kind) {
+void GradientReducer::issue_all_reduce_across_replicas(PendingReduce& reduce) {
   // HSDP: this rank's reduced shard, summed over the replicas holding the same shard.
-  const auto issued = RuntimeObserver::Clock::now();
+  reduce.across_issued = RuntimeObserver::Clock::now();
   const CollectiveLabel collective_label(unit_.label());
   DeviceStreams& streams = unit_.streams();
   DeviceStreams::Op op(streams, ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce,
                        unit_.label());
-  op.wait(after).reads("rs_out").writes("rs_out");
+  op.wait(reduce.reduced).reads("rs_out").writes("rs_out");
   // set_requires_all_reduce: the sum of earlier backward passes' reduce-scattered gradients.
-  add_partial_sum(reduced);
-  WorkHandle across = unit_.mesh().replicate_group()->all_reduce(reduced, op_kind);
-  if (streams.in_program_order()) {
-    unit_.wait_for(across, "all-reduce of gradients across replicas");
-  } else {
+  add_partial_sum(reduce.output);
+  reduce.across = unit_.mesh().replicate_group()->all_reduce(reduce.output, reduce.all_reduce_op);
+  if (!streams.in_program_order()) {
     try {
-      unit_.order_stream_after(across);
+      unit_.order_stream_after(reduce.across);
     } catch (const std::exception& e) {
       unit_.rethrow_with_context("all-reduce of gradients across replicas", e);
     }
   }
-  unit_.span("comm", "all-reduce", issued, across->finished_at(), reduced.nbytes(), "comm");
-  return op.record("all_reduced");
+  reduce.all_reduced = op.record("all_reduced");
 }
 
 void GradientReducer::add_partial_sum(const at::Tensor& output) {

@@ -13,7 +13,9 @@
 //   - the divide rules (gradient_reduction.h: FSDP2's pre- and post-divide factors) and the
 //     hooks: a custom reduce-scatter (custom_collectives.h) and the all-reduce hook.
 // A reduction is issued by reduce() and handed to the tree (RootState), which completes it
-// with finish(), oldest first (see [Note: why reductions are capped at two in flight]).
+// with finish(), oldest first (see [Note: why reductions are capped at two in flight]); under
+// HSDP the tree first starts its all-reduce across replicas with start_all_reduce() and
+// finishes it later (see [Note: HSDP's all-reduce runs beside the next units' backward]).
 #pragma once
 
 #include "runtime/device_streams.h"
@@ -53,6 +55,11 @@ struct PendingReduce {
   const char* op = "reduce-scatter";  // what work is, for the trace
   bool replicate_after = false;       // HSDP: all-reduce output across replicas once work is done
   ReduceOp all_reduce_op = ReduceOp::kSum;  // ... with this op
+  // ... and, once start_all_reduce() issued it: that all-reduce, the event recorded after it,
+  // and when it was issued.
+  WorkHandle across;
+  StreamEvent all_reduced;
+  RuntimeObserver::Clock::time_point across_issued;
   // HSDP with set_requires_all_reduce(false): add output to the unit's partial sum instead of
   // all-reducing it and assigning gradients.
   bool keep_partial = false;
@@ -106,8 +113,12 @@ class GradientReducer {
   // Post-backward, after the unit resharded: reduces grads, or keeps them (no sync, one rank,
   // HSDP without the all-reduce). Returns the reduction in flight, if one was issued.
   std::optional<PendingReduce> reduce(UnitGrads grads);
-  // Completes a reduction reduce() issued and hands each parameter its sharded gradient.
+  // Completes a reduction reduce() issued and hands each parameter its sharded gradient. A
+  // reduction with replicate_after must have had start_all_reduce() first.
   void finish(PendingReduce& reduce);
+  // HSDP: completes the reduce-scatter and issues the all-reduce of its output across replicas,
+  // without waiting for it; finish() waits for it later.
+  void start_all_reduce(PendingReduce& reduce);
 
  private:
   // The scaling and ops of this unit's next reduction (gradient_reduction.h).
@@ -130,10 +141,14 @@ class GradientReducer {
   // Allocates reduce's input (the other owners' buckets, back to back) and output (this rank's
   // own bucket) and packs the full gradients into them; returns each owner's numel.
   std::map<int, int64_t> pack_by_owner(UnitGrads& grads, PendingReduce& reduce);
-  // HSDP: all-reduces reduced (plus the partial sum, if any) across replicas once `after` is
-  // recorded; returns the event after.
-  StreamEvent all_reduce_across_replicas(const at::Tensor& reduced, const StreamEvent& after,
-                                         ReduceOp op);
+  // The first part of every finish: waits (in program order) for the reduction's collective,
+  // reports it, and takes its input off the books.
+  void complete_collective(PendingReduce& reduce);
+  // HSDP: issues the all-reduce of reduce.output (plus the partial sum, if any) across replicas
+  // once reduce.reduced is recorded, into reduce.across and reduce.all_reduced.
+  void issue_all_reduce_across_replicas(PendingReduce& reduce);
+  // Assigns the reduced output once ready is recorded and lets go of the runtime's reference.
+  void assign_and_release(PendingReduce& reduce, const StreamEvent& ready);
   // Adds a reduced output to partial_reduce_output_ and gives the parameters back the sharded
   // gradients they had.
   void keep_partial_reduce(const at::Tensor& reduced, const PendingReduce& reduce);

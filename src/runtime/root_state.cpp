@@ -85,6 +85,22 @@ void RootState::finish_reduces(size_t keep) {
   while (pending_reduces_.size() > keep) {
     PendingReduce reduce = std::move(pending_reduces_.front());
     pending_reduces_.pop_front();
+    if (!reduce.replicate_after) {
+      reduce.reducer->finish(reduce);
+      continue;
+    }
+    // See [Note: HSDP's all-reduce runs beside the next units' backward].
+    reduce.reducer->start_all_reduce(reduce);
+    pending_all_reduces_.push_back(std::move(reduce));
+    finish_all_reduces(static_cast<size_t>(kMaxReductionsInFlight));
+  }
+  finish_all_reduces(keep);
+}
+
+void RootState::finish_all_reduces(size_t keep) {
+  while (pending_all_reduces_.size() > keep) {
+    PendingReduce reduce = std::move(pending_all_reduces_.front());
+    pending_all_reduces_.pop_front();
     reduce.reducer->finish(reduce);
   }
 }

@@ -83,8 +83,10 @@ class RootState : public std::enable_shared_from_this<RootState> {
 
  private:
   void end_of_backward();
-  // Completes the oldest reductions in flight until at most keep remain.
+  // Completes the oldest reductions in flight until at most keep remain, and as many HSDP
+  // all-reduces across replicas.
   void finish_reduces(size_t keep);
+  void finish_all_reduces(size_t keep);
 
   ParamGroup& root_;  // owns this
   int implicit_prefetch_ =
@@ -94,6 +96,8 @@ class RootState : public std::enable_shared_from_this<RootState> {
   std::vector<ParamGroup*> forward_order_;       // units in the order their forward ran this step
   std::vector<ParamGroup*> last_forward_order_;  // the same, for the previous step
   std::deque<PendingReduce> pending_reduces_;
+  // HSDP: reductions whose all-reduce across replicas is in flight, oldest first.
+  std::deque<PendingReduce> pending_all_reduces_;
   bool end_of_backward_queued_ = false;
   DeviceStreams streams_;
   // A unit offloads its state to the host while computing on a device: the host waits for

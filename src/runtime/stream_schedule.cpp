@@ -3,12 +3,13 @@
 // post_backward reshards, packs the gradients on compute (FSDP2's order: the full gradients are
 // freed at once), issues the reduce-scatter and finishes the oldest beyond the options' cap
 // (kMaxReductionsInFlight unless a test says otherwise; see
-// [Note: why reductions are capped at two in flight] in in_flight_limits.h); the
-// end of backward finishes the rest. tests/runtime/test_stream_runtime.cpp compares this with the
-// ops the runtime reports for the same units and options. The checker builds happens-before as a
-// DAG over ops (program order per stream, an edge from each event's recorder to its waiters); since
-// an op may only wait on an earlier recorded event, issue order is a topological order and one pass
-// suffices.
+// [Note: why reductions are capped at two in flight] in in_flight_limits.h), under HSDP by
+// issuing its all-reduce, which is finished beyond the same cap in turn; the end of backward
+// finishes the rest, the reduce-scatters first. tests/runtime/test_stream_runtime.cpp compares this
+// with the ops the runtime reports for the same units and options. The checker builds
+// happens-before as a DAG over ops (program order per stream, an edge from each event's recorder to
+// its waiters); since an op may only wait on an earlier recorded event, issue order is a
+// topological order and one pass suffices.
 #include "fsdp/runtime/stream_schedule.h"
 
 #include <c10/util/Exception.h>
@@ -67,6 +68,7 @@ class Builder {
     for (int u = 0; u < units(); ++u) forward(u);
     for (int u = units() - 1; u >= 0; --u) backward(u);
     while (!pending_.empty()) finish_reduce();
+    while (!all_reducing_.empty()) finish_all_reduce();
     for (int st = 0; st < kScheduleStreams; ++st) flush(static_cast<ScheduleStream>(st));
     return s_;
   }
@@ -174,14 +176,28 @@ class Builder {
   void finish_reduce() {
     const int u = pending_.front();
     pending_.pop_front();
-    std::string ready = name("reduced", u);
-    if (s_.options.hsdp) {
-      emit(make_op(ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce, u, {ready},
-                   {name("rs_out", u)}, {name("rs_out", u)}, name("all_reduced", u)));
-      ready = name("all_reduced", u);
+    if (!s_.options.hsdp) {
+      emit_finish(u, name("reduced", u));
+      return;
     }
+    // See [Note: HSDP's all-reduce runs beside the next units' backward].
+    emit(make_op(ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce, u, {name("reduced", u)},
+                 {name("rs_out", u)}, {name("rs_out", u)}, name("all_reduced", u)));
+    all_reducing_.push_back(u);
+    while (static_cast<int>(all_reducing_.size()) > s_.options.reduces_in_flight) {
+      finish_all_reduce();
+    }
+  }
+
+  void finish_all_reduce() {
+    const int u = all_reducing_.front();
+    all_reducing_.pop_front();
+    emit_finish(u, name("all_reduced", u));
+  }
+
+  void emit_finish(int u, const std::string& ready) {
     // rs_in[u] was allocated on compute and last read on the reduce-scatter stream, which
-    // recorded `reduced` after that read: waiting on it orders the free.
+    // recorded `reduced` (before `all_reduced`) after that read: waiting on it orders the free.
     emit(make_op(ScheduleStream::kCompute, ScheduleOpKind::kFinishReduce, u, {ready},
                  {name("rs_out", u)}, {name("sharded_grad", u)}, name("finished", u),
                  {name("rs_in", u)}));
@@ -191,7 +207,8 @@ class Builder {
   StreamSchedule s_;
   std::vector<Gather> state_;
   std::vector<std::string> phase_;
-  std::deque<int> pending_;
+  std::deque<int> pending_;       // reduce-scatters in flight
+  std::deque<int> all_reducing_;  // HSDP: all-reduces across replicas in flight
   std::vector<DeferredFree> deferred_;
   std::set<std::string> recorded_;
   bool step_begun_ = false;
@@ -326,25 +343,37 @@ class Checker {
   }
 
   // (d): when a reduce-scatter is issued, at most kMaxReductionsInFlight earlier ones unfinished
-  // (see [Note: why reductions are capped at two in flight]).
+  // (see [Note: why reductions are capped at two in flight]); under HSDP a reduce-scatter is
+  // finished once its all-reduce is issued, and the all-reduces have the same cap of their own
+  // (see [Note: HSDP's all-reduce runs beside the next units' backward]).
   void check_reduces_in_flight() {
-    std::vector<int> unfinished;
+    std::vector<int> scattering, all_reducing;
+    auto finished = [](std::vector<int>& units, int u) {
+      units.erase(std::remove(units.begin(), units.end(), u), units.end());
+    };
     for (int i = 0; i < n_; ++i) {
       const auto& op = s_.ops[i];
       if (op.kind == ScheduleOpKind::kFinishReduce) {
-        unfinished.erase(std::remove(unfinished.begin(), unfinished.end(), op.unit),
-                         unfinished.end());
+        finished(scattering, op.unit);
+        finished(all_reducing, op.unit);
       } else if (op.kind == ScheduleOpKind::kReduceScatter) {
-        if (static_cast<int>(unfinished.size()) > kMaxReductionsInFlight) {
-          std::string units;
-          for (int u : unfinished) units += " " + std::to_string(u);
-          out_.push_back(at(i) + " is issued with " + std::to_string(unfinished.size()) +
-                         " reduce-scatters unfinished (units" + units + "); the runtime allows " +
-                         std::to_string(kMaxReductionsInFlight));
-        }
-        unfinished.push_back(op.unit);
+        check_cap(i, scattering, "reduce-scatters");
+        scattering.push_back(op.unit);
+      } else if (op.kind == ScheduleOpKind::kAllReduce) {
+        finished(scattering, op.unit);
+        check_cap(i, all_reducing, "all-reduces across replicas");
+        all_reducing.push_back(op.unit);
       }
     }
+  }
+
+  void check_cap(int i, const std::vector<int>& unfinished, const char* what) {
+    if (static_cast<int>(unfinished.size()) <= kMaxReductionsInFlight) return;
+    std::string units;
+    for (int u : unfinished) units += " " + std::to_string(u);
+    out_.push_back(at(i) + " is issued with " + std::to_string(unfinished.size()) + " " + what +
+                   " unfinished (units" + units + "); the runtime allows " +
+                   std::to_string(kMaxReductionsInFlight));
   }
 
   void check_memory() {

@@ -20,6 +20,18 @@ namespace fsdp {
 // little more overlap, since a group runs its collectives one at a time (on its progress thread,
 // or its stream) and the reductions queue behind each other anyway. FSDP2 bounds the same memory
 // alike: the previous unit's reduce-scatter input stays alive until the next unit's post-backward.
+//
+// [Note: HSDP's all-reduce runs beside the next units' backward]
+// Under HSDP a unit's reduce-scattered shard is then all-reduced across the replicas. That
+// all-reduce is issued when its reduce-scatter is completed (as above) and is itself completed
+// kMaxReductionsInFlight all-reduces later, or at the end of the last backward (the remaining
+// reduce-scatters first, so the last units' all-reduces also run together). Meanwhile the
+// backward of the next units runs beside it, on the replicate group's own thread or stream.
+// Until it completes it holds the reduced shard ([S]) only: the reduce-scatter's input is
+// freed when the all-reduce is issued. Issued and waited at once, as before, it was exposed on
+// every unit, and most on a slow link between hosts, where HSDP puts it. (On a GPU, FSDP2
+// issues it on a stream of its own right after the reduce-scatter, so it too runs beside the
+// following backward.)
 inline constexpr int kMaxReductionsInFlight = 2;
 
 // [Note: why implicit prefetch gathers one unit ahead]
