@@ -88,9 +88,9 @@ run_side() {
 for profile in $profiles; do
   bash "$cluster" up "$profile" | sed "s/^/   /" >&2
   for run in a b; do
-    say "$profile: ours, run $run (each host H: bash $cluster exec H env RANK=H WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=$host0 MASTER_PORT=29500 $bin ${shape[*]} --steps $steps)"
+    say "$profile: ours, run $run (each host H, local rank L < $per_host: bash $cluster exec H env RANK=H*$per_host+L WORLD_SIZE=$world LOCAL_RANK=L MASTER_ADDR=$host0 MASTER_PORT=29500 $bin ${shape[*]} ${ours_strategy[*]} --steps $steps)"
     run_side ours "ours_${profile}_$run"
-    say "$profile: FSDP2, run $run (each host H: ... GLOO_SOCKET_IFNAME=fsdpcl-vH $PYTHON bench/cluster/fsdp2_rank.py --mode fsdp2 --init ... --batches ...)"
+    say "$profile: FSDP2, run $run (each rank, as above: ... GLOO_SOCKET_IFNAME=fsdpcl-vH $PYTHON bench/cluster/fsdp2_rank.py --mode fsdp2 --init ... --batches ... ${theirs_strategy[*]})"
     run_side theirs "fsdp2_${profile}_$run"
   done
   if [ "$max_bytes" != 0 ]; then
