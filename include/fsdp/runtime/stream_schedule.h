@@ -2,7 +2,8 @@
 //
 // Nothing here touches CUDA: it describes which stream each operation runs on, which events it
 // waits on and records, which buffers it reads and writes, and which buffers it frees, so that
-// the invariants can be checked on a machine with no GPU. The schedule has NOT been run on a GPU.
+// the invariants can be checked on a machine with no GPU. On a GPU the runtime has issued it on
+// one H200 (bench/RESULTS.md, "First contact with a GPU"); no recorded GPU step was compared.
 // The runtime issues the same ops through src/runtime/device_streams.h and reports them to a
 // RuntimeObserver::stream_op (observer.h), so a recorded step can be compared with the built one
 // and checked by the same checker.
