@@ -14,23 +14,19 @@
 
 namespace fsdp::detail {
 
-std::string timeout_message(const TimedOp& op, const std::string& how) {
+std::string timeout_message(const TimedOp& op) {
   std::string message = op.prefix + op.op;
   if (!op.unit.empty()) message += " of unit '" + op.unit + "'";
   return message + " timed out after " + std::to_string(op.timeout.count()) + " ms waiting for " +
-         op.peer + how;
+         op.peer + op.how;
 }
 
 std::string timeout_peer(int rank, int size) {
   return size == 2 ? "rank " + std::to_string(1 - rank) : "another rank";
 }
 
-StreamWatchdog::StreamWatchdog(OnExpired on_expired, std::string how,
-                               std::chrono::milliseconds poll)
-    : on_expired_(std::move(on_expired)),
-      how_(std::move(how)),
-      poll_(poll),
-      thread_([this] { run(); }) {}
+StreamWatchdog::StreamWatchdog(OnExpired on_expired, std::chrono::milliseconds poll)
+    : on_expired_(std::move(on_expired)), poll_(poll), thread_([this] { run(); }) {}
 
 StreamWatchdog::~StreamWatchdog() {
   {
@@ -88,7 +84,7 @@ void StreamWatchdog::sweep() {
       continue;
     }
     try {
-      on_expired_(timeout_message(entry.op, entry.op.how.empty() ? how_ : entry.op.how));
+      on_expired_(timeout_message(entry.op));
     } catch (const std::exception&) {
       // The handler breaks the group, best effort; an exception must not end this thread (and
       // with it the process), nor stop the other ops' deadlines.

@@ -38,13 +38,11 @@ struct TimedOp {
   std::string unit;    // "h.3"; "" when the op had no label
   std::string peer;    // "rank 1", or "another rank" when W > 2
   std::chrono::milliseconds timeout{0};
-  // Ends the message in place of the watchdog's own how, for an op watched for another reason
-  // (see [Note: a deadline for the issue] in nccl/nccl_process_group.cpp); "" for the default.
-  std::string how;
+  std::string how;  // appended as is: " (the NCCL communicator was aborted)"
 };
 
-// The message above; how is appended as is (e.g. " (the NCCL communicator was aborted)").
-std::string timeout_message(const TimedOp& op, const std::string& how);
+// The message above.
+std::string timeout_message(const TimedOp& op);
 
 // "rank <1 - rank>" for two ranks (the only peer there is), else "another rank".
 std::string timeout_peer(int rank, int size);
@@ -53,13 +51,12 @@ class StreamWatchdog {
  public:
   using Clock = std::chrono::steady_clock;
   // Called on the watchdog's thread, once for each watched op whose deadline passed before it
-  // completed, with timeout_message(op, how).
+  // completed, with timeout_message(op).
   using OnExpired = std::function<void(const std::string& message)>;
 
-  // Starts the thread. how ends every message; poll is how often each watched op's
-  // is_completed() is asked (optional, defaults to kDefaultPoll).
-  StreamWatchdog(OnExpired on_expired, std::string how,
-                 std::chrono::milliseconds poll = kDefaultPoll);
+  // Starts the thread. poll is how often each watched op's is_completed() is asked (optional,
+  // defaults to kDefaultPoll).
+  explicit StreamWatchdog(OnExpired on_expired, std::chrono::milliseconds poll = kDefaultPoll);
   // Stops and joins the thread. Ops still watched are dropped unreported: their group is going
   // away, and its owner reports on them (or shuts the communicator down).
   ~StreamWatchdog();
@@ -88,7 +85,6 @@ class StreamWatchdog {
   void sweep();
 
   const OnExpired on_expired_;
-  const std::string how_;
   const std::chrono::milliseconds poll_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -75,7 +75,7 @@ TimedOp op_of_unit(const std::string& unit, int rank = 0, int size = 2,
                  unit,
                  timeout_peer(rank, size),
                  timeout,
-                 ""};
+                 kHow};
 }
 
 // Waits until the watchdog let go of every op, up to 5 s.
@@ -86,7 +86,7 @@ void wait_until_idle(const StreamWatchdog& watchdog) {
 
 TEST(StreamWatchdog, OpPastItsDeadlineIsReportedOnceNamingRankOpUnitAndTimeout) {
   Reports reports;
-  StreamWatchdog watchdog(reports.handler(), kHow, kPoll);
+  StreamWatchdog watchdog(reports.handler(), kPoll);
   auto work = std::make_shared<FakeWork>();
   const auto start = Clock::now();
   watchdog.watch(work, op_of_unit("h.3"), start + milliseconds(300));
@@ -101,11 +101,11 @@ TEST(StreamWatchdog, OpPastItsDeadlineIsReportedOnceNamingRankOpUnitAndTimeout) 
   EXPECT_EQ(watchdog.watched(), 0u);
 }
 
-// The NCCL backend watches the issue of a collective with a message of its own ([Note: a
-// deadline for the issue]): an op's own how replaces the watchdog's.
+// Each op's how ends its message: the NCCL backend watches a collective's issue and its
+// stream-ordered wait with different ones ([Note: a deadline for the issue]).
 TEST(StreamWatchdog, OpWithItsOwnHowEndsTheMessageWithIt) {
   Reports reports;
-  StreamWatchdog watchdog(reports.handler(), kHow, kPoll);
+  StreamWatchdog watchdog(reports.handler(), kPoll);
   TimedOp op = op_of_unit("h.2");
   op.how = " (blocked in the issue)";
   watchdog.watch(std::make_shared<FakeWork>(), op, Clock::now() + milliseconds(100));
@@ -116,7 +116,9 @@ TEST(StreamWatchdog, OpWithItsOwnHowEndsTheMessageWithIt) {
 }
 
 TEST(StreamWatchdog, MessageLeavesOutAMissingUnitAndNamesNoPeerAmongMany) {
-  EXPECT_EQ(timeout_message(op_of_unit("", 2, 4, milliseconds(1500)), " (x)"),
+  TimedOp op = op_of_unit("", 2, 4, milliseconds(1500));
+  op.how = " (x)";
+  EXPECT_EQ(timeout_message(op),
             "fsdp: rank 2 of 4: all_gather_into_tensor timed out after 1500 ms waiting for "
             "another rank (x)");
   EXPECT_EQ(timeout_peer(1, 2), "rank 0");
@@ -124,7 +126,7 @@ TEST(StreamWatchdog, MessageLeavesOutAMissingUnitAndNamesNoPeerAmongMany) {
 
 TEST(StreamWatchdog, OpThatCompletesInTimeIsDroppedUnreported) {
   Reports reports;
-  StreamWatchdog watchdog(reports.handler(), kHow, kPoll);
+  StreamWatchdog watchdog(reports.handler(), kPoll);
   auto work = std::make_shared<FakeWork>();
   std::weak_ptr<FakeWork> watched = work;
   watchdog.watch(work, op_of_unit("h.0"), Clock::now() + milliseconds(300));
@@ -144,7 +146,7 @@ TEST(StreamWatchdog, OpThatCompletesInTimeIsDroppedUnreported) {
 
 TEST(StreamWatchdog, FailedOpIsLeftToItsOwnWait) {
   Reports reports;
-  StreamWatchdog watchdog(reports.handler(), kHow, kPoll);
+  StreamWatchdog watchdog(reports.handler(), kPoll);
   auto work = std::make_shared<FakeWork>();
   work->fails = true;
   watchdog.watch(work, op_of_unit("h.1"), Clock::now() + milliseconds(100));
@@ -155,7 +157,7 @@ TEST(StreamWatchdog, FailedOpIsLeftToItsOwnWait) {
 
 TEST(StreamWatchdog, EachOpKeepsItsOwnDeadline) {
   Reports reports;
-  StreamWatchdog watchdog(reports.handler(), kHow, kPoll);
+  StreamWatchdog watchdog(reports.handler(), kPoll);
   auto early = std::make_shared<FakeWork>();
   auto late = std::make_shared<FakeWork>();
   const auto start = Clock::now();
@@ -179,7 +181,7 @@ TEST(StreamWatchdog, ThrowingHandlerStopsNeitherTheThreadNorTheOtherDeadlines) {
         if (calls++ == 0) throw std::runtime_error("abort failed");
         record(message);
       },
-      kHow, kPoll);
+      kPoll);
   const auto start = Clock::now();
   watchdog.watch(std::make_shared<FakeWork>(), op_of_unit("h.0"), start + milliseconds(50));
   watchdog.watch(std::make_shared<FakeWork>(), op_of_unit("h.1"), start + milliseconds(300));
@@ -194,7 +196,7 @@ TEST(StreamWatchdog, ThrowingHandlerStopsNeitherTheThreadNorTheOtherDeadlines) {
 // detached, and holds the watchdog, so that a failure here is reported, not a deadlock.)
 TEST(StreamWatchdog, PollsWorksWithItsLockReleased) {
   Reports reports;
-  auto watchdog = std::make_shared<StreamWatchdog>(reports.handler(), kHow, kPoll);
+  auto watchdog = std::make_shared<StreamWatchdog>(reports.handler(), kPoll);
   auto work = std::make_shared<FakeWork>();
   std::atomic<int> blocked{0};
   std::weak_ptr<StreamWatchdog> weak = watchdog;
@@ -220,7 +222,7 @@ TEST(StreamWatchdog, DestructionLetsGoAtOnceWithoutReporting) {
   std::weak_ptr<FakeWork> watched = work;
   const auto start = Clock::now();
   {
-    StreamWatchdog watchdog(reports.handler(), kHow, kPoll);
+    StreamWatchdog watchdog(reports.handler(), kPoll);
     watchdog.watch(std::move(work), op_of_unit("h.0"), start + milliseconds(60000));
     std::this_thread::sleep_for(milliseconds(50));
   }

@@ -202,12 +202,13 @@ class NcclWork final : public Work, public std::enable_shared_from_this<NcclWork
   }
 
   std::exception_ptr timed_out() {
-    return error_at(state_->fail(timeout_message(timed_op(), kWaitAborted)));
+    return error_at(state_->fail(timeout_message(timed_op(kWaitAborted))));
   }
 
-  TimedOp timed_op() const {
+  // The op as a timeout message names it, ending in how.
+  TimedOp timed_op(const char* how) const {
     return TimedOp{state_->prefix,  op_, unit_, timeout_peer(state_->rank, state_->size),
-                   state_->timeout, ""};
+                   state_->timeout, how};
   }
 
   // Hands this op to the group's watchdog, the first time only. A group already destroyed has
@@ -216,7 +217,7 @@ class NcclWork final : public Work, public std::enable_shared_from_this<NcclWork
     if (watched_) return;
     watched_ = true;
     if (auto watchdog = state_->watchdog.lock()) {
-      watchdog->watch(shared_from_this(), timed_op(), deadline_);
+      watchdog->watch(shared_from_this(), timed_op(kStreamWaitAborted), deadline_);
     }
   }
 
@@ -471,7 +472,7 @@ class NcclProcessGroup final : public ProcessGroup {
   // last step), so the message goes to stderr at once as well: fail() writes it there.
   static std::shared_ptr<StreamWatchdog> make_watchdog(const std::shared_ptr<NcclState>& state) {
     return std::make_shared<StreamWatchdog>(
-        [state](const std::string& message) { state->fail(message); }, kStreamWaitAborted);
+        [state](const std::string& message) { state->fail(message); });
   }
 
   static c10d::ReduceOp c10d_op(ReduceOp op) {
