@@ -20,8 +20,9 @@
 #   it checks the reference, not fsdp-train.
 # Each check's report goes to OUT_DIR/<name>.log and one line to OUT_DIR/summary.txt (ok,
 # ERRORS, or "timed out"). A compute-sanitizer check whose every report is one that is not ours
-# (NCCL's kernel-image probe: bench/gpu/sanitizer_reports.py) is ok, and its line says so. Exit status: 0 when no check reported an error, 1 when one did, 3
-# when the machine refused the tool, 4 when no check finished in the time.
+# (bench/gpu/sanitizer_reports.py: NCCL's kernel-image probe, hazards inside PyTorch's attention
+# kernel) is ok, and its line says so. Exit status: 0 when no check reported an error, 1 when one
+# did, 3 when the machine refused the tool, 4 when no check finished in the time.
 #
 # Environment: FSDP_BUILD_DIR (default build/), PYTHON (default python3), SANITIZE_DEADLINE
 # (epoch seconds; default 10 minutes from now), COMPUTE_SANITIZER (default: on PATH, else

@@ -245,11 +245,11 @@ class Timelines : public detail::StepObserver {
           replicate_lane_.run(t_, collective_s(h_, "all_reduce", output_bytes, replicas));
       return;
     }
-    busy(d_.bytes_s(3.0 * output_bytes));  // the average, and the copy into the master dtype
+    assign_gradients(output_bytes);
   }
   void finish_all_reduce(int unit, int64_t output_bytes) override {
     wait_until(all_reduce_end_.at(unit));
-    busy(d_.bytes_s(3.0 * output_bytes));
+    assign_gradients(output_bytes);
   }
   void keep_gradients(int unit, int64_t bytes) override { busy(d_.bytes_s(2.0 * bytes)); }
   void optimizer_step(int64_t shard_numel) override {
@@ -287,6 +287,8 @@ class Timelines : public detail::StepObserver {
     }
   };
 
+  // The average, and the copy of the reduced output into the master dtype.
+  void assign_gradients(int64_t output_bytes) { busy(d_.bytes_s(3.0 * output_bytes)); }
   void busy(double seconds) {
     t_ += seconds;
     busy_s_ += seconds;

@@ -2,8 +2,8 @@
 """bench/gpu/sanitizer_reports.py against compute-sanitizer output: the report memcheck gave on
 the H200 (NCCL's kernel-image probe, quoted from the run of 2026-11-28) is excused; the same
 API error from our own frame, an invalid write, and a race are not; racecheck's hazards
-inside PyTorch's attention kernel (quoted from the same run) are, unless one access is elsewhere. Run by ctest
-(SanitizerReports)."""
+inside PyTorch's attention kernel (quoted from the same run) are, unless one access is
+elsewhere. Run by ctest (SanitizerReports)."""
 import os
 import subprocess
 import sys
