@@ -17,9 +17,10 @@ void add(CollectiveCounters& into, const CollectiveCounters& c) {
 
 }  // namespace
 
-DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> group)
+DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> group, std::string dim_name)
     : shard_group_(std::move(group)),
-      post_forward_groups_(std::make_shared<std::map<int, std::shared_ptr<ProcessGroup>>>()) {
+      post_forward_groups_(std::make_shared<std::map<int, std::shared_ptr<ProcessGroup>>>()),
+      name_(std::move(dim_name)) {
   TORCH_CHECK(shard_group_ != nullptr, "DeviceMesh needs a process group, got null");
 }
 

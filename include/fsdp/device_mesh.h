@@ -14,14 +14,16 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace fsdp {
 
 class DeviceMesh {
  public:
-  // A 1-D mesh over every rank of group.
-  explicit DeviceMesh(std::shared_ptr<ProcessGroup> group);
+  // A 1-D mesh over every rank of group. dim_name names it in errors when it is a dimension of a
+  // larger mesh (NamedMesh's "tp"). (optional) defaults to none.
+  explicit DeviceMesh(std::shared_ptr<ProcessGroup> group, std::string dim_name = "");
 
   // A replicate_size x (W / replicate_size) mesh over world. Collective over every rank of
   // world; throws naming both numbers if replicate_size does not divide W.
@@ -35,6 +37,8 @@ class DeviceMesh {
   int replicate_size() const { return replicate_group_ ? replicate_group_->size() : 1; }
   int replicate_rank() const { return replicate_group_ ? replicate_group_->rank() : 0; }
   c10::Device device() const { return shard_group_->device(); }
+  // The name it was made with ("" for none).
+  const std::string& name() const { return name_; }
 
   ProcessGroup& shard_group() const { return *shard_group_; }
   const std::shared_ptr<ProcessGroup>& shard_group_ptr() const { return shard_group_; }
@@ -59,6 +63,7 @@ class DeviceMesh {
   std::shared_ptr<ProcessGroup> shard_group_;
   std::shared_ptr<ProcessGroup> replicate_group_;
   std::shared_ptr<std::map<int, std::shared_ptr<ProcessGroup>>> post_forward_groups_;
+  std::string name_;
 };
 
 }  // namespace fsdp

@@ -2,6 +2,8 @@
 // initial values (and so every recorded loss curve) depend on them.
 #include <models/common/modules.h>
 
+#include <fsdp/tensor_parallel.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
@@ -83,11 +85,7 @@ torch::nn::Linear layer_linear(const ParamTable& params, const std::string& name
   return make_linear(params.layer_param(name + ".weight"), params.layer_param(name + ".bias"));
 }
 
-at::Tensor linear(torch::nn::Linear layer, const at::Tensor& x) {
-  return fsdp::forward_with(
-      layer, [&layer](const at::Tensor& in) { return at::linear(in, layer->weight, layer->bias); },
-      x);
-}
+at::Tensor linear(torch::nn::Linear layer, const at::Tensor& x) { return fsdp::linear(layer, x); }
 
 at::Tensor activate(Activation activation, const at::Tensor& x) {
   switch (activation) {

@@ -63,8 +63,8 @@ torch::nn::Linear layer_linear(const ParamTable& params, const std::string& name
 // input it is one addmm with the bias fused, rounded once. torch::nn::Linear::forward (LibTorch's
 // functional linear) instead runs matmul and then adds the bias in place for inputs of more than
 // two dimensions, which in bf16 rounds twice: the same weights then give different bf16
-// activations than PyTorch's. Called through fsdp::forward_with, so the layer may be an FSDP
-// unit of its own (an auto-wrap policy's choice).
+// activations than PyTorch's. Called through fsdp::linear, so the layer may be an FSDP unit of
+// its own (an auto-wrap policy's choice) and may be split by tensor parallelism.
 at::Tensor linear(torch::nn::Linear layer, const at::Tensor& x);
 
 // The activation applied elementwise, computed as transformers' class for it does on CPU.

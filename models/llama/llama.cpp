@@ -251,10 +251,11 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config, const ParamTab
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1);
-  // [B, T, heads * head_dim] -> [B, T, heads, head_dim]
-  auto split = [&](const at::Tensor& t, int64_t n) { return t.view({batch, seq, n, head_dim_}); };
-  at::Tensor q = split(linear(q_proj, x), n_heads_);
-  at::Tensor k = split(linear(k_proj, x), n_kv_heads_);
+  // [B, T, heads * head_dim] -> [B, T, heads, head_dim]. The head counts are read from the
+  // projections' outputs: tensor parallelism leaves each rank heads / T of them.
+  auto split = [&](const at::Tensor& t) { return t.view({batch, seq, -1, head_dim_}); };
+  at::Tensor q = split(linear(q_proj, x));
+  at::Tensor k = split(linear(k_proj, x));
   if (q_norm) {  // Qwen3: each head normalized before the rotation
     q = fsdp::forward(q_norm, q);
     k = fsdp::forward(k_norm, k);
@@ -262,7 +263,7 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x) {
   // -> [B, heads, T, head_dim]
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
-  at::Tensor v = split(linear(v_proj, x), n_kv_heads_).transpose(1, 2);
+  at::Tensor v = split(linear(v_proj, x)).transpose(1, 2);
   const auto [cos, sin] = rotary_->cos_sin(seq, q.scalar_type(), q.device());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
@@ -275,7 +276,7 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x) {
   }
   at::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt,
                                                   /*dropout_p=*/0.0, /*is_causal=*/true);
-  y = y.transpose(1, 2).contiguous().view({batch, seq, n_heads_ * head_dim_});
+  y = y.transpose(1, 2).contiguous().view({batch, seq, -1});
   return linear(o_proj, y);
 }
 

@@ -3,6 +3,8 @@
 // unique_named_parameters().
 #include "checkpoint/common.h"
 
+#include <fsdp/tensor_parallel.h>
+
 #include <fsdp/grad_scaler.h>
 #include <fsdp/util/error.h>
 
@@ -133,6 +135,10 @@ std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGrou
   }
   std::vector<LocalParam> result;
   for (auto& [name, param] : unique_named_parameters(model)) {
+    // A slice of tensor parallelism would be written as if it were the whole tensor.
+    TORCH_CHECK(tensor_parallel_placement(param) == nullptr, "checkpoint: parameter '", name,
+                "' is split by tensor parallelism; saving and loading tensor-parallel models is "
+                "not supported yet");
     LocalParam lp;
     lp.name = name;
     lp.param = param;

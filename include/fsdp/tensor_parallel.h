@@ -1,0 +1,87 @@
+// Tensor parallelism (Megatron-LM's column and row splits of linear layers) over one mesh
+// dimension, composable with fully_shard over another, as FSDP2's parallelize_module with
+// ColwiseParallel / RowwiseParallel and fully_shard on the dp sub-mesh.
+//
+// parallelize_module(module, tp_mesh, plan) replaces the weights of the plan's linear layers by
+// this rank's slice, in place (the parameters keep their identity, so optimizers and fully_shard
+// see the local slices), and marks each layer with its style. Call it before fully_shard: FSDP
+// then shards the local slices over its own mesh (dim 0 of the local tensor, FSDP2's
+// composition). The layers must be called through fsdp::linear, which adds each style's
+// communication around at::linear:
+//
+//   ColwiseParallel: weight [out / T, in] (rows r*out/T.. of the full weight), bias [out / T].
+//     Input replicated; output this rank's slice of the last dimension. Forward: nothing;
+//     backward: the input's gradient is summed over the group (all-reduce).
+//   RowwiseParallel: weight [out, in / T] (columns), bias [out] replicated. Input this rank's
+//     slice of the last dimension (a colwise layer's output); output replicated. Forward: the
+//     partial products are summed over the group (all-reduce), then the bias is added;
+//     backward: nothing.
+//
+// A column layer followed by a row layer (attention's q/k/v then o, the MLP's gate/up then down)
+// communicates once each way. Every collective is checked as FSDP's are: one that fails or times
+// out throws naming the layer, the mesh dimension, the rank and the operation.
+#pragma once
+
+#include <fsdp/device_mesh.h>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fsdp {
+
+class ParallelStyle {
+ public:
+  enum class Kind { kColwise, kRowwise };
+  Kind kind() const { return kind_; }
+  std::string name() const;  // "ColwiseParallel" or "RowwiseParallel"
+
+ protected:
+  explicit ParallelStyle(Kind kind) : kind_(kind) {}
+
+ private:
+  Kind kind_;
+};
+
+struct ColwiseParallel : ParallelStyle {
+  ColwiseParallel() : ParallelStyle(Kind::kColwise) {}
+};
+
+struct RowwiseParallel : ParallelStyle {
+  RowwiseParallel() : ParallelStyle(Kind::kRowwise) {}
+};
+
+// Module paths relative to the module given to parallelize_module ("self_attn.q_proj"), each
+// with its style. A "*" component matches any one component ("layers.*.mlp.up_proj").
+using TensorParallelPlan = std::vector<std::pair<std::string, ParallelStyle>>;
+
+// Applies plan to the modules under module (see the top of this file). Every entry must match at
+// least one module, each match must be a torch::nn::Linear not yet parallelized or sharded by
+// fully_shard, and the split dimension (out for colwise, in for rowwise) must divide by the
+// mesh's size; otherwise throws naming the entry, the layer and the sizes. Not collective: every
+// rank of tp_mesh slices its own part. tp_mesh must be 1-D.
+void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
+                        const TensorParallelPlan& plan);
+
+// y = x W^T + b for a linear layer: at::linear, inside fsdp::forward_with (so the layer may be an
+// FSDP unit), with the layer's tensor-parallel communication around it when it has a style.
+at::Tensor linear(torch::nn::Linear& layer, const at::Tensor& x);
+
+// Where a parameter is split by tensor parallelism: the group it is split over and the
+// dimension of the full tensor that is split (0: colwise weight and bias; 1: rowwise weight).
+struct TensorParallelPlacement {
+  std::shared_ptr<ProcessGroup> group;
+  int64_t dim = 0;
+  std::vector<int64_t> global_shape;  // the full tensor's shape
+};
+
+// The placement of param (a parameter of a parallelized layer, possibly sharded by FSDP since),
+// or nullptr if tensor parallelism does not split it (replicated on the group, or no TP at all).
+const TensorParallelPlacement* tensor_parallel_placement(const at::Tensor& param);
+
+}  // namespace fsdp

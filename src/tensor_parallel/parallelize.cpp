@@ -1,0 +1,98 @@
+// parallelize_module: matches the plan's paths, slices each matched linear layer's parameters to
+// this rank's part in place, and marks the layer with its style. See fsdp/tensor_parallel.h.
+//
+// Slicing happens once, before fully_shard: the full weight exists on every rank until then (as
+// FSDP2's parallelize_module distributes a module built whole). The slice is copied into a
+// tensor of its own, so the full weight's bytes are freed.
+#include <fsdp/tensor_parallel.h>
+
+#include "runtime/hooks.h"
+#include "tensor_parallel/tp_layer.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/modules/linear.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+namespace {
+
+std::vector<std::string> components(const std::string& path) {
+  std::vector<std::string> out;
+  std::stringstream in(path);
+  for (std::string part; std::getline(in, part, '.');) out.push_back(part);
+  return out;
+}
+
+bool matches(const std::string& pattern, const std::string& path) {
+  const auto want = components(pattern), have = components(path);
+  if (want.size() != have.size()) return false;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (want[i] != "*" && want[i] != have[i]) return false;
+  }
+  return true;
+}
+
+// Replaces param's data by its rank-th of size slices along dim (a copy, so the full tensor's
+// bytes go), and records the placement.
+void slice_in_place(at::Tensor& param, int64_t dim, const detail::TpSite& site) {
+  const int size = site.group->size(), rank = site.group->rank();
+  const std::vector<int64_t> global = param.sizes().vec();
+  const int64_t part = global[dim] / size;
+  at::NoGradGuard no_grad;
+  param.set_data(param.detach().narrow(dim, rank * part, part).contiguous().clone());
+  detail::record_placement(param, TensorParallelPlacement{site.group, dim, global});
+}
+
+void parallelize_linear(torch::nn::LinearImpl& layer, const std::string& path,
+                        const ParallelStyle& style, const detail::TpSite& site) {
+  TORCH_CHECK(detail::tp_layer_of(layer) == nullptr, "parallelize_module: layer '", path,
+              "' already has a tensor-parallel style");
+  TORCH_CHECK(detail::param_group_of(layer) == nullptr, "parallelize_module: layer '", path,
+              "' is already sharded by fully_shard; apply tensor parallelism first");
+  const int size = site.group->size();
+  const bool colwise = style.kind() == ParallelStyle::Kind::kColwise;
+  const int64_t dim = colwise ? 0 : 1;
+  const int64_t split = layer.weight.size(dim);
+  TORCH_CHECK(split % size == 0, "parallelize_module: ", style.name(), " splits layer '", path,
+              "' along its ", colwise ? "output" : "input", " features, ", split,
+              ", which do not divide by the tensor-parallel size ", size);
+  slice_in_place(layer.weight, dim, site);
+  if (layer.bias.defined() && colwise) slice_in_place(layer.bias, 0, site);
+  detail::TpSite named = site;
+  named.layer = path;
+  detail::attach_tp_layer(layer, detail::TpLayer{style, std::move(named)});
+}
+
+}  // namespace
+
+std::string ParallelStyle::name() const {
+  return kind_ == Kind::kColwise ? "ColwiseParallel" : "RowwiseParallel";
+}
+
+void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
+                        const TensorParallelPlan& plan) {
+  TORCH_CHECK(tp_mesh.ndim() == 1, "parallelize_module: the tensor-parallel mesh must be 1-D, got ",
+              tp_mesh.ndim(), " dimensions");
+  const detail::TpSite site{tp_mesh.shard_group_ptr(), tp_mesh.name(), ""};
+  const auto named = module.named_modules("", /*include_self=*/false);
+  for (const auto& [pattern, style] : plan) {
+    int matched = 0;
+    for (const auto& item : named) {
+      if (!matches(pattern, item.key())) continue;
+      auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
+      TORCH_CHECK(linear != nullptr, "parallelize_module: plan entry '", pattern,
+                  "' matches module '", item.key(), "', a ", item.value()->name(), "; ",
+                  style.name(), " applies to torch::nn::Linear only");
+      parallelize_linear(*linear, item.key(), style, site);
+      ++matched;
+    }
+    TORCH_CHECK(matched > 0, "parallelize_module: plan entry '", pattern, "' (", style.name(),
+                ") matches no module under ", module.name());
+  }
+}
+
+}  // namespace fsdp

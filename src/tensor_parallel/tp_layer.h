@@ -1,0 +1,28 @@
+// How a parallelized linear layer carries its style: a parameterless child module, as a unit's
+// FSDP state does (runtime/hooks.h), so it lives and dies with the layer and fsdp::linear finds
+// it from the layer alone.
+#pragma once
+
+#include "tensor_parallel/tp_collectives.h"
+
+#include <fsdp/tensor_parallel.h>
+
+#include <torch/nn/module.h>
+
+#include <memory>
+
+namespace fsdp::detail {
+
+struct TpLayer {
+  ParallelStyle style;
+  TpSite site;
+};
+
+// The style parallelize_module gave module, or nullptr.
+const TpLayer* tp_layer_of(const torch::nn::Module& module);
+void attach_tp_layer(torch::nn::Module& module, TpLayer layer);
+
+// Records that param (by identity: FSDP's set_data keeps it) is split as placement says.
+void record_placement(const at::Tensor& param, TensorParallelPlacement placement);
+
+}  // namespace fsdp::detail

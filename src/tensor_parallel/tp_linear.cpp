@@ -1,0 +1,47 @@
+// fsdp::linear: at::linear on a layer's (possibly FSDP-gathered) parameters, with the layer's
+// tensor-parallel communication around it. See fsdp/tensor_parallel.h for the styles.
+//
+// The row-parallel all-reduce runs inside the layer's FSDP scope, before the bias is added: the
+// bias is an FSDP parameter, readable only while the unit is gathered, and adding it after the
+// sum adds it once rather than T times.
+#include <fsdp/runtime/forward.h>
+#include <fsdp/tensor_parallel.h>
+
+#include "tensor_parallel/tp_layer.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace fsdp {
+
+at::Tensor linear(torch::nn::Linear& layer, const at::Tensor& x) {
+  const detail::TpLayer* tp = detail::tp_layer_of(*layer);
+  if (tp == nullptr) {
+    return forward_with(
+        layer,
+        [&layer](const at::Tensor& in) { return at::linear(in, layer->weight, layer->bias); }, x);
+  }
+  switch (tp->style.kind()) {
+    case ParallelStyle::Kind::kColwise: {
+      const at::Tensor in = detail::copy_to_tensor_parallel(x, tp->site);
+      return forward_with(
+          layer,
+          [&layer](const at::Tensor& input) {
+            return at::linear(input, layer->weight, layer->bias);
+          },
+          in);
+    }
+    case ParallelStyle::Kind::kRowwise:
+      return forward_with(
+          layer,
+          [&layer, tp](const at::Tensor& input) {
+            at::Tensor y =
+                detail::reduce_from_tensor_parallel(at::linear(input, layer->weight), tp->site);
+            return layer->bias.defined() ? y + layer->bias : y;
+          },
+          x);
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled tensor-parallel style");
+}
+
+}  // namespace fsdp
