@@ -50,6 +50,11 @@ at::Tensor Model::summed_loss(const at::Tensor& logits, const at::Tensor& target
   return models::summed_loss(logits, targets);
 }
 
+TensorParallelPlan ModelSpec::unit_tp_plan(int tp) const {
+  TORCH_CHECK(false, "model '", name(), "' (family ", family(),
+              ") has no tensor-parallel plan, which tensor parallelism over ", tp, " ranks needs");
+}
+
 std::shared_ptr<const ModelSpec> model_spec(const std::string& name) {
   for (const auto& spec : registry()) {
     if (spec->name() == name) return spec;

@@ -142,6 +142,9 @@ struct ParallelismConfig {
   // Blocks' reshard_after_forward: 1 true, 0 false, N >= 2 the int N (hpZ group size).
   int reshard_after_forward = 1;
   int replicate = 1;  // hybrid_shard: size of the replicate dimension (divides W)
+  // Tensor parallelism over tp consecutive ranks (each block's linear layers split by the
+  // model's plan), FSDP over the W / tp data-parallel ranks; 1: off.
+  int tp = 1;
   // Shard(shard_dim) for every parameter with more than shard_dim dims, Shard(0) for the others
   // (FSDP2's shard_placement_fn); 0: Shard(0) everywhere.
   int64_t shard_dim = 0;

@@ -59,6 +59,7 @@ class PretrainedSpec : public ModelSpec {
                               bool activation_checkpoint) const override {
     return inner_->memory_spec(micro_batch, seq_len, compute_dtype, activation_checkpoint);
   }
+  TensorParallelPlan unit_tp_plan(int tp) const override { return inner_->unit_tp_plan(tp); }
 
  private:
   std::string name_;

@@ -6,6 +6,8 @@
 #include <models/llama/llama_memory.h>
 #include <models/llama/llama_spec.h>
 
+#include <models/llama/llama_parallelize.h>
+
 namespace fsdp::models {
 namespace {
 
@@ -75,6 +77,9 @@ class LlamaSpec : public ModelSpec {
   ModelMemorySpec memory_spec(int64_t micro_batch, int64_t seq_len, at::ScalarType compute_dtype,
                               bool activation_checkpoint) const override {
     return llama_memory_spec(config_, micro_batch, seq_len, compute_dtype, activation_checkpoint);
+  }
+  TensorParallelPlan unit_tp_plan(int tp) const override {
+    return llama_layer_tp_plan(config_, tp);
   }
 
  private:

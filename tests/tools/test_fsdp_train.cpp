@@ -291,7 +291,9 @@ TEST(FsdpTrain, ConcurrentLaunchesNeverCollideOnAPort) {
 TEST(FsdpTrain, GlobalBatchNotDivisibleByRanks) {
   const CommandResult r = run("--nproc 3 --steps 1 --global-batch 4");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_THAT(r.output, HasSubstr("--global-batch 4 is not divisible by the number of ranks, 3"));
+  EXPECT_THAT(
+      r.output,
+      HasSubstr("--global-batch 4 is not divisible by the number of data-parallel ranks, 3"));
 }
 
 }  // namespace

@@ -20,12 +20,34 @@ namespace {
 // The byte-level data feeds token ids 0..255.
 constexpr int64_t kByteVocab = 256;
 
+// --tp N: the data-parallel ranks (W / N) are what the global batch is split over. The settings
+// tensor parallelism is not built for yet are refused by name rather than run untested.
+void check_tensor_parallel(const JobConfig& o, int world) {
+  const ParallelismConfig& p = o.parallelism;
+  TORCH_CHECK(p.tp >= 1 && world % p.tp == 0, "--tp ", p.tp, " does not divide the world size ",
+              world);
+  if (p.tp == 1) return;
+  const auto refuse = [&](bool bad, const std::string& what) {
+    TORCH_CHECK(!bad, "--tp ", p.tp, ": ", what, " is not supported with tensor parallelism yet");
+  };
+  refuse(p.no_fsdp, "--no-fsdp");
+  refuse(p.strategy != ShardingStrategy::kFullShard && p.strategy != ShardingStrategy::kShardGradOp,
+         "--strategy " + std::string(to_string(p.strategy)));
+  refuse(p.wrap_policy.min_params.has_value(), "--wrap-policy min-params");
+  refuse(p.param_dtype == at::kHalf, "--param-dtype fp16 (its gradient scaler)");
+  refuse(p.offload, "--offload");
+  refuse(p.device != DeviceKind::kCpu, "--device cuda");
+  refuse(!o.checkpoint.save_dir.empty() || !o.checkpoint.resume.empty(), "--save / --resume");
+  refuse(!o.checkpoint.export_path.empty(), "--export");
+  refuse(!o.model.init_from.empty(), "--init-from");
+}
+
 void check_batch(const TrainingConfig& t, int world) {
   // --steps 0 trains nothing: with --export it writes the initial weights.
   TORCH_CHECK(t.steps >= 0, "--steps must be non-negative, got ", t.steps);
   TORCH_CHECK(t.global_batch >= 1, "--global-batch must be at least 1, got ", t.global_batch);
   TORCH_CHECK(t.global_batch % world == 0, "--global-batch ", t.global_batch,
-              " is not divisible by the number of ranks, ", world,
+              " is not divisible by the number of data-parallel ranks, ", world,
               ": every rank trains on an equal slice of the global batch");
   TORCH_CHECK(t.lr > 0, "--lr must be positive, got ", t.lr);
   TORCH_CHECK(t.grad_accum >= 1, "--grad-accum must be at least 1, got ", t.grad_accum);
@@ -216,7 +238,8 @@ std::shared_ptr<const models::ModelSpec> model_spec_of(const JobConfig& o,
 
 std::shared_ptr<const models::ModelSpec> check_job(const JobConfig& o, int world,
                                                    JobTokenizer& tokenizer) {
-  check_batch(o.training, world);
+  check_tensor_parallel(o, world);
+  check_batch(o.training, world / o.parallelism.tp);
   check_schedule_and_val(o);
   check_sharding(o, world);
   check_precision(o);
@@ -224,6 +247,13 @@ std::shared_ptr<const models::ModelSpec> check_job(const JobConfig& o, int world
   check_checkpointing(o.checkpoint, o.model);
   auto spec = model_spec_of(o, tokenizer);
   check_model_fits_data(o, *spec);
+  if (o.parallelism.tp > 1) {
+    try {
+      spec->unit_tp_plan(o.parallelism.tp);  // the model has a plan, and its sizes divide
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "--tp ", o.parallelism.tp, ": ", e.what_without_backtrace());
+    }
+  }
   return spec;
 }
 

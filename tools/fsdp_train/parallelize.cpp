@@ -8,7 +8,9 @@
 #include <fsdp_train/parallelize.h>
 
 #include <fsdp/comm/comm_hooks.h>
+#include <fsdp/named_mesh.h>
 #include <fsdp/runtime/whole_tensor.h>
+#include <fsdp/tensor_parallel.h>
 #include <fsdp/wrap_policy.h>
 #include <fsdp_train/timeline.h>
 
@@ -32,9 +34,23 @@ c10::Device device_of(const Run& run) {
   return group_device;
 }
 
+// --tp N: a dp x tp mesh (tp innermost), FSDP over dp. See [Note: the norm over tensor-parallel
+// slices] for how clipping still takes FSDP's mesh alone.
+void build_tensor_parallel_mesh(Run& run) {
+  const int tp = run.o.parallelism.tp;
+  const NamedMesh named(run.group, {{"dp", run.world / tp}, {"tp", tp}});
+  run.mesh.emplace(named["dp"]);
+  run.tp_mesh.emplace(named["tp"]);
+  run.data_rank = named.coordinate("dp");
+  run.data_world = named.size("dp");
+}
+
 void build_mesh(Run& run) {
   run.device = device_of(run);
+  run.data_rank = run.rank;
+  run.data_world = run.world;
   if (!run.group) return;
+  if (run.o.parallelism.tp > 1) return build_tensor_parallel_mesh(run);
   const int replicate = run.o.parallelism.strategy == ShardingStrategy::kNoShard ? run.world
                         : run.o.parallelism.strategy == ShardingStrategy::kHybridShard
                             ? run.o.parallelism.replicate
@@ -111,8 +127,12 @@ void build_model(Run& run, const FullyShardOptions& unit_options) {
   model_options.seed(run.o.training.seed);
   model_options.activation_checkpoint(run.o.model.activation_checkpoint);
   if (run.mesh && !run.o.parallelism.wrap_policy.min_params && !shards_whole_tensors(run)) {
+    const TensorParallelPlan plan =
+        run.tp_mesh ? run.spec->unit_tp_plan(run.tp_mesh->shard_size()) : TensorParallelPlan{};
     model_options.on_unit_built(
-        [&run, unit_options](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
+        [&run, unit_options, plan](const std::string&,
+                                   const std::shared_ptr<torch::nn::Module>& block) {
+          if (run.tp_mesh) parallelize_module(*block, *run.tp_mesh, plan);
           move_unsharded_parameters(*block, run.device);
           fully_shard(block, *run.mesh, unit_options);
         });

@@ -38,6 +38,10 @@ struct Run {
   std::shared_ptr<ProcessGroup> group;  // null: the --no-fsdp reference
   int world = 1;
   int rank = 0;
+  // The data-parallel rank and size: what the global batch is split over (rank and world, but
+  // under --tp the dp coordinate and W / tp: a tp group's ranks train on the same rows).
+  int data_rank = 0;
+  int data_world = 1;
   bool printing = false;  // rank 0 without --quiet
 
   c10::Device device = at::kCPU;  // where the model computes (--device)
@@ -48,7 +52,8 @@ struct Run {
   std::optional<CountAllocations> count_thread;
 
   std::shared_ptr<const models::ModelSpec> spec;
-  std::optional<DeviceMesh> mesh;
+  std::optional<DeviceMesh> mesh;     // FSDP's: the dp dimension under --tp
+  std::optional<DeviceMesh> tp_mesh;  // --tp N > 1: each unit's tensor-parallel group
   std::unique_ptr<models::Model> built;
   std::shared_ptr<torch::nn::Module> model;
   std::optional<FSDPModule> root;

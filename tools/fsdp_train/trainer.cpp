@@ -83,18 +83,20 @@ double mean_over_ranks(const at::Tensor& loss, const Run& run) {
 
 // [Note: the mean over trained targets]
 // Plain data: each rank's loss is the mean over its targets (each of grad_accum slices scaled
-// by 1/grad_accum), and the gradient reduction's mean over the W ranks makes the gradient that
-// of the global batch's mean, since every rank trains as many targets. Fine-tuning data masks
-// targets (kIgnoreIndex), so ranks and slices train different numbers of them and a mean of
-// means would weigh them unequally. There each slice's loss is its summed cross-entropy times
-// W / N, N the count of trained targets in the whole global batch: the reduction's mean over
-// the ranks makes the gradient that of sum / N, the global mean over trained targets, and the
-// reported loss, the mean over ranks of each rank's slices, is that same sum / N. Every rank
-// draws the whole global batch (fsdp/train/data_loader.h), so N is counted locally: no collective.
-// A batch with no trained target has loss 0 and no gradient (N is taken as 1).
+// by 1/grad_accum), and the gradient reduction's mean over the W data-parallel ranks makes the
+// gradient that of the global batch's mean, since every rank trains as many targets.
+// Fine-tuning data masks targets (kIgnoreIndex), so ranks and slices train different numbers of
+// them and a mean of means would weigh them unequally. There each slice's loss is its summed
+// cross-entropy times W / N, N the count of trained targets in the whole global batch: the
+// reduction's mean over the ranks makes the gradient that of sum / N, the global mean over
+// trained targets, and the reported loss, the mean over ranks of each rank's slices, is that
+// same sum / N (under --tp, W is the data-parallel size: a tp group's ranks hold the same
+// slice). Every rank draws the whole global batch (fsdp/train/data_loader.h), so N is counted
+// locally: no collective. A batch with no trained target has loss 0 and no gradient (N is
+// taken as 1).
 at::Tensor masked_loss(const Run& run, const at::Tensor& logits, const at::Tensor& targets,
                        int64_t trained) {
-  const double scale = double(run.world) / double(std::max<int64_t>(trained, 1));
+  const double scale = double(run.data_world) / double(std::max<int64_t>(trained, 1));
   return run.built->summed_loss(logits, targets) * scale;
 }
 
@@ -104,8 +106,8 @@ DataLoaderOptions loader_options(const Run& run, uint64_t seed) {
       .global_batch(run.o.training.global_batch)
       .seq_len(run.o.training.seq_len)
       .seed(seed)
-      .rank(run.rank)
-      .world_size(run.world);
+      .rank(run.data_rank)
+      .world_size(run.data_world);
 }
 
 // Forward only, no autograd graph (so FSDP runs no backward and no reduce-scatter) over
@@ -302,7 +304,7 @@ StepRecord train_step(Run& run, DataLoader& loader) {
   crash_or_stall_if_asked(step, run.rank);
   StepProbe probe = begin_step(run);
   const Batch batch = loader.next();
-  run.batches.write(step, {batch.global_inputs, batch.global_targets}, run.world);
+  run.batches.write(step, {batch.global_inputs, batch.global_targets}, run.data_world);
   const at::Tensor& inputs = batch.inputs;
   const at::Tensor& targets = batch.targets;
   // Fine-tuning data trains (and tokens_per_s counts) only the targets its labels keep.

@@ -28,6 +28,7 @@
 #include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/memory_estimate.h>
 #include <fsdp/models/unit_built.h>
+#include <fsdp/tensor_parallel.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
@@ -107,6 +108,10 @@ class ModelSpec {
   virtual ModelMemorySpec memory_spec(int64_t micro_batch, int64_t seq_len,
                                       at::ScalarType compute_dtype,
                                       bool activation_checkpoint) const = 0;
+  // How each unit (as on_unit_built hands it out) is split by tensor parallelism over tp ranks:
+  // parallelize_module's plan, paths relative to the unit. Throws naming the sizes that do not
+  // divide by tp. The default throws: the family has no plan.
+  virtual TensorParallelPlan unit_tp_plan(int tp) const;
 };
 
 // The registered configuration called name; throws listing every registered name otherwise.
