@@ -85,6 +85,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tensor_parallel  # noqa: E402  (beside this file)
+
 # ---- safetensors (tiny, dependency-free) -------------------------------------------------------
 
 _ST_DTYPES = {"F32": torch.float32, "F64": torch.float64, "BF16": torch.bfloat16,
@@ -311,11 +314,10 @@ class LlamaAttention(nn.Module):
     def forward(self, x):
         b, t, _ = x.shape
 
-        def heads(z, n):
-            return z.view(b, t, n, self.head_dim).transpose(1, 2)
+        def heads(z):  # the head count from z: tensor parallelism leaves heads / tp per rank
+            return z.view(b, t, -1, self.head_dim).transpose(1, 2)
 
-        q, k, v = heads(self.q_proj(x), self.n_heads), heads(self.k_proj(x), self.n_kv), \
-            heads(self.v_proj(x), self.n_kv)
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         positions = torch.arange(t, dtype=torch.int64, device=x.device).to(torch.float)
         freqs = positions.unsqueeze(1) * self.inv_freq.to(x.device).unsqueeze(0)
         angles = torch.cat((freqs, freqs), dim=-1)
@@ -664,6 +666,10 @@ def train(rank, world, args):
         mesh = (init_device_mesh(device.type, (args.replicate, world // args.replicate),
                                  mesh_dim_names=("replicate", "shard"))
                 if args.replicate > 1 else init_device_mesh(device.type, (world,)))
+        if args.tp > 1:  # --tp N: the layers split over "tp" first, FSDP over "dp"
+            world_mesh = tensor_parallel.mesh_2d(device.type, world, args.tp)
+            tensor_parallel.parallelize_layers(model.model.layers, world_mesh["tp"])
+            mesh = world_mesh["dp"]
         # --shard-dim D: FSDP2's shard_placement_fn, Shard(D) for parameters with more than D dims.
         d = args.shard_dim
         placement = (lambda p: Shard(d) if p.dim() > d else Shard(0)) if d > 0 else None
@@ -718,9 +724,11 @@ def train(rank, world, args):
     if args.resume_dcp:
         resumed = load_dcp(args.resume_dcp, model, optimizer)
         batches = [(step, micro) for step, micro in batches if step > resumed]
-    if b % world:
-        raise RuntimeError(f"global batch {b} is not divisible by {world} ranks")
-    rows = b // world
+    # Under --tp a tp group's ranks train on the same rows: the batch is split over dp.
+    data_world, data_rank = world // args.tp, rank // args.tp
+    if b % data_world:
+        raise RuntimeError(f"global batch {b} is not divisible by {data_world} ranks")
+    rows = b // data_world
 
     metrics = open(args.metrics, "w") if rank == 0 and args.metrics else None
     for step, micro_batches in batches:
@@ -736,8 +744,8 @@ def train(rank, world, args):
                 train_model.set_requires_all_reduce(k == accum - 1)
             elif args.mode == "fsdp2":
                 train_model.set_requires_gradient_sync(sync)
-            x = inputs[rank * rows:(rank + 1) * rows].to(device)
-            y = targets[rank * rows:(rank + 1) * rows].to(device)
+            x = inputs[data_rank * rows:(data_rank + 1) * rows].to(device)
+            y = targets[data_rank * rows:(data_rank + 1) * rows].to(device)
             if args.mode == "ddp" and not sync:
                 with train_model.no_sync():
                     logits = train_model(x)
@@ -754,7 +762,8 @@ def train(rank, world, args):
         loss_scale = scaler.get_scale() if scaler else None
         if scaler:
             scaler.unscale_(optimizer)  # clipping sees the unscaled gradients
-        norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+        norm = (tensor_parallel.clip_grad_norm_full(params, args.max_grad_norm) if args.tp > 1
+                else torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm))
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         norm = norm.item()
@@ -881,6 +890,10 @@ def parser():
                         "/ DDP no_sync before it); sync after every one; no-all-reduce (HSDP, "
                         "--replicate): reduce-scatters after every one and all-reduces across "
                         "replicas after the last (FSDP2 set_requires_all_reduce(False) before it)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="fsdp2, Llama: tensor parallelism over N consecutive ranks "
+                        "(bench/reference/tensor_parallel.py), FSDP over the W / N others, as "
+                        "fsdp-train --tp N")
     p.add_argument("--replicate", type=int, default=1,
                    help="fsdp2: HSDP over an (R, W / R) mesh, as fsdp-train --strategy "
                         "hybrid_shard --replicate R")

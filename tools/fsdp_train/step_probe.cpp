@@ -60,6 +60,7 @@ double StepProbe::seconds_so_far() const {
 StepProbe begin_step(Run& run) {
   StepProbe probe;
   probe.start = StepProbe::Clock::now();
+  if (run.tp_mesh) run.tp_mesh->reset_counters();
   if (run.mesh) {
     run.mesh->reset_counters();
     run.monitor->stats().reset_peaks();
@@ -108,7 +109,10 @@ RankStepStats measure_rank(const Run& run, const StepProbe& probe) {
     const CommCounters counters = run.mesh->counters();
     mine.all_gather_bytes = counters.all_gather.payload_bytes;
     mine.reduce_scatter_bytes = counters.reduce_scatter.payload_bytes;
-    mine.all_reduce_bytes = counters.all_reduce.payload_bytes;
+    // Under --tp the tensor-parallel all-reduces (activations, their gradients, clipping's
+    // norm) count here too.
+    mine.all_reduce_bytes = counters.all_reduce.payload_bytes +
+                            (run.tp_mesh ? run.tp_mesh->counters().all_reduce.payload_bytes : 0);
     mine.broadcast_bytes = counters.broadcast.payload_bytes;
     mine.reduce_bytes = counters.reduce.payload_bytes;
   }

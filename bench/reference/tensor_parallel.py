@@ -1,0 +1,45 @@
+"""FSDP2 + tensor parallelism for the reference runner (fsdp2_reference.py --tp N): PyTorch's own
+parallelize_module with ColwiseParallel / RowwiseParallel on each Llama decoder layer over the
+"tp" dimension of a (W / N, N) mesh, then fully_shard over "dp", as torchtitan composes them
+(without sequence parallelism, and with the embeddings and head replicated over tp, as
+fsdp-train --tp does). A reference, not product code.
+"""
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                               parallelize_module)
+
+# Each decoder layer's plan: q/k/v and gate/up column-wise, o and down row-wise.
+LLAMA_LAYER_PLAN = {
+    "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+    "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
+}
+
+
+def mesh_2d(device_type, world, tp):
+    """A (dp, tp) mesh, tp innermost: consecutive ranks share a tp group, as fsdp-train's."""
+    if world % tp:
+        raise RuntimeError(f"--tp {tp} does not divide the world size {world}")
+    return init_device_mesh(device_type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def parallelize_layers(layers, tp_mesh):
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {path: styles[kind]() for path, kind in LLAMA_LAYER_PLAN.items()}
+    for layer in layers:
+        parallelize_module(layer, tp_mesh, plan)
+
+
+def clip_grad_norm_full(params, max_norm):
+    """torch.nn.utils.clip_grad_norm_'s result and clipping, computed on full gradients: the
+    parameters are DTensors on two meshes ((dp, tp) for the layers, dp alone for the root),
+    whose norms torch's own function cannot stack together. Norm in float32, as torch's."""
+    grads = [p.grad for p in params if p.grad is not None]
+    full = [g.full_tensor() if isinstance(g, DTensor) else g for g in grads]
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in full]))
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef)
+    return total
