@@ -9,7 +9,8 @@
 // composition). The layers must be called through fsdp::linear, which adds each style's
 // communication around at::linear:
 //
-//   ColwiseParallel: weight [out / T, in] (rows r*out/T.. of the full weight), bias [out / T].
+//   ColwiseParallel: weight [out / T, in] (rows r*out/T.. of the full weight; of each block, for
+//     a packed projection), bias [out / T].
 //     Input replicated; output this rank's slice of the last dimension. Forward: nothing;
 //     backward: the input's gradient is summed over the group (all-reduce).
 //   RowwiseParallel: weight [out, in / T] (columns), bias [out] replicated. Input this rank's
@@ -39,21 +40,27 @@ class ParallelStyle {
  public:
   enum class Kind { kColwise, kRowwise };
   Kind kind() const { return kind_; }
+  // Column styles: the output features are this many equal blocks, each split on its own (a
+  // fused projection: GPT-2's c_attn is q, k and v, packed 3), so every rank gets its part of
+  // each block, in block order. 1 otherwise.
+  int64_t packed() const { return packed_; }
   std::string name() const;  // "ColwiseParallel" or "RowwiseParallel"
 
  protected:
-  explicit ParallelStyle(Kind kind) : kind_(kind) {}
+  ParallelStyle(Kind kind, int64_t packed) : kind_(kind), packed_(packed) {}
 
  private:
   Kind kind_;
+  int64_t packed_;
 };
 
 struct ColwiseParallel : ParallelStyle {
-  ColwiseParallel() : ParallelStyle(Kind::kColwise) {}
+  // packed: see ParallelStyle::packed. (optional) defaults to 1.
+  explicit ColwiseParallel(int64_t packed = 1) : ParallelStyle(Kind::kColwise, packed) {}
 };
 
 struct RowwiseParallel : ParallelStyle {
-  RowwiseParallel() : ParallelStyle(Kind::kRowwise) {}
+  RowwiseParallel() : ParallelStyle(Kind::kRowwise, 1) {}
 };
 
 // Module paths relative to the module given to parallelize_module ("self_attn.q_proj"), each
@@ -77,6 +84,7 @@ at::Tensor linear(torch::nn::Linear& layer, const at::Tensor& x);
 struct TensorParallelPlacement {
   std::shared_ptr<ProcessGroup> group;
   int64_t dim = 0;
+  int64_t packed = 1;                 // the split dimension's equal blocks, each split on its own
   std::vector<int64_t> global_shape;  // the full tensor's shape
 };
 

@@ -143,15 +143,17 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& config, const
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1), embd = x.size(2);
   const int64_t head_dim = embd / n_head_;
-  std::vector<at::Tensor> qkv = linear(c_attn, x).split(embd, /*dim=*/2);
-  // [B, T, C] -> [B, n_head, T, head_dim]
+  // q, k and v: thirds of c_attn's output (each rank's heads of each under tensor parallelism,
+  // whose packed split keeps the three blocks).
+  std::vector<at::Tensor> qkv = linear(c_attn, x).chunk(3, /*dim=*/2);
+  // [B, T, C] -> [B, n_head, T, head_dim] (n_head / T heads per rank under tensor parallelism)
   auto heads = [&](const at::Tensor& t) {
-    return t.view({batch, seq, n_head_, head_dim}).transpose(1, 2);
+    return t.view({batch, seq, -1, head_dim}).transpose(1, 2);
   };
   at::Tensor y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
                                                   /*attn_mask=*/std::nullopt,
                                                   /*dropout_p=*/0.0, /*is_causal=*/true);
-  y = y.transpose(1, 2).contiguous().view({batch, seq, embd});
+  y = y.transpose(1, 2).contiguous().view({batch, seq, -1});
   return linear(c_proj, y);
 }
 

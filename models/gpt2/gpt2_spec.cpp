@@ -5,6 +5,8 @@
 #include <models/gpt2/gpt2.h>
 #include <models/gpt2/gpt2_memory.h>
 #include <models/gpt2/gpt2_spec.h>
+
+#include <models/gpt2/gpt2_parallelize.h>
 #include <models/gpt2/hf.h>
 
 namespace fsdp::models {
@@ -72,6 +74,7 @@ class GPT2Spec : public ModelSpec {
                               bool activation_checkpoint) const override {
     return gpt2_memory_spec(config_, micro_batch, seq_len, compute_dtype, activation_checkpoint);
   }
+  TensorParallelPlan unit_tp_plan(int tp) const override { return gpt2_block_tp_plan(config_, tp); }
 
  private:
   std::string name_;

@@ -36,15 +36,21 @@ bool matches(const std::string& pattern, const std::string& path) {
   return true;
 }
 
-// Replaces param's data by its rank-th of size slices along dim (a copy, so the full tensor's
-// bytes go), and records the placement.
-void slice_in_place(at::Tensor& param, int64_t dim, const detail::TpSite& site) {
+// Replaces param's data by its rank-th of size slices along dim, of each of packed equal blocks
+// of dim (a copy, so the full tensor's bytes go), and records the placement.
+void slice_in_place(at::Tensor& param, int64_t dim, int64_t packed, const detail::TpSite& site) {
   const int size = site.group->size(), rank = site.group->rank();
   const std::vector<int64_t> global = param.sizes().vec();
-  const int64_t part = global[dim] / size;
+  std::vector<int64_t> blocks = global;  // [.., packed, dim / packed, ..]
+  blocks[dim] = global[dim] / packed;
+  blocks.insert(blocks.begin() + dim, packed);
+  const int64_t part = blocks[dim + 1] / size;
+  std::vector<int64_t> local = global;
+  local[dim] = global[dim] / size;
   at::NoGradGuard no_grad;
-  param.set_data(param.detach().narrow(dim, rank * part, part).contiguous().clone());
-  detail::record_placement(param, TensorParallelPlacement{site.group, dim, global});
+  param.set_data(
+      param.detach().reshape(blocks).narrow(dim + 1, rank * part, part).reshape(local).clone());
+  detail::record_placement(param, TensorParallelPlacement{site.group, dim, packed, global});
 }
 
 void parallelize_linear(torch::nn::LinearImpl& layer, const std::string& path,
@@ -56,12 +62,15 @@ void parallelize_linear(torch::nn::LinearImpl& layer, const std::string& path,
   const int size = site.group->size();
   const bool colwise = style.kind() == ParallelStyle::Kind::kColwise;
   const int64_t dim = colwise ? 0 : 1;
-  const int64_t split = layer.weight.size(dim);
-  TORCH_CHECK(split % size == 0, "parallelize_module: ", style.name(), " splits layer '", path,
-              "' along its ", colwise ? "output" : "input", " features, ", split,
+  const int64_t split = layer.weight.size(dim), packed = style.packed();
+  TORCH_CHECK(packed >= 1 && split % packed == 0, "parallelize_module: layer '", path, "' has ",
+              split, " output features, not ", packed, " equal packed blocks");
+  TORCH_CHECK(split / packed % size == 0, "parallelize_module: ", style.name(), " splits layer '",
+              path, "' along its ", colwise ? "output" : "input", " features, ", split,
+              packed > 1 ? " in " + std::to_string(packed) + " packed blocks" : std::string(),
               ", which do not divide by the tensor-parallel size ", size);
-  slice_in_place(layer.weight, dim, site);
-  if (layer.bias.defined() && colwise) slice_in_place(layer.bias, 0, site);
+  slice_in_place(layer.weight, dim, packed, site);
+  if (layer.bias.defined() && colwise) slice_in_place(layer.bias, 0, packed, site);
   detail::TpSite named = site;
   named.layer = path;
   detail::attach_tp_layer(layer, detail::TpLayer{style, std::move(named)});

@@ -1,9 +1,9 @@
 // Tensor parallelism against one process: the named mesh's groups, a column/row pair of linear
-// layers (outputs and every gradient), and llama-tiny trained under tensor parallelism alone
-// (tp 2) and under FSDP over dp x tp (2 x 2), with and without activation checkpointing: losses
-// and gradient norms within 1e-5 (relative) over 5 AdamW steps with clipping, every parameter
-// slice within 1e-5 of the reference's. Bad plans and a collective that cannot complete end in
-// errors naming the fault.
+// layers (outputs and every gradient), a packed column split, and llama-tiny and GPT-2 tiny
+// trained under tensor parallelism alone (tp 2) and under FSDP over dp x tp (2 x 2), with and
+// without activation checkpointing: losses and gradient norms within 1e-5 (relative) over 5
+// AdamW steps with clipping, every parameter slice within 1e-5 of the reference's. Bad plans and
+// a collective that cannot complete end in errors naming the fault.
 #include "support/harness.h"
 #include "support/test_support.h"
 
@@ -11,6 +11,8 @@
 #include <fsdp/named_mesh.h>
 #include <fsdp/tensor_parallel.h>
 #include <models/common/modules.h>
+#include <models/gpt2/gpt2.h>
+#include <models/gpt2/gpt2_parallelize.h>
 #include <models/llama/llama.h>
 #include <models/llama/llama_parallelize.h>
 
@@ -20,6 +22,7 @@
 
 #include <atomic>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,45 +124,64 @@ TEST(TensorParallel, ColumnThenRowMatchesOneProcess) {
 
 struct TpRecord {
   TrainRecord train;
-  // Per parameter name: its tensor-parallel placement (dim, or -1 if replicated).
+  // Per parameter name: its tensor-parallel placement (dim, or -1 if replicated; packed blocks).
   std::map<std::string, int64_t> tp_dim;
+  std::map<std::string, int64_t> tp_packed;
   int tp_rank = 0;
   int tp_size = 1;
 };
 
-TrainCase llama_tp_case(bool activation_checkpoint) {
+enum class Family { kLlama, kGpt2 };
+
+// llama-tiny or GPT-2 tiny, built whole (mesh null) or, on a 2-D mesh, with each block split
+// over its tp dimension and sharded over its dp dimension as it is built, the root last.
+std::shared_ptr<torch::nn::Module> build_model(Family family, const NamedMesh* mesh,
+                                               bool activation_checkpoint) {
+  std::optional<DeviceMesh> tp, dp;
+  if (mesh != nullptr) tp = (*mesh)["tp"], dp = (*mesh)["dp"];
+  const auto split_and_shard = [&](const TensorParallelPlan& plan) {
+    return [&, plan](const std::string&, const std::shared_ptr<torch::nn::Module>& block) {
+      parallelize_module(*block, *tp, plan);
+      fully_shard(block, *dp);
+    };
+  };
+  std::shared_ptr<torch::nn::Module> model;
+  if (family == Family::kLlama) {
+    LlamaOptions o(LlamaConfig::tiny());
+    o.seed(42).activation_checkpoint(activation_checkpoint);
+    if (mesh)
+      o.on_layer_built(split_and_shard(models::llama_layer_tp_plan(o.config(), tp->shard_size())));
+    model = LlamaForCausalLM(o).ptr();
+  } else {
+    models::GPT2Options o(models::GPT2Config::tiny());
+    o.seed(42).activation_checkpoint(activation_checkpoint);
+    if (mesh)
+      o.on_block_built(split_and_shard(models::gpt2_block_tp_plan(o.config(), tp->shard_size())));
+    model = models::GPT2LMHead(o).ptr();
+  }
+  if (mesh) fully_shard(model, *dp);
+  return model;
+}
+
+at::Tensor model_loss(Family family, const std::shared_ptr<torch::nn::Module>& m,
+                      const at::Tensor& x, const at::Tensor& y) {
+  if (family == Family::kLlama) {
+    LlamaForCausalLM model(std::static_pointer_cast<models::LlamaForCausalLMImpl>(m));
+    return models::loss(fsdp::forward(model, x), y);
+  }
+  models::GPT2LMHead model(std::static_pointer_cast<models::GPT2LMHeadImpl>(m));
+  return models::loss(fsdp::forward(model, x), y);
+}
+
+TrainCase tp_case(Family family) {
   TrainCase c;
   c.batch = [](int64_t step) { return text_batch(step, 8, 16, 7); };
   c.steps = 5;
   c.lr = 1e-3;
-  c.make_model = [activation_checkpoint](const DeviceMesh*) {
-    LlamaOptions o(LlamaConfig::tiny());
-    o.seed(42).activation_checkpoint(activation_checkpoint);
-    return LlamaForCausalLM(o).ptr();
-  };
-  c.loss = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x,
-              const at::Tensor& y) {
-    LlamaForCausalLM model(std::static_pointer_cast<models::LlamaForCausalLMImpl>(m));
-    return models::loss(fsdp::forward(model, x), y);
-  };
+  c.make_model = [family](const DeviceMesh*) { return build_model(family, nullptr, false); };
+  c.loss = [family](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x,
+                    const at::Tensor& y) { return model_loss(family, m, x, y); };
   return c;
-}
-
-// Builds llama-tiny with each decoder layer split over the mesh's tp dimension and sharded over
-// its dp dimension as it is built, the root sharded last.
-std::shared_ptr<torch::nn::Module> build_2d(const NamedMesh& mesh, bool activation_checkpoint) {
-  const LlamaConfig config = LlamaConfig::tiny();
-  const DeviceMesh tp = mesh["tp"], dp = mesh["dp"];
-  const TensorParallelPlan plan = models::llama_layer_tp_plan(config, tp.shard_size());
-  LlamaOptions o(config);
-  o.seed(42).activation_checkpoint(activation_checkpoint);
-  o.on_layer_built([&](const std::string&, const std::shared_ptr<torch::nn::Module>& layer) {
-    parallelize_module(*layer, tp, plan);
-    fully_shard(layer, dp);
-  });
-  auto model = LlamaForCausalLM(o).ptr();
-  fully_shard(model, dp);
-  return model;
 }
 
 void record_params(const torch::nn::Module& model, TpRecord& out) {
@@ -170,18 +192,20 @@ void record_params(const torch::nn::Module& model, TpRecord& out) {
       out.train.metadata[name] = sp.metadata;
       const TensorParallelPlacement* placement = tensor_parallel_placement(sp.local);
       out.tp_dim[name] = placement ? placement->dim : -1;
+      out.tp_packed[name] = placement ? placement->packed : 1;
     }
   }
 }
 
-std::vector<TpRecord> train_2d(const TrainCase& c, int dp, int tp, bool activation_checkpoint) {
+std::vector<TpRecord> train_2d(Family family, const TrainCase& c, int dp, int tp,
+                               bool activation_checkpoint) {
   std::vector<TpRecord> records(dp * tp);
   run_ranks_in_threads(dp * tp, [&](std::shared_ptr<ProcessGroup> world) {
     const NamedMesh mesh(world, {{"dp", dp}, {"tp", tp}});
     TpRecord& record = records[world->rank()];
     record.tp_rank = mesh.coordinate("tp");
     record.tp_size = tp;
-    auto model = build_2d(mesh, activation_checkpoint);
+    auto model = build_model(family, &mesh, activation_checkpoint);
     auto params = unique_parameters(*model);
     torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(c.lr).weight_decay(0.1));
     const int64_t rows = 8 / dp, first = mesh.coordinate("dp") * rows;
@@ -203,17 +227,26 @@ std::vector<TpRecord> train_2d(const TrainCase& c, int dp, int tp, bool activati
 }
 
 // The reference's value of a rank's parameter: its tensor-parallel slice, then FSDP's rows.
-void expect_params_match(const TrainRecord& reference, const TpRecord& got, double tol) {
+// full's slice on tensor-parallel rank `rank` of `size` along dim, of each of packed blocks.
+at::Tensor tp_slice(const at::Tensor& full, int64_t dim, int64_t packed, int rank, int size) {
+  std::vector<int64_t> blocks = full.sizes().vec(), local = full.sizes().vec();
+  blocks[dim] /= packed;
+  blocks.insert(blocks.begin() + dim, packed);
+  local[dim] /= size;
+  const int64_t part = blocks[dim + 1] / size;
+  return full.reshape(blocks).narrow(dim + 1, rank * part, part).reshape(local);
+}
+
+void expect_params_match(const TrainRecord& reference, const TpRecord& got, int expected_split,
+                         double tol) {
   int split = 0;
   for (const auto& [name, dim] : got.tp_dim) split += dim >= 0 ? 1 : 0;
-  // llama-tiny: 2 layers of q, k, v, o, gate, up and down.
-  EXPECT_EQ(split, got.tp_size > 1 ? 14 : 0) << "parameters split by tensor parallelism";
+  EXPECT_EQ(split, expected_split) << "parameters split by tensor parallelism";
   for (const auto& [name, shard] : got.train.params) {
     const ShardMetadata& m = got.train.metadata.at(name);
     at::Tensor full = reference.params.at(name);
     if (const int64_t d = got.tp_dim.at(name); d >= 0) {
-      const int64_t part = full.size(d) / got.tp_size;
-      full = full.narrow(d, got.tp_rank * part, part);
+      full = tp_slice(full, d, got.tp_packed.at(name), got.tp_rank, got.tp_size);
     }
     ASSERT_EQ(full.sizes().vec(), m.global_shape) << name;
     if (m.local_rows == 0) continue;
@@ -226,11 +259,14 @@ void expect_params_match(const TrainRecord& reference, const TpRecord& got, doub
   }
 }
 
-void expect_matches_reference(int dp, int tp, bool activation_checkpoint) {
-  const TrainCase c = llama_tp_case(false);
+void expect_matches_reference(Family family, int dp, int tp, bool activation_checkpoint) {
+  const TrainCase c = tp_case(family);
   const TrainRecord reference = train_reference(c);
   EXPECT_LT(reference.losses.back(), reference.losses.front() - 0.05);  // it learns
-  const auto ranks = train_2d(c, dp, tp, activation_checkpoint);
+  const auto ranks = train_2d(family, c, dp, tp, activation_checkpoint);
+  // 2 blocks: Llama's q, k, v, o, gate, up, down; GPT-2's c_attn and c_fc weights and biases
+  // and both c_proj weights (their biases are replicated).
+  const int expected_split = family == Family::kLlama ? 14 : 12;
   for (size_t r = 0; r < ranks.size(); ++r) {
     for (size_t s = 0; s < reference.losses.size(); ++s) {
       EXPECT_NEAR(ranks[r].train.losses[s], reference.losses[s], 1e-5 * reference.losses[s])
@@ -239,16 +275,51 @@ void expect_matches_reference(int dp, int tp, bool activation_checkpoint) {
                   1e-5 * reference.grad_norms[s])
           << "grad norm, rank " << r << " step " << s;
     }
-    expect_params_match(reference, ranks[r], 1e-5);
+    expect_params_match(reference, ranks[r], expected_split, 1e-5);
   }
 }
 
-TEST(TensorParallelLlama, Tp2MatchesSingleProcess) { expect_matches_reference(1, 2, false); }
+TEST(TensorParallelLlama, Tp2MatchesSingleProcess) {
+  expect_matches_reference(Family::kLlama, 1, 2, false);
+}
 
-TEST(TensorParallelLlama, Dp2Tp2MatchesSingleProcess) { expect_matches_reference(2, 2, false); }
+TEST(TensorParallelLlama, Dp2Tp2MatchesSingleProcess) {
+  expect_matches_reference(Family::kLlama, 2, 2, false);
+}
 
 TEST(TensorParallelLlama, Dp2Tp2WithActivationCheckpointingMatchesSingleProcess) {
-  expect_matches_reference(2, 2, true);
+  expect_matches_reference(Family::kLlama, 2, 2, true);
+}
+
+TEST(TensorParallelGpt2, Tp2MatchesSingleProcess) {
+  expect_matches_reference(Family::kGpt2, 1, 2, false);
+}
+
+TEST(TensorParallelGpt2, Dp2Tp2WithActivationCheckpointingMatchesSingleProcess) {
+  expect_matches_reference(Family::kGpt2, 2, 2, true);
+}
+
+// A packed column split keeps each block's rows together: rank r gets rows r*2.. of each third.
+TEST(TensorParallel, PackedColumnSplitTakesEachBlocksPart) {
+  run_ranks_in_threads(2, [](std::shared_ptr<ProcessGroup> group) {
+    // A module holding the fused layer as "qkv", as an attention module holds c_attn.
+    struct Holder : torch::nn::Module {
+      Holder() { qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(1, 12))); }
+      torch::nn::Linear qkv{nullptr};
+    } holder;
+    torch::nn::Linear& fused = holder.qkv;
+    {
+      at::NoGradGuard no_grad;
+      fused->weight.copy_(at::arange(12, at::kFloat).reshape({12, 1}));
+      fused->bias.copy_(at::arange(12, at::kFloat));
+    }
+    parallelize_module(holder, DeviceMesh(group, "tp"), {{"qkv", ColwiseParallel(3)}});
+    const at::Tensor want = group->rank() == 0 ? at::tensor({0.f, 1.f, 4.f, 5.f, 8.f, 9.f})
+                                               : at::tensor({2.f, 3.f, 6.f, 7.f, 10.f, 11.f});
+    EXPECT_TRUE(at::equal(fused->weight.reshape({-1}), want));
+    EXPECT_TRUE(at::equal(fused->bias, want));
+    EXPECT_EQ(tensor_parallel_placement(fused->weight)->packed, 3);
+  });
 }
 
 // --- errors ---

@@ -123,7 +123,7 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--replicate", "--nproc 4 --global-batch 8 --strategy hybrid_shard --replicate 3"},
     {"fsdp-train", "--tp", "--tp 0"},
     {"fsdp-train", "--tp", "--nproc 2 --model llama-tiny --tp 3"},  // does not divide W
-    {"fsdp-train", "--tp", "--nproc 2 --model tiny --tp 2"},        // GPT-2 has no plan
+    {"fsdp-train", "--tp", "--nproc 4 --global-batch 8 --model tiny --tp 4"},  // 2 heads
     {"fsdp-train", "--param-dtype", "--param-dtype int8"},
     {"fsdp-train", "--init-scale", "--param-dtype fp16 --init-scale 0"},
     {"fsdp-train", "--init-scale", "--param-dtype fp16 --init-scale inf"},

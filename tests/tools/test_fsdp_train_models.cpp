@@ -89,12 +89,15 @@ TEST(FsdpTrainModels, UnknownModelListsTheRegisteredNames) {
   EXPECT_THAT(r.output, HasSubstr("llama-8b"));
 }
 
-// --tp: llama-tiny at dp 2 x tp 2 (4 processes) and tp 2 alone reproduces --no-fsdp within 1e-5,
-// every rank holding less than FSDP over the data-parallel ranks alone would give it.
-TEST(FsdpTrainTensorParallel, MatchesTheSingleProcessReference) {
+// --tp: llama-tiny and GPT-2 tiny at dp 2 x tp 2 (4 processes) and tp 2 alone reproduce
+// --no-fsdp within 1e-5, every rank holding less than FSDP over the data-parallel ranks alone
+// would give it.
+class FsdpTrainTensorParallel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FsdpTrainTensorParallel, MatchesTheSingleProcessReference) {
   const std::string common =
-      "--model llama-tiny --steps 5 --global-batch 8 --seq-len 16 --quiet --seed 5";
-  const std::string base = test::temp_path("fsdp_train_tp");
+      "--model " + GetParam() + " --steps 5 --global-batch 8 --seq-len 16 --quiet --seed 5";
+  const std::string base = test::temp_path("fsdp_train_tp_" + GetParam());
   const CommandResult ref = run_command(fsdp_train_binary() + " --no-fsdp " + common +
                                         " --metrics " + base + "_ref.jsonl");
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
@@ -123,12 +126,18 @@ TEST(FsdpTrainTensorParallel, MatchesTheSingleProcessReference) {
   }
 }
 
-TEST(FsdpTrainTensorParallel, SettingsItCannotRunAreNamed) {
+INSTANTIATE_TEST_SUITE_P(Models, FsdpTrainTensorParallel, ::testing::Values("llama-tiny", "tiny"),
+                         [](const auto& info) {
+                           return info.param == "tiny" ? std::string("gpt2_tiny")
+                                                       : std::string("llama_tiny");
+                         });
+
+TEST(FsdpTrainTensorParallelErrors, SettingsItCannotRunAreNamed) {
   const std::string common = " --steps 1 --global-batch 4 --seq-len 16 --quiet";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--nproc 4 --tp 3 --model llama-tiny", "--tp 3 does not divide the world size 4"},
-      {"--nproc 2 --tp 2 --model tiny",
-       "--tp 2: model 'tiny' (family gpt2) has no tensor-parallel plan"},
+      {"--nproc 4 --tp 4 --model tiny",
+       "--tp 4: tensor parallelism over 4 ranks needs n_head divisible by it, got 2"},
       {"--nproc 4 --tp 4 --model llama-tiny",
        "--tp 4: tensor parallelism over 4 ranks needs num_key_value_heads divisible by it, got 2"},
       {"--nproc 2 --tp 2 --model llama-tiny --strategy no_shard",

@@ -1,0 +1,16 @@
+// How a GPT-2 block is split by tensor parallelism (Megatron-LM's GPT-2 split): the fused q/k/v
+// projection c_attn column-wise in three packed blocks (each rank keeps its heads of q, k and
+// v), c_fc column-wise, both c_proj row-wise (their biases added once, after the sum). The layer
+// norms, embeddings and the tied head stay replicated.
+#pragma once
+
+#include <fsdp/tensor_parallel.h>
+#include <models/gpt2/gpt2_config.h>
+
+namespace fsdp::models {
+
+// The plan for one block ("transformer.h.N"), paths relative to it. Throws naming the counts if
+// n_head or the MLP's width does not divide by tp.
+TensorParallelPlan gpt2_block_tp_plan(const GPT2Config& config, int tp);
+
+}  // namespace fsdp::models
