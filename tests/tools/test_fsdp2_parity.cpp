@@ -529,17 +529,21 @@ TEST(Fsdp2ParityLlama, Fp32AndBf16MatchFsdp2) {
 
 // FSDP x TP against PyTorch's fully_shard over "dp" of parallelize_module over "tp"
 // (ColwiseParallel / RowwiseParallel with the same Llama plan, bench/reference/tensor_parallel.py):
-// dp 2 x tp 2 and tp 2 alone. Losses and gradient norms; fsdp-train cannot export a --tp run yet.
-Case tensor_parallel_case(const std::string& name, int world, int tp) {
-  Case c{
-      name,  world,       "--tp " + std::to_string(tp), "--mode fsdp2 --tp " + std::to_string(tp),
-      kFp32, "llama-tiny"};
+// dp 2 x tp 2 and tp 2 alone in fp32, and dp 2 x tp 2 with bf16 compute (both sides with
+// LibTorch's AdamW arithmetic, as the other bf16 cases). Losses and gradient norms; fsdp-train
+// cannot export a --tp run yet.
+Case tensor_parallel_case(const std::string& name, int world, const std::string& dtype_flags) {
+  const std::string flags = "--tp 2" + dtype_flags;
+  const std::string reference =
+      "--mode fsdp2 " + flags + (dtype_flags.empty() ? "" : " --adamw libtorch");
+  Case c{name, world, flags, reference, dtype_flags.empty() ? kFp32 : kBf16, "llama-tiny"};
   c.compares_parameters = false;
   return c;
 }
 
 TEST(Fsdp2ParityTensorParallel, DpByTpMatchesFsdp2WithParallelizeModule) {
-  run_cases({tensor_parallel_case("llama_dp2_tp2", 4, 2), tensor_parallel_case("llama_tp2", 2, 2)});
+  run_cases({tensor_parallel_case("llama_dp2_tp2", 4, ""), tensor_parallel_case("llama_tp2", 2, ""),
+             tensor_parallel_case("llama_dp2_tp2_bf16", 4, " --param-dtype bf16")});
 }
 
 // The same comparisons with our ranks on the mpi backend, as an mpirun job (builds with MPI).
