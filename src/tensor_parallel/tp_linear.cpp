@@ -10,38 +10,27 @@
 #include "tensor_parallel/tp_layer.h"
 
 #include <ATen/ATen.h>
-#include <c10/util/Exception.h>
 
 namespace fsdp {
 
 at::Tensor linear(torch::nn::Linear& layer, const at::Tensor& x) {
   const detail::TpLayer* tp = detail::tp_layer_of(*layer);
-  if (tp == nullptr) {
+  if (tp != nullptr && tp->style.kind() == ParallelStyle::Kind::kRowwise) {
     return forward_with(
         layer,
-        [&layer](const at::Tensor& in) { return at::linear(in, layer->weight, layer->bias); }, x);
+        [&layer, tp](const at::Tensor& input) {
+          at::Tensor y =
+              detail::reduce_from_tensor_parallel(at::linear(input, layer->weight), tp->site);
+          return layer->bias.defined() ? y + layer->bias : y;
+        },
+        x);
   }
-  switch (tp->style.kind()) {
-    case ParallelStyle::Kind::kColwise: {
-      const at::Tensor in = detail::copy_to_tensor_parallel(x, tp->site);
-      return forward_with(
-          layer,
-          [&layer](const at::Tensor& input) {
-            return at::linear(input, layer->weight, layer->bias);
-          },
-          in);
-    }
-    case ParallelStyle::Kind::kRowwise:
-      return forward_with(
-          layer,
-          [&layer, tp](const at::Tensor& input) {
-            at::Tensor y =
-                detail::reduce_from_tensor_parallel(at::linear(input, layer->weight), tp->site);
-            return layer->bias.defined() ? y + layer->bias : y;
-          },
-          x);
-  }
-  TORCH_INTERNAL_ASSERT(false, "unhandled tensor-parallel style");
+  // A plain layer, or a column layer, whose input enters through the gradient's all-reduce.
+  const at::Tensor in = tp != nullptr ? detail::copy_to_tensor_parallel(x, tp->site) : x;
+  return forward_with(
+      layer,
+      [&layer](const at::Tensor& input) { return at::linear(input, layer->weight, layer->bias); },
+      in);
 }
 
 }  // namespace fsdp
