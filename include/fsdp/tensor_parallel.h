@@ -92,4 +92,10 @@ struct TensorParallelPlacement {
 // or nullptr if tensor parallelism does not split it (replicated on the group, or no TP at all).
 const TensorParallelPlacement* tensor_parallel_placement(const at::Tensor& param);
 
+// The part of `full` (a tensor of placement.global_shape) that rank `rank` of the placement's
+// group holds, as a view of full whose split dimension is two: [packed blocks, this rank's part
+// of each]. reshape() to the slice's shape gives the rank's tensor; copy_() into it places one.
+at::Tensor tensor_parallel_slice_view(const at::Tensor& full,
+                                      const TensorParallelPlacement& placement, int rank);
+
 }  // namespace fsdp

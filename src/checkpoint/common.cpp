@@ -30,7 +30,84 @@ std::vector<int64_t> LocalParam::dim_padded_shape() const {
   return shape;
 }
 
+int64_t LocalParam::local_numel() const {
+  if (tp) return tp->padded * (c10::multiply_integers(tp->slice_shape) / tp->slice_shape[0]);
+  return along_dim() ? c10::multiply_integers(dim_padded_shape()) : padded_rows * row_numel;
+}
+
+// [Note: tensor-parallel slices in checkpoints]
+// Files hold global tensors, so a checkpoint saved at one (dp, tp) loads at any other, and a
+// tensor-parallel run's export is the single process's. A rank's local tensor is FSDP's rows
+// (offset, rows, padded) of its tensor-parallel slice. A column split with no packed blocks
+// slices dim 0 in rank order, so those rows are global rows (the slice's first row plus
+// offset): a row range like any other, stored and read without gathering. A row split (columns)
+// or a packed column split (each block's part) is not: it is gathered whole over every rank
+// (each contributes its piece and where it sits) and assembled through the slice views that
+// parallelize_module cut it by (tensor_parallel_slice_view), one tensor at a time, like
+// Shard(d > 0); loading reads it whole and keeps this rank's piece.
+namespace {
+
+at::Tensor tensor_parallel_whole(ProcessGroup* group, const LocalParam& lp,
+                                 const at::Tensor& local) {
+  const LocalParam::TensorParallelSlice& tp = *lp.tp;
+  const int world = group ? group->size() : 1;
+  std::vector<int64_t> mine = {tp.rank, tp.offset, tp.rows, local.numel()};
+  at::Tensor places = at::from_blob(mine.data(), {1, 4}, at::kLong);
+  if (world > 1) {
+    places = at::empty({world, 4}, at::kLong);
+    group->all_gather_into_tensor(places, at::from_blob(mine.data(), {4}, at::kLong))->wait();
+  }
+  const auto* place = places.const_data_ptr<int64_t>();
+  for (int r = 0; r < world; ++r) {  // every rank sees the same table, so all throw or none
+    TORCH_CHECK(place[4 * r + 3] == local.numel(), "parameter '", lp.name, "': rank ", r, " holds ",
+                place[4 * r + 3], " elements of its tensor-parallel slice and this rank ",
+                local.numel(), "; the ranks' pieces must be equal to be gathered");
+  }
+  at::Tensor pieces = local.contiguous().view({1, -1});
+  if (world > 1) {
+    pieces = at::empty({world, local.numel()}, local.options());
+    group->all_gather_into_tensor(pieces, local.contiguous().view({-1}))->wait();
+  }
+  const int64_t slice_rows = tp.slice_shape[0], inner = local.numel() / tp.padded;
+  const int size = tp.placement->group->size();
+  at::Tensor slices = at::zeros({size, slice_rows, inner}, local.options());
+  std::vector<int64_t> covered(size, 0);  // replicas (dp without FSDP) write equal values
+  for (int r = 0; r < world; ++r) {
+    const int64_t t = place[4 * r], offset = place[4 * r + 1], rows = place[4 * r + 2];
+    TORCH_CHECK(t >= 0 && t < size && offset >= 0 && offset + rows <= slice_rows, "parameter '",
+                lp.name, "': rank ", r, " holds rows [", offset, ", ", offset + rows,
+                ") of tensor-parallel slice ", t, ", outside its ", size, " slices of ", slice_rows,
+                " rows");
+    slices[t].narrow(0, offset, rows).copy_(pieces[r].view({tp.padded, inner}).narrow(0, 0, rows));
+    covered[t] = std::max(covered[t], offset + rows);
+  }
+  at::Tensor whole = at::empty(lp.global_shape, local.options());
+  for (int t = 0; t < size; ++t) {
+    TORCH_CHECK(covered[t] == slice_rows, "parameter '", lp.name, "': the ranks hold rows up to ",
+                covered[t], " of tensor-parallel slice ", t, "'s ", slice_rows);
+    const at::Tensor view = tensor_parallel_slice_view(whole, *tp.placement, t);
+    view.copy_(slices[t].view(view.sizes()));
+  }
+  return whole.view({lp.dim0, lp.row_numel});
+}
+
+void place_tensor_parallel_whole(const LocalParam& lp, const at::Tensor& whole,
+                                 const at::Tensor& local) {
+  const LocalParam::TensorParallelSlice& tp = *lp.tp;
+  const at::Tensor slice =
+      tensor_parallel_slice_view(whole.view(lp.global_shape), *tp.placement, tp.rank)
+          .reshape(tp.slice_shape);
+  std::vector<int64_t> padded_shape = tp.slice_shape;
+  padded_shape[0] = tp.padded;
+  const at::Tensor dst = local.view(padded_shape);
+  if (tp.rows > 0) dst.narrow(0, 0, tp.rows).copy_(slice.narrow(0, tp.offset, tp.rows));
+  if (tp.rows < tp.padded) dst.narrow(0, tp.rows, tp.padded - tp.rows).zero_();
+}
+
+}  // namespace
+
 at::Tensor whole_value(ProcessGroup* group, const LocalParam& lp, const at::Tensor& local) {
+  if (lp.tp) return tensor_parallel_whole(group, lp, local);
   TORCH_INTERNAL_ASSERT(lp.along_dim());
   if (group == nullptr || group->size() == 1) {
     // One rank: its shard is the whole tensor (no padding).
@@ -70,6 +147,7 @@ at::Tensor whole_value(ProcessGroup* group, const LocalParam& lp, const at::Tens
 }
 
 void place_whole_value(const LocalParam& lp, const at::Tensor& whole, const at::Tensor& local) {
+  if (lp.tp) return place_tensor_parallel_whole(lp, whole, local);
   TORCH_INTERNAL_ASSERT(lp.along_dim());
   const int64_t d = lp.shard_dim;
   const at::Tensor dst = local.view(lp.dim_padded_shape());
@@ -111,17 +189,37 @@ void set_rows_and_check(LocalParam& lp) {
   lp.dim0 = lp.global_shape.empty() ? 1 : lp.global_shape[0];
   lp.row_numel = 1;
   for (size_t i = 1; i < lp.global_shape.size(); ++i) lp.row_numel *= lp.global_shape[i];
-  if (!lp.sharded || lp.along_dim()) {
+  if (!lp.sharded || lp.needs_whole()) {
     lp.offset = 0;
     lp.rows = lp.padded_rows = lp.dim0;
   }
-  const int64_t local_numel = lp.along_dim() ? c10::multiply_integers(lp.dim_padded_shape())
-                                             : lp.padded_rows * lp.row_numel;
+  const int64_t local_numel = lp.local_numel();
   TORCH_CHECK(lp.param.numel() == local_numel, "parameter '", lp.name, "' has shape ",
               lp.param.sizes(), ", not its ", (lp.sharded ? "sharded" : "full"), " shape of ",
               local_numel,
               " elements: checkpoints are taken between steps, while parameters are sharded");
   TORCH_CHECK(lp.param.is_contiguous(), "parameter '", lp.name, "' is not contiguous");
+}
+
+// A parameter split by tensor parallelism ([Note: tensor-parallel slices in checkpoints]): its
+// global shape is the full tensor's; FSDP's sharding (or none) is of the slice.
+void set_tensor_parallel(LocalParam& lp, const TensorParallelPlacement& placement) {
+  TORCH_CHECK(!lp.along_dim(), "checkpoint: parameter '", lp.name,
+              "' is split by tensor parallelism and sharded along dim ", lp.shard_dim,
+              " by fully_shard; checkpoints of that combination are not supported (shard dim 0)");
+  LocalParam::TensorParallelSlice tp{&placement, placement.group->rank(), lp.global_shape};
+  tp.offset = lp.sharded ? lp.offset : 0;
+  tp.rows = lp.sharded ? lp.rows : tp.slice_shape[0];
+  tp.padded = lp.sharded ? lp.padded_rows : tp.slice_shape[0];
+  lp.global_shape = placement.global_shape;
+  if (placement.dim == 0 && placement.packed == 1) {  // a row range of the global tensor
+    lp.offset = tp.rank * tp.slice_shape[0] + tp.offset;
+    lp.rows = tp.rows;
+    lp.padded_rows = tp.padded;
+    lp.sharded = true;
+    return;
+  }
+  lp.tp = std::move(tp);
 }
 
 }  // namespace
@@ -135,10 +233,6 @@ std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGrou
   }
   std::vector<LocalParam> result;
   for (auto& [name, param] : unique_named_parameters(model)) {
-    // A slice of tensor parallelism would be written as if it were the whole tensor.
-    TORCH_CHECK(tensor_parallel_placement(param) == nullptr, "checkpoint: parameter '", name,
-                "' is split by tensor parallelism; saving and loading tensor-parallel models is "
-                "not supported yet");
     LocalParam lp;
     lp.name = name;
     lp.param = param;
@@ -147,6 +241,9 @@ std::vector<LocalParam> local_params(const torch::nn::Module& model, ProcessGrou
       set_sharding(lp, it->second, group);
     } else {
       lp.global_shape = param.sizes().vec();
+    }
+    if (const TensorParallelPlacement* tp = tensor_parallel_placement(param)) {
+      set_tensor_parallel(lp, *tp);
     }
     set_rows_and_check(lp);
     result.push_back(std::move(lp));

@@ -7,6 +7,11 @@
 // (whole_value, collective) and loading by reading the whole tensor and keeping this rank's
 // slices along d (place_whole_value).
 //
+// A parameter split by tensor parallelism ([Note: tensor-parallel slices in checkpoints] in
+// common.cpp) is stored as its global tensor too: a column split with no packed blocks is a row
+// range (the slice's offset plus FSDP's rows within it); any other split is gathered whole, as
+// Shard(d > 0) is (LocalParam::tp).
+//
 // The group of a checkpoint call is the whole job (the world). A parameter's rows may be held
 // by several ranks at once: with HSDP every replica holds the same shard, with no_shard every
 // rank holds the whole tensor, and parameters outside FSDP units are whole on every rank. Each
@@ -16,10 +21,12 @@
 #include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/comm/process_group.h>
 #include <fsdp/fully_shard.h>
+#include <fsdp/tensor_parallel.h>
 
 #include <ATen/core/Tensor.h>
 
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,20 +50,36 @@ struct LocalParam {
   int64_t dim_rows = 0;    // real slices along shard_dim this rank holds
   int64_t dim_padded = 0;  // slices along shard_dim of the local tensor, padding included
 
+  // A tensor-parallel split that is not a row range of the global tensor (a row layer's
+  // columns, a packed column layer's blocks): where this rank's local tensor sits. offset, rows
+  // and padded_rows above then describe the whole tensor.
+  struct TensorParallelSlice {
+    const TensorParallelPlacement* placement = nullptr;
+    int rank = 0;                      // in the placement's group
+    std::vector<int64_t> slice_shape;  // the tensor-parallel slice's (FSDP's global) shape
+    int64_t offset = 0;                // FSDP's rows of the slice this rank holds: first,
+    int64_t rows = 0;                  // real ones,
+    int64_t padded = 0;                // and with padding (the local tensor's dim 0)
+  };
+  std::optional<TensorParallelSlice> tp;
+
   // The local tensor (param, or a state tensor of the same shape) as [padded_rows, row_numel].
-  // Under Shard(d > 0) pass the whole value instead (whole_value).
+  // When needs_whole() pass the whole value instead (whole_value).
   at::Tensor rows_view(const at::Tensor& local) const;
   bool along_dim() const { return shard_dim > 0; }
+  // The local tensor is no row range of the global one: saved gathered whole, loaded from it.
+  bool needs_whole() const { return along_dim() || tp.has_value(); }
+  int64_t local_numel() const;
   // Shape of the local tensor under Shard(d > 0): the global shape with d's size dim_padded.
   std::vector<int64_t> dim_padded_shape() const;
 };
 
-// Shard(d > 0): the whole value ([dim0, row_numel]) of lp's local tensor `local` (the parameter
-// or a state tensor of its shape), gathered over group. Collective: every rank calls it for
-// the same tensors in the same order.
+// needs_whole(): the whole value ([dim0, row_numel]) of lp's local tensor `local` (the
+// parameter or a state tensor of its shape), gathered over group. Collective: every rank calls
+// it for the same tensors in the same order.
 at::Tensor whole_value(ProcessGroup* group, const LocalParam& lp, const at::Tensor& local);
-// Shard(d > 0): copies this rank's slices along d of whole (the global tensor) into local and
-// zeroes its padding. Local: no communication.
+// needs_whole(): copies this rank's part of whole (the global tensor) into local and zeroes its
+// padding. Local: no communication.
 void place_whole_value(const LocalParam& lp, const at::Tensor& whole, const at::Tensor& local);
 
 // Every distinct parameter of model, in named_parameters() order. Parameters of FSDP units get

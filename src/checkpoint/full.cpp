@@ -94,7 +94,7 @@ at::Tensor gather_full(const LocalParam& lp, const std::vector<detail::RowRange>
                        ProcessGroup* group) {
   const at::Tensor local = lp.param.detach();
   const int rank = group ? group->rank() : 0;
-  if (lp.along_dim()) {  // Shard(d > 0): every rank contributes its slices along d
+  if (lp.needs_whole()) {  // Shard(d > 0) or a TP split: every rank contributes its piece
     const at::Tensor whole = detail::whole_value(group, lp, local);
     return rank == 0 ? whole.view(lp.global_shape) : at::Tensor();
   }
@@ -384,9 +384,9 @@ std::unordered_map<std::string, EntryOf> match_params(const std::string& path,
 void load_param(const LocalParam& lp, const SafetensorsReader& reader, const TensorEntry& e,
                 bool transposed, bool verify) {
   const at::ScalarType file_type = to_scalar_type(e.dtype);
-  // Shard(d > 0): read whole (lp.rows is every row), then keep this rank's slices along d.
-  const at::Tensor dst = lp.along_dim() ? at::empty({lp.dim0, lp.row_numel}, lp.param.options())
-                                        : lp.rows_view(lp.param.detach());
+  // Shard(d > 0) or a TP split read whole (lp.rows is every row), then this rank's part kept.
+  const at::Tensor dst = lp.needs_whole() ? at::empty({lp.dim0, lp.row_numel}, lp.param.options())
+                                          : lp.rows_view(lp.param.detach());
   if (lp.rows > 0) {
     at::Tensor rows;
     if (verify || lp.rows == lp.dim0) {
@@ -406,7 +406,7 @@ void load_param(const LocalParam& lp, const SafetensorsReader& reader, const Ten
     reader.read(e.name);
   }
   if (lp.rows < lp.padded_rows) dst.narrow(0, lp.rows, lp.padded_rows - lp.rows).zero_();
-  if (lp.along_dim()) detail::place_whole_value(lp, dst, lp.param.detach());
+  if (lp.needs_whole()) detail::place_whole_value(lp, dst, lp.param.detach());
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 //   1. every rank plans its slots (one per stored tensor: a parameter or one of its AdamW
 //      states); rank 0 creates root/.tmp-step_<n>/, removing stale temporaries of crashed saves;
 //   2. every rank writes its rows of every slot to its own file there and fsyncs it (a
-//      Shard(d > 0) tensor is gathered whole first, and stored by one rank); an all-gather then
+//      Shard(d > 0) or tensor-parallel tensor that is no row range is gathered whole first, and
+//      stored by one rank); an all-gather then
 //      tells rank 0 each rank's rows, per-slot checksums and file size;
 //   3. rank 0 writes metadata.json, fsyncs, renames the directory into place, then replaces
 //      `latest` by rename. Until that rename, `latest` names the previous checkpoint, which is
@@ -316,10 +317,10 @@ std::vector<std::vector<detail::RowRange>> assign_writers(ProcessGroup* group,
 // Writes this rank's rows of every slot to its file in tmp_dir and fills `mine`: the header
 // (see kHead) and each written slot's checksum. Returns this rank's failure, or null.
 //
-// A Shard(d > 0) slot is gathered whole here (detail::whole_value), one at a time so no rank
-// holds more than one such tensor whole, and written by the one rank that stores it. Every rank
-// takes part in every gather, in slot order, even after a failure of its own, so none is left
-// waiting in one.
+// A Shard(d > 0) or tensor-parallel (not a row range) slot is gathered whole here
+// (detail::whole_value), one at a time so no rank holds more than one such tensor whole, and
+// written by the one rank that stores it. Every rank takes part in every gather, in slot order,
+// even after a failure of its own, so none is left waiting in one.
 std::exception_ptr write_rank_file(ProcessGroup* group, const std::string& tmp_dir,
                                    const std::vector<Slot>& slots, int64_t step, int rank,
                                    int world, const at::Tensor& rng, std::vector<int64_t>& mine) {
@@ -352,7 +353,7 @@ std::exception_ptr write_rank_file(ProcessGroup* group, const std::string& tmp_d
     const Slot& s = slots[i];
     try {
       const at::Tensor local =
-          s.lp->along_dim() ? detail::whole_value(group, *s.lp, s.local) : s.local;
+          s.lp->needs_whole() ? detail::whole_value(group, *s.lp, s.local) : s.local;
       if (error || s.rows_to_write == 0) continue;
       at::Tensor rows = s.lp->rows_view(local).narrow(0, 0, s.rows_to_write);
       if (!rows.device().is_cpu()) rows = rows.cpu();
@@ -496,11 +497,11 @@ std::vector<std::vector<std::string>> optimizer_kinds(const std::string& dir,
   return kinds;
 }
 
-// fill_rows into a local tensor of lp's shape (the parameter or a state): under Shard(d > 0)
-// through the whole tensor, of which this rank keeps its slices along d.
+// fill_rows into a local tensor of lp's shape (the parameter or a state): when needs_whole()
+// through the whole tensor, of which this rank keeps its part.
 int64_t fill_local(const std::string& key, const TensorRecord& record, const LocalParam& lp,
                    const at::Tensor& local, const std::vector<SafetensorsReader>& readers) {
-  if (!lp.along_dim()) return fill_rows(key, record, lp, lp.rows_view(local), readers);
+  if (!lp.needs_whole()) return fill_rows(key, record, lp, lp.rows_view(local), readers);
   const at::Tensor whole = at::empty({lp.dim0, lp.row_numel}, local.options());
   const int64_t bytes = fill_rows(key, record, lp, whole, readers);
   detail::place_whole_value(lp, whole, local);

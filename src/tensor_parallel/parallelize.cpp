@@ -39,18 +39,16 @@ bool matches(const std::string& pattern, const std::string& path) {
 // Replaces param's data by its rank-th of size slices along dim, of each of packed equal blocks
 // of dim (a copy, so the full tensor's bytes go), and records the placement.
 void slice_in_place(at::Tensor& param, int64_t dim, int64_t packed, const detail::TpSite& site) {
-  const int size = site.group->size(), rank = site.group->rank();
   const std::vector<int64_t> global = param.sizes().vec();
-  std::vector<int64_t> blocks = global;  // [.., packed, dim / packed, ..]
-  blocks[dim] = global[dim] / packed;
-  blocks.insert(blocks.begin() + dim, packed);
-  const int64_t part = blocks[dim + 1] / size;
   std::vector<int64_t> local = global;
-  local[dim] = global[dim] / size;
+  local[dim] = global[dim] / site.group->size();
+  TensorParallelPlacement placement{site.group, dim, packed, global};
   at::NoGradGuard no_grad;
   param.set_data(
-      param.detach().reshape(blocks).narrow(dim + 1, rank * part, part).reshape(local).clone());
-  detail::record_placement(param, TensorParallelPlacement{site.group, dim, packed, global});
+      tensor_parallel_slice_view(param.detach().contiguous(), placement, site.group->rank())
+          .reshape(local)
+          .clone());
+  detail::record_placement(param, std::move(placement));
 }
 
 void parallelize_linear(torch::nn::LinearImpl& layer, const std::string& path,
@@ -77,6 +75,19 @@ void parallelize_linear(torch::nn::LinearImpl& layer, const std::string& path,
 }
 
 }  // namespace
+
+at::Tensor tensor_parallel_slice_view(const at::Tensor& full,
+                                      const TensorParallelPlacement& placement, int rank) {
+  const int64_t dim = placement.dim, packed = placement.packed;
+  TORCH_CHECK(full.sizes() == c10::IntArrayRef(placement.global_shape),
+              "tensor_parallel_slice_view: a tensor of shape ", full.sizes(),
+              " is not the split tensor's full shape ", c10::IntArrayRef(placement.global_shape));
+  std::vector<int64_t> blocks = placement.global_shape;  // [.., packed, dim / packed, ..]
+  blocks[dim] /= packed;
+  blocks.insert(blocks.begin() + dim, packed);
+  const int64_t part = blocks[dim + 1] / placement.group->size();
+  return full.view(blocks).narrow(dim + 1, rank * part, part);
+}
 
 std::string ParallelStyle::name() const {
   return kind_ == Kind::kColwise ? "ColwiseParallel" : "RowwiseParallel";

@@ -15,6 +15,14 @@
 //   reduction orders of a float result).
 // Anything the key does not hold must not change the result; that is why every file a reference
 // reads is an input, named by the test or listed by the script.
+//
+// [Note: one reference cache for every clone]
+// A key names everything a result depends on, none of it a path of the clone, so results can
+// be shared by every clone and build of one user, as the compiler cache is. The default place is
+// therefore the user's cache folder ($XDG_CACHE_HOME or ~/.cache, under fsdp/reference-cache),
+// the one CI uses: the references a developer's or a fresh clone's run computed are then ones
+// CI's next run need not compute (a changed reference script otherwise starts every parity suite's
+// Python again in CI, minutes on a 2-core machine).
 #include "support/reference_cache.h"
 
 #include "support/command.h"
@@ -205,11 +213,18 @@ bool copy_tree(const std::string& from, const std::string& to) {
   return copied;
 }
 
-// "" when the cache is off.
+// "" when the cache is off. [Note: one reference cache for every clone]: without
+// $FSDP_REFERENCE_CACHE, the user's cache folder (as CI's), so a developer's runs, a fresh clone's
+// and CI's share results; the build tree only where the user has no home.
 std::string cache_root() {
   const std::string from_env = env_or_empty("FSDP_REFERENCE_CACHE");
   if (from_env == "off") return "";
-  return from_env.empty() ? std::string(FSDP_REFERENCE_CACHE_DIR) : from_env;
+  if (!from_env.empty()) return from_env;
+  const std::string xdg = env_or_empty("XDG_CACHE_HOME");
+  if (!xdg.empty()) return xdg + "/fsdp/reference-cache";
+  const std::string home = env_or_empty("HOME");
+  if (!home.empty()) return home + "/.cache/fsdp/reference-cache";
+  return FSDP_REFERENCE_CACHE_DIR;
 }
 
 std::string output_name(size_t i) { return "out" + std::to_string(i); }

@@ -8,8 +8,9 @@
 // hash, and keeps its output files and its printed output in a directory named by the key.
 // See [Note: what a reference-cache key holds] in reference_cache.cpp.
 //
-// Where: $FSDP_REFERENCE_CACHE if set ("off" turns the cache off), else reference-cache/ in the
-// build tree (FSDP_REFERENCE_CACHE_DIR, set by tests/CMakeLists.txt). The first run computes and
+// Where: $FSDP_REFERENCE_CACHE if set ("off" turns the cache off), else the user's cache folder
+// (fsdp/reference-cache under $XDG_CACHE_HOME or ~/.cache; [Note: one reference cache for every
+// clone]), else, with no home, reference-cache/ in the build tree. The first run computes and
 // stores; a changed script, input byte, argument or package version makes a new key.
 //
 // No LibTorch here: the data tests (which do not link it) use this too.

@@ -2,12 +2,16 @@
 // layers (outputs and every gradient), a packed column split, and llama-tiny and GPT-2 tiny
 // trained under tensor parallelism alone (tp 2) and under FSDP over dp x tp (2 x 2), with and
 // without activation checkpointing: losses and gradient norms within 1e-5 (relative) over 5
-// AdamW steps with clipping, every parameter slice within 1e-5 of the reference's. Bad plans and
-// a collective that cannot complete end in errors naming the fault.
+// AdamW steps with clipping, every parameter slice within 1e-5 of the reference's. Full and
+// sharded checkpoints of a dp x tp model hold the global tensors. Bad plans and a collective that
+// cannot complete end in errors naming the fault.
+#include "support/checkpoint_util.h"
 #include "support/harness.h"
 #include "support/test_support.h"
 
 #include <fsdp/checkpoint/checkpoint.h>
+#include <fsdp/checkpoint/safetensors.h>
+#include <fsdp/fully_shard.h>
 #include <fsdp/named_mesh.h>
 #include <fsdp/tensor_parallel.h>
 #include <models/common/modules.h>
@@ -377,14 +381,48 @@ TEST(TensorParallelErrors, ACollectiveThatCannotCompleteNamesTheLayerAndTheDimen
   EXPECT_THAT(message, HasSubstr("timed out"));
 }
 
-TEST(TensorParallelErrors, CheckpointsOfSplitParametersAreRefused) {
-  run_ranks_in_threads(2, [](std::shared_ptr<ProcessGroup> group) {
-    Pair model;
-    parallelize_module(model, DeviceMesh(group, "tp"), {{"up", ColwiseParallel()}});
-    const std::string dir = temp_path("tp_checkpoint_" + std::to_string(group->rank()));
-    EXPECT_THAT([&] { checkpoint::save_full(dir + ".safetensors", model, group.get()); },
-                ::testing::ThrowsMessage<c10::Error>(HasSubstr(
-                    "parameter 'up.weight' is split by tensor parallelism; saving and loading")));
+// Checkpoints hold global tensors ([Note: tensor-parallel slices in checkpoints]): the pair
+// split as a packed column layer (each rank keeps its part of each of 2 blocks) and a row layer
+// (columns), sharded by FSDP over dp on top (dp 2 x tp 2), exports exactly the unsplit pair, and
+// its sharded checkpoint loads exactly into one unsplit process and into tp 2 alone.
+TEST(TensorParallelCheckpoint, FullAndShardedCheckpointsHoldTheGlobalTensors) {
+  const Pair reference;
+  const TensorParallelPlan plan = {{"up", ColwiseParallel(2)}, {"down", RowwiseParallel()}};
+  const std::string dir = temp_dir("tp_checkpoint");
+  run_ranks_in_threads(4, [&](std::shared_ptr<ProcessGroup> world) {
+    const NamedMesh mesh(world, {{"dp", 2}, {"tp", 2}});
+    auto model = std::make_shared<Pair>();
+    parallelize_module(*model, mesh["tp"], plan);
+    fully_shard(model, mesh["dp"]);
+    checkpoint::save_full(dir + "/pair.safetensors", *model, world.get());
+    checkpoint::save_sharded(dir + "/sharded", *model, nullptr, world.get());
+  });
+  const checkpoint::SafetensorsReader exported(dir + "/pair.safetensors");
+  for (const auto& item : reference.named_parameters()) {
+    EXPECT_TRUE(at::equal(exported.read(item.key()), item.value())) << item.key();
+  }
+  const auto zeroed = [] {
+    auto pair = std::make_unique<Pair>();
+    at::NoGradGuard no_grad;
+    for (auto& p : pair->parameters()) p.zero_();
+    return pair;
+  };
+  auto one = zeroed();
+  checkpoint::load_sharded(dir + "/sharded", *one, nullptr, nullptr);
+  for (const auto& item : reference.named_parameters()) {
+    EXPECT_TRUE(at::equal(one->named_parameters()[item.key()], item.value())) << item.key();
+  }
+  run_ranks_in_threads(2, [&](std::shared_ptr<ProcessGroup> group) {
+    auto model = zeroed();
+    const TensorParallelPlacement placement{group, 0, 2, {8, 6}};
+    parallelize_module(*model, DeviceMesh(group, "tp"), plan);
+    checkpoint::load_sharded(dir + "/sharded", *model, nullptr, group.get());
+    const int r = group->rank();
+    EXPECT_TRUE(
+        at::equal(model->up->weight,
+                  tensor_parallel_slice_view(reference.up->weight, placement, r).reshape({4, 6})));
+    EXPECT_TRUE(at::equal(model->down->weight, reference.down->weight.narrow(1, 4 * r, 4)));
+    EXPECT_TRUE(at::equal(model->down->bias, reference.down->bias));
   });
 }
 

@@ -118,9 +118,6 @@ struct Case {
   bool same_all_gather_bytes = false;
   // The final parameters' bound where it differs from `tolerance` (negative: the same).
   double param_tolerance = -1;
-  // Whether fsdp-train exports the run, so that the final parameters are compared too (not
-  // under --tp, whose export is not built yet: losses and gradient norms only).
-  bool compares_parameters = true;
 };
 
 // How fsdp-train starts c's ranks: --no-fsdp, --nproc W, or W ranks of an mpirun job (which
@@ -160,11 +157,11 @@ OurRun run_ours(const Case& c) {
   run.our_metrics = run.dir + "/ours.jsonl";
   ::mkdir((run.dir + "/ours").c_str(), 0755);
   run.our_final = run.dir + "/ours/model.safetensors";
-  const CommandResult ours = run_command(
-      our_launch(c) + " --quiet --steps " + std::to_string(kSteps) + " --model " + c.model + " " +
-          kCommon + " " + c.ours + " --metrics " + run.our_metrics + " --dump-batches " + batches +
-          (c.compares_parameters ? " --export " + run.our_final : ""),
-      300);
+  const CommandResult ours =
+      run_command(our_launch(c) + " --quiet --steps " + std::to_string(kSteps) + " --model " +
+                      c.model + " " + kCommon + " " + c.ours + " --metrics " + run.our_metrics +
+                      " --dump-batches " + batches + " --export " + run.our_final,
+                  300);
   EXPECT_EQ(ours.exit_code, 0)
       << c.name << ": fsdp-train " << c.ours << " failed"
       << (ours.output.find("not expected") != std::string::npos
@@ -175,7 +172,7 @@ OurRun run_ours(const Case& c) {
   // A run that trained but failed at --export still has its losses and norms to compare.
   run.trained = read_json_lines(run.our_metrics).size() == size_t(kSteps);
   EXPECT_TRUE(run.trained) << c.name << ": fsdp-train did not train";
-  run.exported = ours.exit_code == 0 && c.compares_parameters;
+  run.exported = ours.exit_code == 0;
   // The reference reads the initial weights, config.json beside them (which model) and the
   // batches; the cache keys it by all three (tests/support/reference_cache.h).
   const std::string ref_metrics = run.dir + "/reference.jsonl";
@@ -274,14 +271,10 @@ void compare_parameters(const Case& c, const std::string& ours, const std::strin
 void report(const Case& c, const Diffs& d) {
   const double param_bound = c.param_tolerance < 0 ? c.tolerance : c.param_tolerance;
   std::cout << "[parity] " << c.name << ": max relative difference over " << kSteps
-            << " steps: loss " << d.loss << ", grad norm " << d.grad_norm;
-  if (c.compares_parameters) {
-    std::cout << ", parameters " << d.params << " (" << d.worst_param
-              << "), key bias (zero true gradient) " << d.key_bias;
-  } else {
-    std::cout << ", parameters not compared (no export)";
-  }
-  std::cout << "; tolerance " << c.tolerance << " (parameters " << param_bound << ")\n";
+            << " steps: loss " << d.loss << ", grad norm " << d.grad_norm << ", parameters "
+            << d.params << " (" << d.worst_param << "), key bias (zero true gradient) "
+            << d.key_bias << "; tolerance " << c.tolerance << " (parameters " << param_bound
+            << ")\n";
   ::testing::Test::RecordProperty(c.name + "_max_rel_loss", std::to_string(d.loss));
   ::testing::Test::RecordProperty(c.name + "_max_rel_grad_norm", std::to_string(d.grad_norm));
   ::testing::Test::RecordProperty(c.name + "_max_rel_param", std::to_string(d.params));
@@ -295,9 +288,10 @@ void compare(const OurRun& run, const test::ReferenceResult& ref) {
   Diffs d;
   compare_steps(run.c, read_json_lines(run.our_metrics), read_json_lines(run.reference.outputs[0]),
                 d);
-  if (run.exported) compare_parameters(run.c, run.our_final, run.reference.outputs[1], d);
-  // Without an export (failed above, or not asked for) there are no final weights to compare.
-  if (run.exported || !run.c.compares_parameters) report(run.c, d);
+  // Without an export (failed above) there are no final weights to compare.
+  if (!run.exported) return;
+  compare_parameters(run.c, run.our_final, run.reference.outputs[1], d);
+  report(run.c, d);
 }
 
 // Several configurations in one test: fsdp-train runs each, then the reference computes every
@@ -530,15 +524,13 @@ TEST(Fsdp2ParityLlama, Fp32AndBf16MatchFsdp2) {
 // FSDP x TP against PyTorch's fully_shard over "dp" of parallelize_module over "tp"
 // (ColwiseParallel / RowwiseParallel with the same Llama plan, bench/reference/tensor_parallel.py):
 // dp 2 x tp 2 and tp 2 alone in fp32, and dp 2 x tp 2 with bf16 compute (both sides with
-// LibTorch's AdamW arithmetic, as the other bf16 cases). Losses and gradient norms; fsdp-train
-// cannot export a --tp run yet.
+// LibTorch's AdamW arithmetic, as the other bf16 cases). Losses, gradient norms and the final
+// parameters (each side's export of its global tensors).
 Case tensor_parallel_case(const std::string& name, int world, const std::string& dtype_flags) {
   const std::string flags = "--tp 2" + dtype_flags;
   const std::string reference =
       "--mode fsdp2 " + flags + (dtype_flags.empty() ? "" : " --adamw libtorch");
-  Case c{name, world, flags, reference, dtype_flags.empty() ? kFp32 : kBf16, "llama-tiny"};
-  c.compares_parameters = false;
-  return c;
+  return Case{name, world, flags, reference, dtype_flags.empty() ? kFp32 : kBf16, "llama-tiny"};
 }
 
 TEST(Fsdp2ParityTensorParallel, DpByTpMatchesFsdp2WithParallelizeModule) {

@@ -14,8 +14,6 @@
 #include <cmath>
 #include <iostream>
 #include <string>
-#include <utility>
-#include <vector>
 
 namespace fsdp::train {
 namespace {
@@ -87,68 +85,6 @@ TEST(FsdpTrainModels, UnknownModelListsTheRegisteredNames) {
   EXPECT_THAT(r.output, HasSubstr("--model: llama-70b not in {"));
   EXPECT_THAT(r.output, HasSubstr("gpt2-xl"));
   EXPECT_THAT(r.output, HasSubstr("llama-8b"));
-}
-
-// --tp: llama-tiny and GPT-2 tiny at dp 2 x tp 2 (4 processes) and tp 2 alone reproduce
-// --no-fsdp within 1e-5, every rank holding less than FSDP over the data-parallel ranks alone
-// would give it.
-class FsdpTrainTensorParallel : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(FsdpTrainTensorParallel, MatchesTheSingleProcessReference) {
-  const std::string common =
-      "--model " + GetParam() + " --steps 5 --global-batch 8 --seq-len 16 --quiet --seed 5";
-  const std::string base = test::temp_path("fsdp_train_tp_" + GetParam());
-  const CommandResult ref = run_command(fsdp_train_binary() + " --no-fsdp " + common +
-                                        " --metrics " + base + "_ref.jsonl");
-  ASSERT_EQ(ref.exit_code, 0) << ref.output;
-  const auto want = read_json_lines(base + "_ref.jsonl");
-  for (const auto& [world, tp] : {std::pair{4, 2}, std::pair{2, 2}}) {
-    const std::string metrics = base + "_" + std::to_string(world) + ".jsonl";
-    const CommandResult r =
-        run_command(fsdp_train_binary() + " --nproc " + std::to_string(world) + " --tp " +
-                    std::to_string(tp) + " " + common + " --metrics " + metrics);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    const auto got = read_json_lines(metrics);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t s = 0; s < got.size(); ++s) {
-      const double loss = got[s]["loss"], ref_loss = want[s]["loss"];
-      const double norm = got[s]["grad_norm"], ref_norm = want[s]["grad_norm"];
-      EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss) << "W=" << world << " step " << s + 1;
-      EXPECT_NEAR(norm, ref_norm, 1e-5 * ref_norm) << "W=" << world << " step " << s + 1;
-    }
-    // The blocks are split over tp and sharded over dp; the root (embeddings, head) over dp only.
-    const int64_t full = want.back()["ranks"][0]["param_bytes"];
-    for (int rank = 0; rank < world; ++rank) {
-      const int64_t mine = got.back()["ranks"][rank]["param_bytes"];
-      EXPECT_LT(mine, full / (world / tp)) << "rank " << rank;
-      EXPECT_GT(mine, full / world) << "rank " << rank;
-    }
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Models, FsdpTrainTensorParallel, ::testing::Values("llama-tiny", "tiny"),
-                         [](const auto& info) {
-                           return info.param == "tiny" ? std::string("gpt2_tiny")
-                                                       : std::string("llama_tiny");
-                         });
-
-TEST(FsdpTrainTensorParallelErrors, SettingsItCannotRunAreNamed) {
-  const std::string common = " --steps 1 --global-batch 4 --seq-len 16 --quiet";
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--nproc 4 --tp 3 --model llama-tiny", "--tp 3 does not divide the world size 4"},
-      {"--nproc 4 --tp 4 --model tiny",
-       "--tp 4: tensor parallelism over 4 ranks needs n_head divisible by it, got 2"},
-      {"--nproc 4 --tp 4 --model llama-tiny",
-       "--tp 4: tensor parallelism over 4 ranks needs num_key_value_heads divisible by it, got 2"},
-      {"--nproc 2 --tp 2 --model llama-tiny --strategy no_shard",
-       "--tp 2: --strategy no_shard is not supported with tensor parallelism yet"},
-      {"--nproc 2 --tp 2 --model llama-tiny --export /tmp/x.safetensors",
-       "--tp 2: --export is not supported with tensor parallelism yet"}};
-  for (const auto& [flags, message] : cases) {
-    const CommandResult r = run_command(fsdp_train_binary() + " " + flags + common);
-    EXPECT_NE(r.exit_code, 0) << flags;
-    EXPECT_THAT(r.output, HasSubstr(message)) << flags;
-  }
 }
 
 }  // namespace

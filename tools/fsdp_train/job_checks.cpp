@@ -37,9 +37,8 @@ void check_tensor_parallel(const JobConfig& o, int world) {
   refuse(p.param_dtype == at::kHalf, "--param-dtype fp16 (its gradient scaler)");
   refuse(p.offload, "--offload");
   refuse(p.device != DeviceKind::kCpu, "--device cuda");
-  refuse(!o.checkpoint.save_dir.empty() || !o.checkpoint.resume.empty(), "--save / --resume");
-  refuse(!o.checkpoint.export_path.empty(), "--export");
-  refuse(!o.model.init_from.empty(), "--init-from");
+  refuse(o.checkpoint.format == checkpoint::CheckpointFormat::kDcpHf,
+         "--checkpoint-format dcp-hf (a row layer's columns are no DCP chunk of ours)");
 }
 
 void check_batch(const TrainingConfig& t, int world) {
