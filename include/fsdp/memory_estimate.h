@@ -60,6 +60,11 @@ struct UnitMemorySpec {
   // checkpointing, the recomputed activations, less the saved tensors released so far. (When
   // the backward ends, saved_bytes are gone and the full parameter gradients are alive.)
   int64_t backward_peak_bytes = 0;
+  // Tensor parallelism: the bytes of the tensors the unit all-reduces over its tp group in its
+  // forward (a row layer's partial outputs) and in its backward (a column layer's input
+  // gradients, and the recomputed forward's under activation checkpointing).
+  int64_t tp_forward_all_reduce_bytes = 0;
+  int64_t tp_backward_all_reduce_bytes = 0;
 };
 
 // A model: the root unit's own parameters and activations, and the units called from its
@@ -84,7 +89,9 @@ struct ModelMemorySpec {
 };
 
 struct MemoryEstimateOptions {
-  // Ranks. (optional) defaults to 1.
+  // Ranks FSDP runs over. Under tensor parallelism over T ranks, the data-parallel ones (the
+  // job's W / T), with the model's spec of one rank's slices (ModelSpec::memory_spec's tp).
+  // (optional) defaults to 1.
   TORCH_ARG(int, world_size) = 1;
   TORCH_ARG(ShardingStrategy, strategy) = ShardingStrategy::kFullShard;
   // Replicas for hybrid_shard (must divide world_size). (optional) defaults to 1.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fsdp/memory_estimate.h>
+#include <fsdp/tensor_parallel.h>
 #include <models/common/param_table.h>
 
 #include <cstdint>
@@ -49,19 +50,25 @@ inline LayerMemory checkpointed(const LayerMemory& plain, int64_t input_bytes,
           plain.saved_bytes + plain.backward_peak_bytes};
 }
 
-// One unit per layer of params ("<name_prefix><i>"), each with the table's layer shapes.
-inline std::vector<UnitMemorySpec> layer_units(const ParamTable& params,
-                                               const std::string& name_prefix,
-                                               const LayerMemory& layer) {
-  std::vector<UnitMemorySpec> units(static_cast<size_t>(params.n_layers));
-  for (size_t i = 0; i < units.size(); ++i) {
-    units[i].name = name_prefix + std::to_string(i);
-    units[i].param_shapes = params.layer_shapes();
-    units[i].saved_bytes = layer.saved_bytes;
-    units[i].forward_workspace_bytes = layer.forward_workspace_bytes;
-    units[i].backward_peak_bytes = layer.backward_peak_bytes;
-  }
-  return units;
-}
+// Tensor parallelism of every layer: the family's plan over tp ranks (paths relative to the
+// layer) and the bytes of one activation its layers all-reduce ([B, T, d] in the compute dtype).
+// A row layer all-reduces its partial output in forward, a column layer its input's gradient in
+// backward; with activation checkpointing the backward's recompute runs the forward's again.
+struct LayerSplit {
+  TensorParallelPlan plan;
+  int tp = 1;
+  int64_t activation_bytes = 0;
+  bool recomputed = false;
+};
+
+// The layer's parameter shapes as one rank holds them under split (parallelize_module's cuts: a
+// column layer's weight and bias along dim 0, a row layer's weight along dim 1, its bias whole).
+std::vector<std::vector<int64_t>> split_layer_shapes(const ParamTable& params,
+                                                     const LayerSplit& split);
+
+// One unit per layer of params ("<name_prefix><i>"), each with the table's layer shapes, or one
+// rank's slices of them and its all-reduces under split.
+std::vector<UnitMemorySpec> layer_units(const ParamTable& params, const std::string& name_prefix,
+                                        const LayerMemory& layer, const LayerSplit& split = {});
 
 }  // namespace fsdp::models

@@ -7,11 +7,14 @@
 #include <c10/util/Exception.h>
 #include <models/common/memory.h>
 #include <models/gpt2/gpt2_memory.h>
+#include <models/gpt2/gpt2_parallelize.h>
 
 namespace fsdp::models {
+namespace {
 
-ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64_t seq_len,
-                                 at::ScalarType compute_dtype, bool activation_checkpoint) {
+// Refuses a micro-batch the model does not accept, and sizes where a byte count below could
+// overflow int64.
+void check_sizes(const GPT2Config& c, int64_t micro_batch, int64_t seq_len) {
   c.validate();
   TORCH_CHECK(micro_batch >= 1 && seq_len >= 1 && seq_len <= c.n_positions,
               "gpt2_memory_spec: need micro_batch >= 1 and 1 <= seq_len <= n_positions = ",
@@ -27,11 +30,22 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
       (2.0L * c.vocab_size + c.n_positions + (4.0L * c.n_embd + 2.0L * c.inner_size()) * c.n_layer);
   TORCH_CHECK(state < 0x1p62L, "gpt2_memory_spec: n_embd ", c.n_embd, " and n_layer ", c.n_layer,
               " make more than 2^62 bytes of parameters and optimizer state");
+}
+
+}  // namespace
+
+ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64_t seq_len,
+                                 at::ScalarType compute_dtype, bool activation_checkpoint, int tp) {
+  check_sizes(c, micro_batch, seq_len);
   const ParamTable params = gpt2_params(c);
-  const int64_t d = c.n_embd, v = c.vocab_size, h = c.n_head, inner = c.inner_size();
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
   const int64_t bt = micro_batch * seq_len;
+  const LayerSplit split{tp != 1 ? gpt2_block_tp_plan(c, tp) : TensorParallelPlan{}, tp,
+                         bt * c.n_embd * e, activation_checkpoint};
+  // A block's heads and MLP width on one rank (/ tp under tensor parallelism).
+  const int64_t d = c.n_embd, v = c.vocab_size, h = c.n_head / tp, inner = c.inner_size() / tp;
   const int64_t btd = bt * d * e;
+  const int64_t bta = btd / tp;        // one of q, k, v or the attention output: this rank's heads
   const int64_t bti = bt * inner * e;  // the MLP's width
   // LayerNorm's mean and rstd ([B, T, 1] each), in the compute dtype on CPU.
   const int64_t ln_stats = 2 * bt * e;
@@ -54,7 +68,9 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
 
   // Per block: 16 [B, T, d] at the default MLP width 4d; the MLP's c_fc output and its
   // activation are [B, T, inner] each.
-  const int64_t full_saved = 8 * btd + 2 * bti + 2 * ln_stats + logsumexp;
+  // ln_1's output, the residual sum, ln_2's output and the block's output whole; q, k, v and the
+  // attention output of this rank's heads.
+  const int64_t full_saved = 4 * btd + 4 * bta + 2 * bti + 2 * ln_stats + logsumexp;
   // The first step of a block's backward is its peak: the MLP's c_proj gives the gradient of
   // the activation's output [B, T, inner] and its own weight and bias gradients, before the
   // activation output it kept is released; the steps after it free about as much as they
@@ -67,7 +83,8 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   // ln_2's output, c_fc's output (4 at the default width), the activation (4) and c_proj's
   // output are alive: 11 [B, T, d] above the block's input, 10 above its output.
   spec.units = layer_units(
-      params, "h.", activation_checkpoint ? checkpointed(plain, btd, 2 * btd + 2 * bti) : plain);
+      params, "h.", activation_checkpoint ? checkpointed(plain, btd, 2 * btd + 2 * bti) : plain,
+      split);
   return spec;
 }
 

@@ -23,8 +23,11 @@ namespace fsdp::models {
 // sum; after them ln_f's output and statistics and the log-softmax of the logits [B, T, V].
 // With checkpointing a block keeps only its output (the next block's input) and the generator
 // state, and recomputes the rest during its backward.
+// With tensor parallelism over tp ranks (gpt2_block_tp_plan), a block's units hold one rank's
+// slices and keep its heads' q, k, v and attention output and its MLP columns' (/ tp); the
+// LayerNorms', the residual's and the root's stay whole.
 ModelMemorySpec gpt2_memory_spec(const GPT2Config& config, int64_t micro_batch, int64_t seq_len,
                                  at::ScalarType compute_dtype = at::kFloat,
-                                 bool activation_checkpoint = false);
+                                 bool activation_checkpoint = false, int tp = 1);
 
 }  // namespace fsdp::models

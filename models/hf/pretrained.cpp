@@ -56,8 +56,8 @@ class PretrainedSpec : public ModelSpec {
   checkpoint::FullLayout hf_layout() const override { return inner_->hf_layout(); }
   std::string hf_config_json(at::ScalarType dtype) const override;
   ModelMemorySpec memory_spec(int64_t micro_batch, int64_t seq_len, at::ScalarType compute_dtype,
-                              bool activation_checkpoint) const override {
-    return inner_->memory_spec(micro_batch, seq_len, compute_dtype, activation_checkpoint);
+                              bool activation_checkpoint, int tp) const override {
+    return inner_->memory_spec(micro_batch, seq_len, compute_dtype, activation_checkpoint, tp);
   }
   TensorParallelPlan unit_tp_plan(int tp) const override { return inner_->unit_tp_plan(tp); }
 

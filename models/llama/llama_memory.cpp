@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <models/common/memory.h>
 #include <models/llama/llama_memory.h>
+#include <models/llama/llama_parallelize.h>
 
 namespace fsdp::models {
 namespace {
@@ -40,11 +41,19 @@ void check_sizes(const LlamaConfig& c, int64_t micro_batch, int64_t seq_len) {
 }  // namespace
 
 ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int64_t seq_len,
-                                  at::ScalarType compute_dtype, bool activation_checkpoint) {
+                                  at::ScalarType compute_dtype, bool activation_checkpoint,
+                                  int tp) {
   check_sizes(c, micro_batch, seq_len);
   const ParamTable params = llama_params(c);
-  const int64_t d = c.hidden_size, v = c.vocab_size, f = c.intermediate_size;
-  const int64_t h = c.num_attention_heads, hd = c.head_dim(), kvh = c.num_key_value_heads;
+  // tp != 1 asks the plan, which names the sizes that do not divide (and refuses Qwen3's norms).
+  const LayerSplit split{
+      tp != 1 ? llama_layer_tp_plan(c, tp) : TensorParallelPlan{}, tp,
+      micro_batch * seq_len * c.hidden_size * static_cast<int64_t>(c10::elementSize(compute_dtype)),
+      activation_checkpoint};
+  // A layer's widths on one rank (its heads and MLP columns under tensor parallelism).
+  const int64_t d = c.hidden_size, v = c.vocab_size, f = c.intermediate_size / tp;
+  const int64_t h = c.num_attention_heads / tp, hd = c.head_dim();
+  const int64_t kvh = c.num_key_value_heads / tp;
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
   const int64_t bt = micro_batch * seq_len;
   const int64_t btd = bt * d * e, btf = bt * f * e;
@@ -85,9 +94,9 @@ ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int
   const LayerMemory plain{full_saved, 4 * btq + 2 * btkv, plain_backward_peak};
   // Checkpointed, without autograd the MLP's four [B, T, f] temporaries live to the end of their
   // expression, beside the residual, the norm's output and down_proj's output.
-  spec.units =
-      layer_units(params, params.layer_prefix,
-                  activation_checkpoint ? checkpointed(plain, btd, 4 * btf + 3 * btd) : plain);
+  spec.units = layer_units(
+      params, params.layer_prefix,
+      activation_checkpoint ? checkpointed(plain, btd, 4 * btf + 3 * btd) : plain, split);
   return spec;
 }
 

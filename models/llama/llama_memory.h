@@ -27,8 +27,11 @@ namespace fsdp::models {
 // The saved bytes equal the counting allocator's measurement exactly, in fp32 and bf16, grouped
 // or not, with and without checkpointing (tests/models/test_llama.cpp); the forward workspace
 // and backward peaks are estimates from the same op sequence, not measured.
+// With tensor parallelism over tp ranks (llama_layer_tp_plan), a layer's units hold one rank's
+// slices and keep its heads' and MLP columns' activations (heads / tp, kv heads / tp,
+// intermediate_size / tp); the norms' and the residual's stay whole, as does the root.
 ModelMemorySpec llama_memory_spec(const LlamaConfig& config, int64_t micro_batch, int64_t seq_len,
                                   at::ScalarType compute_dtype = at::kFloat,
-                                  bool activation_checkpoint = false);
+                                  bool activation_checkpoint = false, int tp = 1);
 
 }  // namespace fsdp::models

@@ -75,8 +75,9 @@ class LlamaSpec : public ModelSpec {
     return llama_hf_config_json(config_, dtype);
   }
   ModelMemorySpec memory_spec(int64_t micro_batch, int64_t seq_len, at::ScalarType compute_dtype,
-                              bool activation_checkpoint) const override {
-    return llama_memory_spec(config_, micro_batch, seq_len, compute_dtype, activation_checkpoint);
+                              bool activation_checkpoint, int tp) const override {
+    return llama_memory_spec(config_, micro_batch, seq_len, compute_dtype, activation_checkpoint,
+                             tp);
   }
   TensorParallelPlan unit_tp_plan(int tp) const override {
     return llama_layer_tp_plan(config_, tp);

@@ -57,6 +57,7 @@ struct UnitSizes {
   int64_t full_numel = 0;       // sum of full parameters
   int64_t max_shard_numel = 0;  // largest single padded shard (optimizer temporaries)
   int64_t saved = 0, forward_ws = 0, backward_peak = 0;
+  int64_t tp_forward_all_reduce = 0, tp_backward_all_reduce = 0;
   int64_t largest_received_numel = 0;  // whole_tensor: the largest bucket of another owner
 };
 
@@ -298,6 +299,8 @@ class StepModel {
       s.saved = u.saved_bytes;
       s.forward_ws = u.forward_workspace_bytes;
       s.backward_peak = u.backward_peak_bytes;
+      s.tp_forward_all_reduce = u.tp_forward_all_reduce_bytes;
+      s.tp_backward_all_reduce = u.tp_backward_all_reduce_bytes;
       units_.push_back(s);
     }
     root_before_ = model.root_saved_before_bytes;
@@ -402,6 +405,7 @@ class StepModel {
       const std::string phase = "forward of " + units_[i].name;
       wait(i, phase);
       obs_.compute(i, ComputePhase::kForward);
+      all_reduce_bytes_ += units_[i].tp_forward_all_reduce;
       r_.alloc(units_[i].saved, phase);
       r_.transient(units_[i].forward_ws + concurrent_temporaries(), phase);
       if (reshard_after_forward && post_forward_size_ > 0) {
@@ -435,6 +439,7 @@ class StepModel {
       }
       wait(i, phase);
       obs_.compute(i, ComputePhase::kBackward);
+      all_reduce_bytes_ += units_[i].tp_backward_all_reduce;
       r_.transient(units_[i].backward_peak + concurrent_temporaries(), phase);
       // Its end state: the saved activations gone, the full gradients made.
       r_.free(units_[i].saved);

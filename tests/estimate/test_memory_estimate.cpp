@@ -168,6 +168,7 @@ struct TrainerCase {
   bool activation_checkpoint = false;
   int64_t global_batch = 8;
   std::string model = "tiny";  // a registered model; its memory spec gives the estimate
+  int tp = 1;                  // --tp: FSDP over world / tp ranks of the model's slices
 };
 
 // Runs fsdp-train and returns its output; the exit status goes to exit_code.
@@ -203,16 +204,19 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
   ASSERT_EQ(step["ranks"].size(), static_cast<size_t>(c.world));
 
   MemoryEstimateOptions options = c.options;
-  options.world_size(c.world).grad_accum(c.grad_accum);
+  const int data = c.world / c.tp;
+  options.world_size(data).grad_accum(c.grad_accum);
   const at::ScalarType compute = options.param_dtype().value_or(at::kFloat);
   const ModelMemorySpec spec = models::model_spec(c.model)->memory_spec(
-      c.global_batch / c.world / c.grad_accum, kSeqLen, compute, c.activation_checkpoint);
+      c.global_batch / data / c.grad_accum, kSeqLen, compute, c.activation_checkpoint, c.tp);
   const MemoryEstimate e = estimate_memory(spec, options);
   // A communication buffer the runtime has released can stay allocated a moment longer, until
   // the process group's thread drops the finished collective, and so be counted as left alive
-  // by forward: allow one unit's gathered parameters on top of the 1%.
+  // by forward: allow one unit's gathered parameters on top of the 1%, or under --tp one unit's
+  // all-reduced activations (the same holds for a tensor-parallel all-reduce's tensor).
   int64_t largest_unit = 0;
   for (const auto& u : spec.units) {
+    largest_unit = std::max(largest_unit, u.tp_forward_all_reduce_bytes);
     int64_t numel = 0;
     for (const auto& shape : u.param_shapes) numel += c10::multiply_integers(shape);
     // The buffer may be a reduce-scatter's, in the reduce dtype (fp32 under bf16 compute).
@@ -231,11 +235,12 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
     EXPECT_LE(activation, e.activation_bytes + 0.01 * activation + largest_unit) << rank;
     EXPECT_EQ(r["all_gather_bytes"].get<int64_t>(), e.all_gather_bytes) << rank;
     EXPECT_EQ(r["reduce_scatter_bytes"].get<int64_t>(), e.reduce_scatter_bytes) << rank;
-    // Besides the gradients: the gradient norm (8 bytes, on a shard group of several ranks)
-    // and, on a 1-D mesh, the loss (8 bytes).
+    // Besides the gradients (and the tensor-parallel activations): the gradient norm (8 bytes,
+    // on a shard group of several ranks, and under --tp 8 more for its sum over tp) and, on a
+    // 1-D mesh, the loss (8 bytes).
     const auto all_reduce = r["all_reduce_bytes"].get<int64_t>();
     EXPECT_GE(all_reduce, e.all_reduce_bytes) << rank;
-    EXPECT_LE(all_reduce, e.all_reduce_bytes + 16) << rank;
+    EXPECT_LE(all_reduce, e.all_reduce_bytes + 16 + (c.tp > 1 ? 8 : 0)) << rank;
     const auto peak = r["peak_alloc_bytes"].get<int64_t>();
     EXPECT_NEAR(peak, e.total_bytes, 0.10 * peak) << rank << ", estimate peaks at " << e.peak_phase;
   }
@@ -391,7 +396,15 @@ INSTANTIATE_TEST_SUITE_P(
                     true, 8, "llama-tiny"},
         TrainerCase{"llama_bf16", 2, "--param-dtype bf16 --reduce-dtype fp32",
                     MemoryEstimateOptions().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat), 1,
-                    false, 8, "llama-tiny"}),
+                    false, 8, "llama-tiny"},
+        // Tensor parallelism: FSDP over dp of each rank's slices, the tp all-reduces counted.
+        TrainerCase{"tp2_dp2", 4, "--tp 2", MemoryEstimateOptions(), 1, false, 8, "tiny", 2},
+        TrainerCase{"llama_tp2_dp2", 4, "--tp 2", MemoryEstimateOptions(), 1, false, 8,
+                    "llama-tiny", 2},
+        TrainerCase{"llama_tp2_dp2_checkpointed_bf16", 4,
+                    "--tp 2 --activation-checkpoint --param-dtype bf16 --reduce-dtype fp32",
+                    MemoryEstimateOptions().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat), 1,
+                    true, 8, "llama-tiny", 2}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -243,6 +243,10 @@ const BadFlag kCatalogue[] = {
     {"fsdp-estimate", "--reshard-after-forward", "--reshard-after-forward -1"},
     {"fsdp-estimate", "--reshard-after-forward", "--world-size 4 --reshard-after-forward 3"},
     {"fsdp-estimate", "--prefetch", "--prefetch -1"},
+    {"fsdp-estimate", "--tp", "--tp 0"},
+    {"fsdp-estimate", "--tp", "--world-size 4 --tp 3"},  // does not divide the world
+    {"fsdp-estimate", "--tp", "--world-size 4 --tp 2 --strategy no_shard"},
+    {"fsdp-estimate", "--tp", "--world-size 4 --tp 4 --model tiny"},  // 2 heads
     {"fsdp-estimate", "--grad-accum", "--grad-accum 0"},
     {"fsdp-estimate", "--accum-mode", "--accum-mode later"},
     {"fsdp-estimate", "--no-fsdp", "--no-fsdp=maybe"},
@@ -269,6 +273,8 @@ const BadFlag kCatalogue[] = {
     {"fsdp-plan", "--activation-checkpoint", "--activation-checkpoint=maybe"},
     {"fsdp-plan", "--reshard-after-forward", FSDP_PLAN_HARDWARE_FLAG " --world-size 4 --reshard-after-forward 3"},
     {"fsdp-plan", "--prefetch", "--prefetch -1"},
+    {"fsdp-plan", "--tp", "--tp 0"},
+    {"fsdp-plan", "--tp", FSDP_PLAN_HARDWARE_FLAG " --world-size 4 --tp 2"},  // not modelled yet
     {"fsdp-plan", "--grad-accum", "--grad-accum 0"},
     {"fsdp-plan", "--accum-mode", "--accum-mode later"},
     {"fsdp-plan", "--no-fsdp", "--no-fsdp=maybe"},

@@ -272,6 +272,13 @@ void add_sharding_flags(ConfigFlags& flags, train::ParallelismConfig& p) {
              "Units gathered ahead of the one computing (implicit prefetch depth; 0: off)")
       ->check(integer_at_least(0, 64))
       ->capture_default_str();
+  flags
+      .value("parallelism", "--tp", p.tp,
+             "Tensor parallelism over N consecutive ranks: each block's linear layers split "
+             "column- and row-wise by the model's plan, FSDP over the W / N data-parallel ranks "
+             "(1: off)")
+      ->check(integer_at_least(1, 2147483647))
+      ->capture_default_str();
 }
 
 void add_run_parallelism_flags(ConfigFlags& flags, train::ParallelismConfig& p) {
@@ -296,13 +303,6 @@ void add_run_parallelism_flags(ConfigFlags& flags, train::ParallelismConfig& p) 
   flags.flag("parallelism", "--force-sum-reduction", p.force_sum_reduction,
              "Every gradient collective sums, the division a separate scaling (FSDP2's "
              "set_force_sum_reduction_for_comms)");
-  flags
-      .value("parallelism", "--tp", p.tp,
-             "Tensor parallelism over N consecutive ranks: each block's linear layers split "
-             "column- and row-wise by the model's plan, FSDP over the W / N data-parallel ranks "
-             "(1: off)")
-      ->check(integer_at_least(1, 2147483647))
-      ->capture_default_str();
   flags.flag("parallelism", "--offload", p.offload,
              "Keep sharded parameters, gradients and optimizer state in host memory (FSDP2's "
              "CPUOffloadPolicy; pinned with --device cuda); the optimizer steps on the host");

@@ -54,12 +54,24 @@ inline std::shared_ptr<const fsdp::models::ModelSpec> sized_spec(const ModelFlag
   }
 }
 
+// The ranks FSDP runs over: the data-parallel ones, W / --tp (fsdp-train's check_job refuses
+// the --tp settings it does not run; a prediction of them is refused here).
+inline int data_parallel_ranks(const ModelFlags& f) {
+  const train::ParallelismConfig& p = f.job.parallelism;
+  TORCH_CHECK(f.world % p.tp == 0, "--tp ", p.tp, " does not divide --world-size ", f.world);
+  TORCH_CHECK(p.tp == 1 || (!p.no_fsdp && (p.strategy == ShardingStrategy::kFullShard ||
+                                           p.strategy == ShardingStrategy::kShardGradOp)),
+              "--tp ", p.tp, " runs with --strategy full_shard or shard_grad_op only, got ",
+              p.no_fsdp ? std::string("--no-fsdp") : to_string(p.strategy));
+  return f.world / p.tp;
+}
+
 // The estimator's options, every flag that depends on another checked.
 inline fsdp::MemoryEstimateOptions estimate_options(const ModelFlags& f) {
   const train::ParallelismConfig& p = f.job.parallelism;
   const train::TrainingConfig& t = f.job.training;
   fsdp::MemoryEstimateOptions options;
-  options.world_size(f.world)
+  options.world_size(data_parallel_ranks(f))
       .strategy(p.strategy)
       .replicate(p.replicate)
       .master_dtype(f.master_dtype)
@@ -100,11 +112,12 @@ inline int64_t checked_micro_batch(ModelFlags& f, const fsdp::models::ModelSpec&
   if (f.job.parallelism.no_fsdp) f.world = 1;
   TORCH_CHECK(f.world >= 1, "--world-size must be at least 1, got ", f.world);
   TORCH_CHECK(t.grad_accum >= 1, "--grad-accum must be at least 1, got ", t.grad_accum);
-  TORCH_CHECK(t.global_batch >= 1 && t.global_batch % (int64_t(f.world) * t.grad_accum) == 0,
+  const int data = data_parallel_ranks(f);
+  TORCH_CHECK(t.global_batch >= 1 && t.global_batch % (int64_t(data) * t.grad_accum) == 0,
               "--global-batch ", t.global_batch,
-              " is not a positive multiple of ranks x micro-batches = ", f.world, " x ",
+              " is not a positive multiple of data-parallel ranks x micro-batches = ", data, " x ",
               t.grad_accum);
-  return t.global_batch / f.world / t.grad_accum;
+  return t.global_batch / data / t.grad_accum;
 }
 
 // The model's memory description for one pass; its errors name the flags.
@@ -113,11 +126,15 @@ inline fsdp::ModelMemorySpec memory_spec_for(const ModelFlags& f,
                                              int64_t micro_batch, at::ScalarType compute) {
   const train::TrainingConfig& t = f.job.training;
   try {
-    return spec.memory_spec(micro_batch, t.seq_len, compute, f.job.model.activation_checkpoint);
+    return spec.memory_spec(micro_batch, t.seq_len, compute, f.job.model.activation_checkpoint,
+                            f.job.parallelism.tp);
   } catch (const c10::Error& e) {
+    const int tp = f.job.parallelism.tp;
     TORCH_CHECK(false, "--global-batch ", t.global_batch, " and --seq-len ", t.seq_len, " on ",
                 f.world, " ranks of model '", f.job.model.name,
-                "' (sizes from --n-embd, --n-layer, --vocab-size): ", e.what_without_backtrace());
+                "' (sizes from --n-embd, --n-layer, --vocab-size",
+                tp > 1 ? ", split by --tp " + std::to_string(tp) : std::string(),
+                "): ", e.what_without_backtrace());
   }
 }
 

@@ -274,6 +274,9 @@ class PlanCli : public TorchProgramCli {
       return;
     }
     if (f_.job.parallelism.no_fsdp) f_.world = 1;
+    TORCH_CHECK(f_.job.parallelism.tp == 1, "--tp ", f_.job.parallelism.tp,
+                ": fsdp-plan does not model tensor parallelism yet (its all-reduces and the split "
+                "compute); fsdp-estimate predicts its memory");
     TORCH_CHECK(!f_.hardware.empty(), "--hardware FILE is required (or --calibrate to make one)");
     hw_ = load_hardware(f_.hardware);
     if (f_.sweep) {

@@ -47,11 +47,12 @@ std::string gib(int64_t bytes) {
 
 int64_t local_ranks_bytes(const JobConfig& o, const models::ModelSpec& spec, int world,
                           int local_ranks) {
-  const MemoryEstimateOptions options = estimate_options(o, world);
+  const int data = world / o.parallelism.tp;  // FSDP's ranks (check_job: tp divides world)
+  const MemoryEstimateOptions options = estimate_options(o, data);
   const at::ScalarType compute = options.param_dtype().value_or(at::kFloat);
-  const int64_t micro_batch = o.training.global_batch / world / o.training.grad_accum;
-  const ModelMemorySpec memory =
-      spec.memory_spec(micro_batch, o.training.seq_len, compute, o.model.activation_checkpoint);
+  const int64_t micro_batch = o.training.global_batch / data / o.training.grad_accum;
+  const ModelMemorySpec memory = spec.memory_spec(micro_batch, o.training.seq_len, compute,
+                                                  o.model.activation_checkpoint, o.parallelism.tp);
   int64_t rank_bytes = estimate_memory(memory, options).total_bytes;
   if (options.strategy() == ShardingStrategy::kWholeTensor) {
     // Built whole before it is partitioned: every rank holds the full fp32 model first.
