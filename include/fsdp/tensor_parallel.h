@@ -18,6 +18,12 @@
 //     partial products are summed over the group (all-reduce), then the bias is added;
 //     backward: nothing.
 //
+//   ReplicateParallel: any module whose parameters stay whole on every rank but which is applied
+//     to this rank's slice of an activation (Qwen3's per-head q/k norms, over this rank's heads),
+//     so each rank's parameter gradients are partial sums. Forward: nothing; backward: those
+//     gradients are summed over the group. The module reads its parameters through
+//     fsdp::tensor_parallel_parameter.
+//
 // A column layer followed by a row layer (attention's q/k/v then o, the MLP's gate/up then down)
 // communicates once each way. Every collective is checked as FSDP's are: one that fails or times
 // out throws naming the layer, the mesh dimension, the rank and the operation.
@@ -38,13 +44,13 @@ namespace fsdp {
 
 class ParallelStyle {
  public:
-  enum class Kind { kColwise, kRowwise };
+  enum class Kind { kColwise, kRowwise, kReplicate };
   Kind kind() const { return kind_; }
   // Column styles: the output features are this many equal blocks, each split on its own (a
   // fused projection: GPT-2's c_attn is q, k and v, packed 3), so every rank gets its part of
   // each block, in block order. 1 otherwise.
   int64_t packed() const { return packed_; }
-  std::string name() const;  // "ColwiseParallel" or "RowwiseParallel"
+  std::string name() const;  // "ColwiseParallel", "RowwiseParallel" or "ReplicateParallel"
 
  protected:
   ParallelStyle(Kind kind, int64_t packed) : kind_(kind), packed_(packed) {}
@@ -63,14 +69,19 @@ struct RowwiseParallel : ParallelStyle {
   RowwiseParallel() : ParallelStyle(Kind::kRowwise, 1) {}
 };
 
+struct ReplicateParallel : ParallelStyle {
+  ReplicateParallel() : ParallelStyle(Kind::kReplicate, 1) {}
+};
+
 // Module paths relative to the module given to parallelize_module ("self_attn.q_proj"), each
 // with its style. A "*" component matches any one component ("layers.*.mlp.up_proj").
 using TensorParallelPlan = std::vector<std::pair<std::string, ParallelStyle>>;
 
 // Applies plan to the modules under module (see the top of this file). Every entry must match at
-// least one module, each match must be a torch::nn::Linear not yet parallelized or sharded by
-// fully_shard, and the split dimension (out for colwise, in for rowwise) must divide by the
-// mesh's size; otherwise throws naming the entry, the layer and the sizes. Not collective: every
+// least one module, each match must be not yet parallelized or sharded by fully_shard and, for
+// the column and row styles, a torch::nn::Linear whose split dimension (out for colwise, in for
+// rowwise) divides by the mesh's size; otherwise throws naming the entry, the layer and the
+// sizes. Not collective: every
 // rank of tp_mesh slices its own part. tp_mesh must be 1-D.
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
                         const TensorParallelPlan& plan);
@@ -78,6 +89,10 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
 // y = x W^T + b for a linear layer: at::linear, inside fsdp::forward_with (so the layer may be an
 // FSDP unit), with the layer's tensor-parallel communication around it when it has a style.
 at::Tensor linear(torch::nn::Linear& layer, const at::Tensor& x);
+
+// param (a parameter of module) as module's forward should use it: under ReplicateParallel
+// through the gradient's all-reduce over the group, otherwise param itself.
+at::Tensor tensor_parallel_parameter(const torch::nn::Module& module, const at::Tensor& param);
 
 // Where a parameter is split by tensor parallelism: the group it is split over and the
 // dimension of the full tensor that is split (0: colwise weight and bias; 1: rowwise weight).

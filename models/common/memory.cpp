@@ -2,6 +2,7 @@
 #include <models/common/memory.h>
 
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 namespace fsdp::models {
 namespace {
@@ -24,6 +25,7 @@ std::vector<std::vector<int64_t>> split_layer_shapes(const ParamTable& params,
   for (const ParamSpec& p : params.layer) {
     std::vector<int64_t> shape = p.shape;
     const ParallelStyle* style = split.tp > 1 ? style_of(split.plan, p.name) : nullptr;
+    if (style && style->kind() == ParallelStyle::Kind::kReplicate) style = nullptr;  // whole
     const bool colwise = style && style->kind() == ParallelStyle::Kind::kColwise;
     const bool is_weight =
         p.name.size() >= 7 && p.name.compare(p.name.size() - 7, 7, ".weight") == 0;
@@ -41,14 +43,18 @@ std::vector<std::vector<int64_t>> split_layer_shapes(const ParamTable& params,
 
 std::vector<UnitMemorySpec> layer_units(const ParamTable& params, const std::string& name_prefix,
                                         const LayerMemory& layer, const LayerSplit& split) {
-  int64_t rows = 0, columns = 0;  // the plan's row and column layers
-  if (split.tp > 1) {
-    for (const auto& entry : split.plan) {
-      (entry.second.kind() == ParallelStyle::Kind::kRowwise ? rows : columns) += 1;
+  int64_t forward = 0, backward = 0;
+  for (const auto& [path, style] : split.tp > 1 ? split.plan : TensorParallelPlan{}) {
+    if (style.kind() == ParallelStyle::Kind::kRowwise) forward += split.activation_bytes;
+    if (style.kind() == ParallelStyle::Kind::kColwise) backward += split.activation_bytes;
+    if (style.kind() != ParallelStyle::Kind::kReplicate) continue;
+    for (const ParamSpec& p : params.layer) {  // the module's parameters' gradients
+      if (p.name.rfind(path + ".", 0) == 0) {
+        backward += c10::multiply_integers(p.shape) * split.element_size;
+      }
     }
   }
-  const int64_t forward = rows * split.activation_bytes;
-  const int64_t backward = columns * split.activation_bytes + (split.recomputed ? forward : 0);
+  if (split.recomputed) backward += forward;
   std::vector<UnitMemorySpec> units(static_cast<size_t>(params.n_layers));
   for (size_t i = 0; i < units.size(); ++i) {
     units[i].name = name_prefix + std::to_string(i);

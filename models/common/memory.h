@@ -51,14 +51,16 @@ inline LayerMemory checkpointed(const LayerMemory& plain, int64_t input_bytes,
 }
 
 // Tensor parallelism of every layer: the family's plan over tp ranks (paths relative to the
-// layer) and the bytes of one activation its layers all-reduce ([B, T, d] in the compute dtype).
-// A row layer all-reduces its partial output in forward, a column layer its input's gradient in
-// backward; with activation checkpointing the backward's recompute runs the forward's again.
+// layer), the bytes of one activation its layers all-reduce ([B, T, d] in the compute dtype) and
+// the compute dtype's element size. A row layer all-reduces its partial output in forward, a
+// column layer its input's gradient in backward, a ReplicateParallel module its parameters'
+// gradients in backward; with activation checkpointing the recompute runs the forward's again.
 struct LayerSplit {
   TensorParallelPlan plan;
   int tp = 1;
   int64_t activation_bytes = 0;
   bool recomputed = false;
+  int64_t element_size = 4;
 };
 
 // The layer's parameter shapes as one rank holds them under split (parallelize_module's cuts: a

@@ -41,7 +41,7 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
   const int64_t bt = micro_batch * seq_len;
   const LayerSplit split{tp != 1 ? gpt2_block_tp_plan(c, tp) : TensorParallelPlan{}, tp,
-                         bt * c.n_embd * e, activation_checkpoint};
+                         bt * c.n_embd * e, activation_checkpoint, e};
   // A block's heads and MLP width on one rank (/ tp under tensor parallelism).
   const int64_t d = c.n_embd, v = c.vocab_size, h = c.n_head / tp, inner = c.inner_size() / tp;
   const int64_t btd = bt * d * e;

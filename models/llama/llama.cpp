@@ -23,6 +23,7 @@
 #include <c10/util/Exception.h>
 #include <fsdp/activation_checkpoint.h>
 #include <fsdp/runtime/forward.h>
+#include <fsdp/tensor_parallel.h>
 #include <models/llama/llama.h>
 
 #include <cmath>
@@ -215,7 +216,9 @@ LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
   const at::Tensor h = x.to(at::kFloat);
   const at::Tensor normed = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return weight * normed.to(x.scalar_type());
+  // Under ReplicateParallel (Qwen3's q/k norms over this rank's heads) the weight's gradient is
+  // summed over the tensor-parallel group.
+  return fsdp::tensor_parallel_parameter(*this, weight) * normed.to(x.scalar_type());
 }
 
 LlamaRotary::LlamaRotary(const LlamaConfig& config) : inv_freq_(llama_inv_freq(config)) {}

@@ -45,17 +45,15 @@ ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int
                                   int tp) {
   check_sizes(c, micro_batch, seq_len);
   const ParamTable params = llama_params(c);
-  // tp != 1 asks the plan, which names the sizes that do not divide (and refuses Qwen3's norms).
-  const LayerSplit split{
-      tp != 1 ? llama_layer_tp_plan(c, tp) : TensorParallelPlan{}, tp,
-      micro_batch * seq_len * c.hidden_size * static_cast<int64_t>(c10::elementSize(compute_dtype)),
-      activation_checkpoint};
+  const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
+  const int64_t bt = micro_batch * seq_len;
+  // tp != 1 asks the plan, which names the sizes that do not divide.
+  const LayerSplit split{tp != 1 ? llama_layer_tp_plan(c, tp) : TensorParallelPlan{}, tp,
+                         bt * c.hidden_size * e, activation_checkpoint, e};
   // A layer's widths on one rank (its heads and MLP columns under tensor parallelism).
   const int64_t d = c.hidden_size, v = c.vocab_size, f = c.intermediate_size / tp;
   const int64_t h = c.num_attention_heads / tp, hd = c.head_dim();
   const int64_t kvh = c.num_key_value_heads / tp;
-  const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
-  const int64_t bt = micro_batch * seq_len;
   const int64_t btd = bt * d * e, btf = bt * f * e;
   const int64_t btq = bt * h * hd * e, btkv = bt * kvh * hd * e;  // q's and k's (v's) widths
   // The residual norms keep, besides rms_norm_saved, their weighted output (the projections'

@@ -15,15 +15,18 @@ TensorParallelPlan llama_layer_tp_plan(const LlamaConfig& config, int tp) {
               " (grouped-query attention: each rank keeps whole key/value heads)");
   TORCH_CHECK(config.intermediate_size % tp == 0, "tensor parallelism over ", tp,
               " ranks needs intermediate_size divisible by it, got ", config.intermediate_size);
-  // Qwen3's per-head norms share one weight across heads, whose gradient would then be a partial
-  // sum on each rank; summing it over the group is not built yet.
-  TORCH_CHECK(!config.qk_norm,
-              "tensor parallelism of a model with q/k norms (Qwen3's qk_norm) is "
-              "not supported yet: their shared weight's gradient would need a sum over ranks");
-  return {{"self_attn.q_proj", ColwiseParallel()}, {"self_attn.k_proj", ColwiseParallel()},
-          {"self_attn.v_proj", ColwiseParallel()}, {"self_attn.o_proj", RowwiseParallel()},
-          {"mlp.gate_proj", ColwiseParallel()},    {"mlp.up_proj", ColwiseParallel()},
-          {"mlp.down_proj", RowwiseParallel()}};
+  TensorParallelPlan plan = {
+      {"self_attn.q_proj", ColwiseParallel()}, {"self_attn.k_proj", ColwiseParallel()},
+      {"self_attn.v_proj", ColwiseParallel()}, {"self_attn.o_proj", RowwiseParallel()},
+      {"mlp.gate_proj", ColwiseParallel()},    {"mlp.up_proj", ColwiseParallel()},
+      {"mlp.down_proj", RowwiseParallel()}};
+  if (config.qk_norm) {
+    // Qwen3's per-head norms: one weight for every head, applied here to this rank's heads, so
+    // its gradient is summed over the group.
+    plan.push_back({"self_attn.q_norm", ReplicateParallel()});
+    plan.push_back({"self_attn.k_norm", ReplicateParallel()});
+  }
+  return plan;
 }
 
 }  // namespace fsdp::models

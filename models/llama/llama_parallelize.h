@@ -2,7 +2,8 @@
 // sequence parallelism): q/k/v and gate/up column-wise, o and down row-wise, so that attention
 // runs on heads / T query heads and kv_heads / T key/value heads per rank and the MLP on
 // intermediate_size / T features, with one all-reduce after attention and one after the MLP.
-// Norms, embeddings and the output projection stay replicated.
+// Norms, embeddings and the output projection stay replicated; Qwen3's per-head q/k norms
+// (qk_norm) are ReplicateParallel: applied to this rank's heads, their weights' gradients summed.
 #pragma once
 
 #include <fsdp/tensor_parallel.h>

@@ -51,12 +51,26 @@ void slice_in_place(at::Tensor& param, int64_t dim, int64_t packed, const detail
   detail::record_placement(param, std::move(placement));
 }
 
+void check_unstyled(const torch::nn::Module& module, const std::string& path) {
+  TORCH_CHECK(detail::tp_layer_of(module) == nullptr, "parallelize_module: layer '", path,
+              "' already has a tensor-parallel style");
+  TORCH_CHECK(detail::param_group_of(module) == nullptr, "parallelize_module: layer '", path,
+              "' is already sharded by fully_shard; apply tensor parallelism first");
+}
+
+// ReplicateParallel: nothing is sliced; the module's forward reads its parameters through
+// tensor_parallel_parameter, which finds this mark.
+void mark_replicated(torch::nn::Module& module, const std::string& path, const ParallelStyle& style,
+                     const detail::TpSite& site) {
+  check_unstyled(module, path);
+  detail::TpSite named = site;
+  named.layer = path;
+  detail::attach_tp_layer(module, detail::TpLayer{style, std::move(named)});
+}
+
 void parallelize_linear(torch::nn::LinearImpl& layer, const std::string& path,
                         const ParallelStyle& style, const detail::TpSite& site) {
-  TORCH_CHECK(detail::tp_layer_of(layer) == nullptr, "parallelize_module: layer '", path,
-              "' already has a tensor-parallel style");
-  TORCH_CHECK(detail::param_group_of(layer) == nullptr, "parallelize_module: layer '", path,
-              "' is already sharded by fully_shard; apply tensor parallelism first");
+  check_unstyled(layer, path);
   const int size = site.group->size();
   const bool colwise = style.kind() == ParallelStyle::Kind::kColwise;
   const int64_t dim = colwise ? 0 : 1;
@@ -90,7 +104,15 @@ at::Tensor tensor_parallel_slice_view(const at::Tensor& full,
 }
 
 std::string ParallelStyle::name() const {
-  return kind_ == Kind::kColwise ? "ColwiseParallel" : "RowwiseParallel";
+  switch (kind_) {
+    case Kind::kColwise:
+      return "ColwiseParallel";
+    case Kind::kRowwise:
+      return "RowwiseParallel";
+    case Kind::kReplicate:
+      return "ReplicateParallel";
+  }
+  return "?";
 }
 
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
@@ -103,12 +125,16 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
     int matched = 0;
     for (const auto& item : named) {
       if (!matches(pattern, item.key())) continue;
+      ++matched;
+      if (style.kind() == ParallelStyle::Kind::kReplicate) {
+        mark_replicated(*item.value(), item.key(), style, site);
+        continue;
+      }
       auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
       TORCH_CHECK(linear != nullptr, "parallelize_module: plan entry '", pattern,
                   "' matches module '", item.key(), "', a ", item.value()->name(), "; ",
                   style.name(), " applies to torch::nn::Linear only");
       parallelize_linear(*linear, item.key(), style, site);
-      ++matched;
     }
     TORCH_CHECK(matched > 0, "parallelize_module: plan entry '", pattern, "' (", style.name(),
                 ") matches no module under ", module.name());

@@ -1,6 +1,7 @@
 // Tensor parallelism against one process: the named mesh's groups, a column/row pair of linear
-// layers (outputs and every gradient), a packed column split, and llama-tiny and GPT-2 tiny
-// trained under tensor parallelism alone (tp 2) and under FSDP over dp x tp (2 x 2), with and
+// layers (outputs and every gradient), a packed column split, and llama-tiny (also with Qwen3's
+// q/k norms) and GPT-2 tiny trained under tensor parallelism alone (tp 2) and under FSDP over
+// dp x tp (2 x 2), with and
 // without activation checkpointing: losses and gradient norms within 1e-5 (relative) over 5
 // AdamW steps with clipping, every parameter slice within 1e-5 of the reference's. Full and
 // sharded checkpoints of a dp x tp model hold the global tensors. Bad plans and a collective that
@@ -135,10 +136,13 @@ struct TpRecord {
   int tp_size = 1;
 };
 
-enum class Family { kLlama, kGpt2 };
+// kQwen3: llama-tiny with Qwen3's per-head q/k norms (qk_norm), whose weights ReplicateParallel
+// keeps whole and whose gradients it sums over tp.
+enum class Family { kLlama, kQwen3, kGpt2 };
 
-// llama-tiny or GPT-2 tiny, built whole (mesh null) or, on a 2-D mesh, with each block split
-// over its tp dimension and sharded over its dp dimension as it is built, the root last.
+// llama-tiny (with q/k norms for kQwen3) or GPT-2 tiny, built whole (mesh null) or, on a 2-D mesh,
+// with each block split over its tp dimension and sharded over its dp dimension as it is built, the
+// root last.
 std::shared_ptr<torch::nn::Module> build_model(Family family, const NamedMesh* mesh,
                                                bool activation_checkpoint) {
   std::optional<DeviceMesh> tp, dp;
@@ -150,8 +154,10 @@ std::shared_ptr<torch::nn::Module> build_model(Family family, const NamedMesh* m
     };
   };
   std::shared_ptr<torch::nn::Module> model;
-  if (family == Family::kLlama) {
-    LlamaOptions o(LlamaConfig::tiny());
+  if (family != Family::kGpt2) {
+    LlamaConfig config = LlamaConfig::tiny();
+    config.qk_norm = family == Family::kQwen3;
+    LlamaOptions o(config);
     o.seed(42).activation_checkpoint(activation_checkpoint);
     if (mesh)
       o.on_layer_built(split_and_shard(models::llama_layer_tp_plan(o.config(), tp->shard_size())));
@@ -169,7 +175,7 @@ std::shared_ptr<torch::nn::Module> build_model(Family family, const NamedMesh* m
 
 at::Tensor model_loss(Family family, const std::shared_ptr<torch::nn::Module>& m,
                       const at::Tensor& x, const at::Tensor& y) {
-  if (family == Family::kLlama) {
+  if (family != Family::kGpt2) {
     LlamaForCausalLM model(std::static_pointer_cast<models::LlamaForCausalLMImpl>(m));
     return models::loss(fsdp::forward(model, x), y);
   }
@@ -270,7 +276,7 @@ void expect_matches_reference(Family family, int dp, int tp, bool activation_che
   const auto ranks = train_2d(family, c, dp, tp, activation_checkpoint);
   // 2 blocks: Llama's q, k, v, o, gate, up, down; GPT-2's c_attn and c_fc weights and biases
   // and both c_proj weights (their biases are replicated).
-  const int expected_split = family == Family::kLlama ? 14 : 12;
+  const int expected_split = family == Family::kGpt2 ? 12 : 14;
   for (size_t r = 0; r < ranks.size(); ++r) {
     for (size_t s = 0; s < reference.losses.size(); ++s) {
       EXPECT_NEAR(ranks[r].train.losses[s], reference.losses[s], 1e-5 * reference.losses[s])
@@ -293,6 +299,12 @@ TEST(TensorParallelLlama, Dp2Tp2MatchesSingleProcess) {
 
 TEST(TensorParallelLlama, Dp2Tp2WithActivationCheckpointingMatchesSingleProcess) {
   expect_matches_reference(Family::kLlama, 2, 2, true);
+}
+
+// The q/k norms' weights are whole on every rank: without the sum of their gradients over tp they
+// drift apart from the reference's (and from each other) at the first step.
+TEST(TensorParallelQwen3, Dp2Tp2MatchesSingleProcess) {
+  expect_matches_reference(Family::kQwen3, 2, 2, false);
 }
 
 TEST(TensorParallelGpt2, Tp2MatchesSingleProcess) {

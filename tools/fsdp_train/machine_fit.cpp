@@ -3,6 +3,8 @@
 // same flags (include/fsdp/memory_estimate.h), within a few percent of measured peaks.
 #include <fsdp_train/machine_fit.h>
 
+#include <common/model_flags.h>
+
 #include <fsdp/memory_estimate.h>
 #include <fsdp/models/model.h>
 
@@ -16,26 +18,6 @@
 namespace fsdp::train {
 namespace {
 
-MemoryEstimateOptions estimate_options(const JobConfig& o, int world) {
-  const ParallelismConfig& p = o.parallelism;
-  MemoryEstimateOptions options;
-  options.world_size(world)
-      .strategy(p.strategy)
-      .replicate(p.strategy == ShardingStrategy::kHybridShard ? p.replicate : 1)
-      .prefetch(p.prefetch)
-      .grad_accum(o.training.grad_accum)
-      .accumulation(o.training.accum_mode)
-      .reshard_after_forward_size(p.reshard_after_forward == 0   ? 1
-                                  : p.reshard_after_forward == 1 ? 0
-                                                                 : p.reshard_after_forward)
-      .evenness_priority(p.evenness_priority)
-      .shard_dim(p.shard_dim)
-      .fsdp(!p.no_fsdp);
-  if (p.param_dtype != at::kFloat) options.param_dtype(p.param_dtype);
-  if (p.reduce_dtype.has_value()) options.reduce_dtype(*p.reduce_dtype);
-  return options;
-}
-
 std::string gib(int64_t bytes) {
   std::ostringstream out;
   out.precision(3);
@@ -47,12 +29,12 @@ std::string gib(int64_t bytes) {
 
 int64_t local_ranks_bytes(const JobConfig& o, const models::ModelSpec& spec, int world,
                           int local_ranks) {
-  const int data = world / o.parallelism.tp;  // FSDP's ranks (check_job: tp divides world)
-  const MemoryEstimateOptions options = estimate_options(o, data);
-  const at::ScalarType compute = options.param_dtype().value_or(at::kFloat);
-  const int64_t micro_batch = o.training.global_batch / data / o.training.grad_accum;
-  const ModelMemorySpec memory = spec.memory_spec(micro_batch, o.training.seq_len, compute,
-                                                  o.model.activation_checkpoint, o.parallelism.tp);
+  // The prediction fsdp-estimate makes for the same settings (tools/common/model_flags.h).
+  tools::ModelFlags f{o, world, at::kFloat, o.parallelism.param_dtype != at::kFloat};
+  const int64_t micro_batch = tools::checked_micro_batch(f, spec);
+  const MemoryEstimateOptions options = tools::estimate_options(f);
+  const ModelMemorySpec memory =
+      tools::memory_spec_for(f, spec, micro_batch, tools::compute_dtype(f));
   int64_t rank_bytes = estimate_memory(memory, options).total_bytes;
   if (options.strategy() == ShardingStrategy::kWholeTensor) {
     // Built whole before it is partitioned: every rank holds the full fp32 model first.
