@@ -55,10 +55,11 @@ std::vector<UnitMemorySpec> layer_units(const ParamTable& params, const std::str
     }
   }
   if (split.recomputed) backward += forward;
+  const std::vector<std::vector<int64_t>> shapes = split_layer_shapes(params, split);
   std::vector<UnitMemorySpec> units(static_cast<size_t>(params.n_layers));
   for (size_t i = 0; i < units.size(); ++i) {
     units[i].name = name_prefix + std::to_string(i);
-    units[i].param_shapes = split_layer_shapes(params, split);
+    units[i].param_shapes = shapes;
     units[i].saved_bytes = layer.saved_bytes;
     units[i].forward_workspace_bytes = layer.forward_workspace_bytes;
     units[i].backward_peak_bytes = layer.backward_peak_bytes;

@@ -58,11 +58,9 @@ void check_unstyled(const torch::nn::Module& module, const std::string& path) {
               "' is already sharded by fully_shard; apply tensor parallelism first");
 }
 
-// ReplicateParallel: nothing is sliced; the module's forward reads its parameters through
-// tensor_parallel_parameter, which finds this mark.
-void mark_replicated(torch::nn::Module& module, const std::string& path, const ParallelStyle& style,
-                     const detail::TpSite& site) {
-  check_unstyled(module, path);
+// Marks module (called path) with style, which fsdp::linear and tensor_parallel_parameter find.
+void attach_style(torch::nn::Module& module, const std::string& path, const ParallelStyle& style,
+                  const detail::TpSite& site) {
   detail::TpSite named = site;
   named.layer = path;
   detail::attach_tp_layer(module, detail::TpLayer{style, std::move(named)});
@@ -83,9 +81,7 @@ void parallelize_linear(torch::nn::LinearImpl& layer, const std::string& path,
               ", which do not divide by the tensor-parallel size ", size);
   slice_in_place(layer.weight, dim, packed, site);
   if (layer.bias.defined() && colwise) slice_in_place(layer.bias, 0, packed, site);
-  detail::TpSite named = site;
-  named.layer = path;
-  detail::attach_tp_layer(layer, detail::TpLayer{style, std::move(named)});
+  attach_style(layer, path, style, site);
 }
 
 }  // namespace
@@ -127,7 +123,10 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
       if (!matches(pattern, item.key())) continue;
       ++matched;
       if (style.kind() == ParallelStyle::Kind::kReplicate) {
-        mark_replicated(*item.value(), item.key(), style, site);
+        // ReplicateParallel: nothing is sliced; the module reads its parameters through
+        // tensor_parallel_parameter.
+        check_unstyled(*item.value(), item.key());
+        attach_style(*item.value(), item.key(), style, site);
         continue;
       }
       auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
