@@ -50,9 +50,16 @@ at::Tensor Model::summed_loss(const at::Tensor& logits, const at::Tensor& target
   return models::summed_loss(logits, targets);
 }
 
-TensorParallelPlan ModelSpec::unit_tp_plan(int tp) const {
+TensorParallelPlan ModelSpec::unit_tp_plan(int tp, bool) const {
   TORCH_CHECK(false, "model '", name(), "' (family ", family(),
               ") has no tensor-parallel plan, which tensor parallelism over ", tp, " ranks needs");
+}
+
+TensorParallelPlan ModelSpec::root_tp_plan(int tp, bool sequence_parallel) const {
+  TORCH_CHECK(!sequence_parallel, "model '", name(), "' (family ", family(),
+              ") has no sequence-parallel plan for its root, which sequence parallelism over ", tp,
+              " ranks needs");
+  return {};
 }
 
 std::shared_ptr<const ModelSpec> model_spec(const std::string& name) {

@@ -145,6 +145,10 @@ struct ParallelismConfig {
   // Tensor parallelism over tp consecutive ranks (each block's linear layers split by the
   // model's plan), FSDP over the W / tp data-parallel ranks; 1: off.
   int tp = 1;
+  // Under tp > 1: the activations between the tensor-parallel layers split along the sequence
+  // (Megatron-LM's sequence parallelism: reduce-scatter and all-gather for each all-reduce,
+  // norms on 1/tp of the tokens).
+  bool sequence_parallel = false;
   // Shard(shard_dim) for every parameter with more than shard_dim dims, Shard(0) for the others
   // (FSDP2's shard_placement_fn); 0: Shard(0) everywhere.
   int64_t shard_dim = 0;

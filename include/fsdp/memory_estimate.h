@@ -47,6 +47,21 @@ namespace fsdp {
 
 // One FSDP unit as the estimator sees it. Byte counts are for one rank's micro-batch, in the
 // compute dtype; the model describes them (see models/gpt2/gpt2_memory.h).
+// Bytes moved over a tensor-parallel group in one pass, by collective, each counted as the
+// process groups count a payload: an all-gather's output, a reduce-scatter's input, an
+// all-reduce's tensor.
+struct TensorParallelBytes {
+  int64_t all_gather = 0;
+  int64_t reduce_scatter = 0;
+  int64_t all_reduce = 0;
+  TensorParallelBytes& operator+=(const TensorParallelBytes& other) {
+    all_gather += other.all_gather;
+    reduce_scatter += other.reduce_scatter;
+    all_reduce += other.all_reduce;
+    return *this;
+  }
+};
+
 struct UnitMemorySpec {
   std::string name;
   // Shapes of the unit's trainable parameters (a tied parameter once, in its owning unit).
@@ -60,11 +75,12 @@ struct UnitMemorySpec {
   // checkpointing, the recomputed activations, less the saved tensors released so far. (When
   // the backward ends, saved_bytes are gone and the full parameter gradients are alive.)
   int64_t backward_peak_bytes = 0;
-  // Tensor parallelism: the bytes of the tensors the unit all-reduces over its tp group in its
-  // forward (a row layer's partial outputs) and in its backward (a column layer's input
-  // gradients, and the recomputed forward's under activation checkpointing).
-  int64_t tp_forward_all_reduce_bytes = 0;
-  int64_t tp_backward_all_reduce_bytes = 0;
+  // Tensor parallelism: what the unit moves over its tp group in its forward (a row layer's
+  // partial outputs; under sequence parallelism also the gathered inputs) and in its backward (a
+  // column layer's input gradients, whole parameters' gradients, and the recomputed forward's
+  // under activation checkpointing).
+  TensorParallelBytes tp_forward;
+  TensorParallelBytes tp_backward;
 };
 
 // A model: the root unit's own parameters and activations, and the units called from its
@@ -85,6 +101,10 @@ struct ModelMemorySpec {
   // of the root's parameter gradients from the head's backward on, so this is what comes and
   // goes: e.g. a tied embedding's dense gradient and its sum with the head's gradient.
   int64_t root_stem_backward_peak_bytes = 0;
+  // Tensor parallelism: what the root's own modules move over the tp group (under sequence
+  // parallelism: the embeddings' scatter, the final norm's gradients, the head's gather).
+  TensorParallelBytes root_tp_forward;
+  TensorParallelBytes root_tp_backward;
   std::vector<UnitMemorySpec> units;
 };
 

@@ -1,32 +1,51 @@
-// Tensor parallelism (Megatron-LM's column and row splits of linear layers) over one mesh
-// dimension, composable with fully_shard over another, as FSDP2's parallelize_module with
-// ColwiseParallel / RowwiseParallel and fully_shard on the dp sub-mesh.
+// Tensor parallelism (Megatron-LM's column and row splits of linear layers, and its sequence
+// parallelism) over one mesh dimension, composable with fully_shard over another, as FSDP2's
+// parallelize_module with its styles and fully_shard on the dp sub-mesh.
 //
 // parallelize_module(module, tp_mesh, plan) replaces the weights of the plan's linear layers by
 // this rank's slice, in place (the parameters keep their identity, so optimizers and fully_shard
-// see the local slices), and marks each layer with its style. Call it before fully_shard: FSDP
-// then shards the local slices over its own mesh (dim 0 of the local tensor, FSDP2's
-// composition). The layers must be called through fsdp::linear, which adds each style's
-// communication around at::linear:
+// see the local slices), and marks each planned module with its style. Call it before
+// fully_shard: FSDP then shards the local slices over its own mesh (dim 0 of the local tensor,
+// FSDP2's composition). The model applies the styles at its call sites: linear layers through
+// fsdp::linear, parameters of whole-parameter styles through fsdp::tensor_parallel_parameter,
+// and a module's input and output layouts through fsdp::tensor_parallel_input / _output.
 //
 //   ColwiseParallel: weight [out / T, in] (rows r*out/T.. of the full weight; of each block, for
 //     a packed projection), bias [out / T].
 //     Input replicated; output this rank's slice of the last dimension. Forward: nothing;
-//     backward: the input's gradient is summed over the group (all-reduce).
+//     backward: the input's gradient is summed over the group (all-reduce), unless the layer
+//     is under a module whose PrepareModuleInput gathers the input from sequence shards: that
+//     gather's backward sums the layers' gradients once, for all of them (reduce-scatter).
 //   RowwiseParallel: weight [out, in / T] (columns), bias [out] replicated. Input this rank's
-//     slice of the last dimension (a colwise layer's output); output replicated. Forward: the
-//     partial products are summed over the group (all-reduce), then the bias is added;
-//     backward: nothing.
+//     slice of the last dimension (a colwise layer's output). Forward: the partial products are
+//     summed over the group, then the bias is added: by an all-reduce into a replicated output
+//     (Layout::kReplicate, the default) or by a reduce-scatter into this rank's sequence shard
+//     (Layout::kSequenceShard, sequence parallelism); backward: nothing, or the gradient's
+//     sequence shards gathered (all-gather).
 //
 //   ReplicateParallel: any module whose parameters stay whole on every rank but which is applied
 //     to this rank's slice of an activation (Qwen3's per-head q/k norms, over this rank's heads),
 //     so each rank's parameter gradients are partial sums. Forward: nothing; backward: those
 //     gradients are summed over the group. The module reads its parameters through
 //     fsdp::tensor_parallel_parameter.
+//   SequenceParallel: a module with whole parameters applied to this rank's sequence shard
+//     (norms between the layers under sequence parallelism): the same gradient sum as
+//     ReplicateParallel, over the sequence's parts.
+//   PrepareModuleInput(from, to) / PrepareModuleOutput(from, to): move a module's input (or
+//     output) between layouts, as the model passes it through fsdp::tensor_parallel_input (or
+//     _output). kSequenceShard -> kReplicate gathers the sequence (all-gather); its backward
+//     sums the gradient's partial sums into shards (reduce-scatter) when the module holds
+//     column layers, whose input gradients are partial, and otherwise keeps this rank's shard
+//     of the gradient, the same on every rank. kReplicate -> kSequenceShard keeps this rank's
+//     shard; its backward gathers the gradient. PrepareModuleOutput moves to kSequenceShard
+//     only (a gathered output's gradient layout is its consumers', unknown here).
 //
 // A column layer followed by a row layer (attention's q/k/v then o, the MLP's gate/up then down)
-// communicates once each way. Every collective is checked as FSDP's are: one that fails or times
-// out throws naming the layer, the mesh dimension, the rank and the operation.
+// communicates once each way. Under sequence parallelism the activations between them are
+// sequence shards: the all-reduce becomes a reduce-scatter after the row layer and an all-gather
+// before the column layers (torchtitan's plan), and norms run on 1/T of the tokens. Every
+// collective is checked as FSDP's are: one that fails or times out throws naming the layer, the
+// mesh dimension, the rank and the operation.
 #pragma once
 
 #include <fsdp/device_mesh.h>
@@ -42,22 +61,42 @@
 
 namespace fsdp {
 
+// Where an activation [batch, seq, ...] lives on the tensor-parallel group: whole on every rank,
+// or split along the sequence (dimension 1; FSDP2's Shard(1)), rank r holding positions
+// r*seq/T.. of it.
+enum class Layout { kReplicate, kSequenceShard };
+
 class ParallelStyle {
  public:
-  enum class Kind { kColwise, kRowwise, kReplicate };
+  enum class Kind {
+    kColwise,
+    kRowwise,
+    kReplicate,
+    kSequence,
+    kPrepareInput,
+    kPrepareOutput
+  };
   Kind kind() const { return kind_; }
   // Column styles: the output features are this many equal blocks, each split on its own (a
   // fused projection: GPT-2's c_attn is q, k and v, packed 3), so every rank gets its part of
   // each block, in block order. 1 otherwise.
   int64_t packed() const { return packed_; }
-  std::string name() const;  // "ColwiseParallel", "RowwiseParallel" or "ReplicateParallel"
+  // The layouts an activation moves between: PrepareModuleInput's and PrepareModuleOutput's
+  // (from, to); RowwiseParallel's output is (kReplicate, its output layout). Otherwise both
+  // kReplicate.
+  Layout from() const { return from_; }
+  Layout to() const { return to_; }
+  std::string name() const;  // the style's name: "ColwiseParallel", "SequenceParallel", ...
 
  protected:
-  ParallelStyle(Kind kind, int64_t packed) : kind_(kind), packed_(packed) {}
+  ParallelStyle(Kind kind, int64_t packed, Layout from = Layout::kReplicate,
+                Layout to = Layout::kReplicate)
+      : kind_(kind), packed_(packed), from_(from), to_(to) {}
 
  private:
   Kind kind_;
   int64_t packed_;
+  Layout from_, to_;
 };
 
 struct ColwiseParallel : ParallelStyle {
@@ -66,11 +105,28 @@ struct ColwiseParallel : ParallelStyle {
 };
 
 struct RowwiseParallel : ParallelStyle {
-  RowwiseParallel() : ParallelStyle(Kind::kRowwise, 1) {}
+  // output: kReplicate (all-reduce) or kSequenceShard (reduce-scatter). (optional) defaults to
+  // kReplicate.
+  explicit RowwiseParallel(Layout output = Layout::kReplicate)
+      : ParallelStyle(Kind::kRowwise, 1, Layout::kReplicate, output) {}
 };
 
 struct ReplicateParallel : ParallelStyle {
   ReplicateParallel() : ParallelStyle(Kind::kReplicate, 1) {}
+};
+
+struct SequenceParallel : ParallelStyle {
+  SequenceParallel()
+      : ParallelStyle(Kind::kSequence, 1, Layout::kSequenceShard, Layout::kSequenceShard) {}
+};
+
+struct PrepareModuleInput : ParallelStyle {
+  PrepareModuleInput(Layout from, Layout to) : ParallelStyle(Kind::kPrepareInput, 1, from, to) {}
+};
+
+struct PrepareModuleOutput : ParallelStyle {
+  PrepareModuleOutput(Layout from, Layout to)
+      : ParallelStyle(Kind::kPrepareOutput, 1, from, to) {}
 };
 
 // Module paths relative to the module given to parallelize_module ("self_attn.q_proj"), each
@@ -81,8 +137,11 @@ using TensorParallelPlan = std::vector<std::pair<std::string, ParallelStyle>>;
 // least one module, each match must be not yet parallelized or sharded by fully_shard and, for
 // the column and row styles, a torch::nn::Linear whose split dimension (out for colwise, in for
 // rowwise) divides by the mesh's size; otherwise throws naming the entry, the layer and the
-// sizes. Not collective: every
-// rank of tp_mesh slices its own part. tp_mesh must be 1-D.
+// sizes. Not collective: every rank of tp_mesh slices its own part. tp_mesh must be 1-D. Then,
+// for every module under module that gathers its input from sequence shards, the column layers
+// under it leave their input gradients to that gather (see ColwiseParallel): such a module must
+// pass its input through fsdp::tensor_parallel_input, and every use of it inside the module
+// must be a column layer's.
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
                         const TensorParallelPlan& plan);
 
@@ -90,9 +149,16 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
 // FSDP unit), with the layer's tensor-parallel communication around it when it has a style.
 at::Tensor linear(torch::nn::Linear& layer, const at::Tensor& x);
 
-// param (a parameter of module) as module's forward should use it: under ReplicateParallel
-// through the gradient's all-reduce over the group, otherwise param itself.
+// param (a parameter of module) as module's forward should use it: under ReplicateParallel or
+// SequenceParallel through the gradient's all-reduce over the group, otherwise param itself.
 at::Tensor tensor_parallel_parameter(const torch::nn::Module& module, const at::Tensor& param);
+
+// x (module's input) in the layout module's forward wants: moved by its PrepareModuleInput style
+// (see the top of this file), else x itself. Throws naming the module, the sizes and the group
+// if the sequence (dimension 1) does not divide by the group's size.
+at::Tensor tensor_parallel_input(const torch::nn::Module& module, const at::Tensor& x);
+// y (module's output) moved by its PrepareModuleOutput style, else y itself.
+at::Tensor tensor_parallel_output(const torch::nn::Module& module, const at::Tensor& y);
 
 // Where a parameter is split by tensor parallelism: the group it is split over and the
 // dimension of the full tensor that is split (0: colwise weight and bias; 1: rowwise weight).

@@ -17,7 +17,82 @@ const ParallelStyle* style_of(const TensorParallelPlan& plan, const std::string&
   return nullptr;
 }
 
+// Whether the module at path is under a module whose input the plan gathers from sequence shards
+// (with column layers: [Note: one gradient sum for a gathered input]).
+bool under_sequence_gather(const TensorParallelPlan& plan, const std::string& path) {
+  for (const auto& [outer, style] : plan) {
+    if (style.kind() == ParallelStyle::Kind::kPrepareInput &&
+        style.from() == Layout::kSequenceShard && style.to() == Layout::kReplicate &&
+        path.rfind(outer + ".", 0) == 0)
+      return true;
+  }
+  return false;
+}
+
+bool holds_column_layers(const TensorParallelPlan& plan, const std::string& path) {
+  for (const auto& [inner, style] : plan) {
+    if (style.kind() == ParallelStyle::Kind::kColwise && inner.rfind(path + ".", 0) == 0)
+      return true;
+  }
+  return false;
+}
+
+// The gradient bytes of the layer's parameters under the module at path (of `name` alone when
+// name is given: a row layer's "bias").
+int64_t gradient_bytes(const ParamTable& params, const std::string& path, int64_t element_size,
+                       const std::string& name = "") {
+  const std::string prefix = path + "." + name;
+  int64_t bytes = 0;
+  for (const ParamSpec& p : params.layer) {
+    const bool match = name.empty() ? p.name.rfind(prefix, 0) == 0 : p.name == prefix;
+    if (match) bytes += c10::multiply_integers(p.shape) * element_size;
+  }
+  return bytes;
+}
+
+// What the module at path under style moves in one pass (see fsdp/tensor_parallel.h).
+void add_style_bytes(const ParamTable& params, const LayerSplit& split, const std::string& path,
+                     const ParallelStyle& style, LayerTpBytes& out) {
+  const int64_t act = split.activation_bytes;
+  const bool moves = style.from() != style.to();
+  switch (style.kind()) {
+    case ParallelStyle::Kind::kRowwise:
+      if (style.to() == Layout::kReplicate) {
+        out.forward.all_reduce += act;
+      } else {  // reduce-scatter; its gradient gathered, the whole bias's gradient summed
+        out.forward.reduce_scatter += act;
+        out.backward.all_gather += act;
+        out.backward.all_reduce += gradient_bytes(params, path, split.element_size, "bias");
+      }
+      break;
+    case ParallelStyle::Kind::kColwise:
+      if (!under_sequence_gather(split.plan, path)) out.backward.all_reduce += act;
+      break;
+    case ParallelStyle::Kind::kPrepareInput:
+    case ParallelStyle::Kind::kPrepareOutput:
+      if (moves && style.to() == Layout::kReplicate) {  // a gather
+        out.forward.all_gather += act;
+        if (holds_column_layers(split.plan, path)) out.backward.reduce_scatter += act;
+      } else if (moves) {  // a scatter: its gradient gathered
+        out.backward.all_gather += act;
+      }
+      break;
+    case ParallelStyle::Kind::kReplicate:
+    case ParallelStyle::Kind::kSequence:
+      out.backward.all_reduce += gradient_bytes(params, path, split.element_size);
+      break;
+  }
+}
+
 }  // namespace
+
+LayerTpBytes layer_tp_bytes(const ParamTable& params, const LayerSplit& split) {
+  LayerTpBytes out;
+  if (split.tp <= 1) return out;
+  for (const auto& [path, style] : split.plan) add_style_bytes(params, split, path, style, out);
+  if (split.recomputed) out.backward += out.forward;
+  return out;
+}
 
 std::vector<std::vector<int64_t>> split_layer_shapes(const ParamTable& params,
                                                      const LayerSplit& split) {
@@ -25,7 +100,9 @@ std::vector<std::vector<int64_t>> split_layer_shapes(const ParamTable& params,
   for (const ParamSpec& p : params.layer) {
     std::vector<int64_t> shape = p.shape;
     const ParallelStyle* style = split.tp > 1 ? style_of(split.plan, p.name) : nullptr;
-    if (style && style->kind() == ParallelStyle::Kind::kReplicate) style = nullptr;  // whole
+    if (style && style->kind() != ParallelStyle::Kind::kColwise &&
+        style->kind() != ParallelStyle::Kind::kRowwise)
+      style = nullptr;  // whole parameters
     const bool colwise = style && style->kind() == ParallelStyle::Kind::kColwise;
     const bool is_weight =
         p.name.size() >= 7 && p.name.compare(p.name.size() - 7, 7, ".weight") == 0;
@@ -43,18 +120,7 @@ std::vector<std::vector<int64_t>> split_layer_shapes(const ParamTable& params,
 
 std::vector<UnitMemorySpec> layer_units(const ParamTable& params, const std::string& name_prefix,
                                         const LayerMemory& layer, const LayerSplit& split) {
-  int64_t forward = 0, backward = 0;
-  for (const auto& [path, style] : split.tp > 1 ? split.plan : TensorParallelPlan{}) {
-    if (style.kind() == ParallelStyle::Kind::kRowwise) forward += split.activation_bytes;
-    if (style.kind() == ParallelStyle::Kind::kColwise) backward += split.activation_bytes;
-    if (style.kind() != ParallelStyle::Kind::kReplicate) continue;
-    for (const ParamSpec& p : params.layer) {  // the module's parameters' gradients
-      if (p.name.rfind(path + ".", 0) == 0) {
-        backward += c10::multiply_integers(p.shape) * split.element_size;
-      }
-    }
-  }
-  if (split.recomputed) backward += forward;
+  const LayerTpBytes tp = layer_tp_bytes(params, split);
   const std::vector<std::vector<int64_t>> shapes = split_layer_shapes(params, split);
   std::vector<UnitMemorySpec> units(static_cast<size_t>(params.n_layers));
   for (size_t i = 0; i < units.size(); ++i) {
@@ -63,8 +129,8 @@ std::vector<UnitMemorySpec> layer_units(const ParamTable& params, const std::str
     units[i].saved_bytes = layer.saved_bytes;
     units[i].forward_workspace_bytes = layer.forward_workspace_bytes;
     units[i].backward_peak_bytes = layer.backward_peak_bytes;
-    units[i].tp_forward_all_reduce_bytes = forward;
-    units[i].tp_backward_all_reduce_bytes = backward;
+    units[i].tp_forward = tp.forward;
+    units[i].tp_backward = tp.backward;
   }
   return units;
 }

@@ -34,6 +34,16 @@ inline LossMemory loss_memory(int64_t tokens, int64_t vocab, int64_t element_siz
   return {wide, logits + (element_size < 4 ? wide : 0), 2 * wide};
 }
 
+// Under sequence parallelism, what the root moves over the tp group: the head's input gathered
+// (head_input bytes) in forward; in backward the embeddings' shard gradients gathered
+// (embedding_outputs bytes, whole) and the final norm's parameter gradients summed.
+inline void set_sequence_parallel_root(ModelMemorySpec& spec, int64_t head_input,
+                                       int64_t embedding_outputs, int64_t norm_gradients) {
+  spec.root_tp_forward.all_gather = head_input;
+  spec.root_tp_backward.all_gather = embedding_outputs;
+  spec.root_tp_backward.all_reduce = norm_gradients;
+}
+
 // What one layer keeps and allocates, for one micro-batch (UnitMemorySpec's fields).
 struct LayerMemory {
   int64_t saved_bytes = 0;
@@ -51,10 +61,14 @@ inline LayerMemory checkpointed(const LayerMemory& plain, int64_t input_bytes,
 }
 
 // Tensor parallelism of every layer: the family's plan over tp ranks (paths relative to the
-// layer), the bytes of one activation its layers all-reduce ([B, T, d] in the compute dtype) and
-// the compute dtype's element size. A row layer all-reduces its partial output in forward, a
-// column layer its input's gradient in backward, a ReplicateParallel module its parameters'
-// gradients in backward; with activation checkpointing the recompute runs the forward's again.
+// layer), the bytes of one activation its layers move ([B, T, d] in the compute dtype, whole)
+// and the compute dtype's element size. Without sequence parallelism a row layer all-reduces
+// its partial output in forward, a column layer its input's gradient in backward, a
+// ReplicateParallel module its parameters' gradients in backward. With it, a row layer
+// reduce-scatters its output (its gradient gathered in backward, its whole bias's gradient
+// summed), a gathered module all-gathers its input (and reduce-scatters the gradient of its
+// column layers' input), norms sum their parameters' gradients. With activation checkpointing
+// the recompute runs the forward's again.
 struct LayerSplit {
   TensorParallelPlan plan;
   int tp = 1;
@@ -62,6 +76,13 @@ struct LayerSplit {
   bool recomputed = false;
   int64_t element_size = 4;
 };
+
+// What one layer moves over its tp group, forward and backward.
+struct LayerTpBytes {
+  TensorParallelBytes forward;
+  TensorParallelBytes backward;
+};
+LayerTpBytes layer_tp_bytes(const ParamTable& params, const LayerSplit& split);
 
 // The layer's parameter shapes as one rank holds them under split (parallelize_module's cuts: a
 // column layer's weight and bias along dim 0, a row layer's weight along dim 1, its bias whole).

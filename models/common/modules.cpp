@@ -87,6 +87,18 @@ torch::nn::Linear layer_linear(const ParamTable& params, const std::string& name
 
 at::Tensor linear(torch::nn::Linear layer, const at::Tensor& x) { return fsdp::linear(layer, x); }
 
+at::Tensor layer_norm(torch::nn::LayerNorm norm, const at::Tensor& x) {
+  return fsdp::forward_with(
+      norm,
+      [&norm](const at::Tensor& in) {
+        const torch::nn::LayerNormOptions& o = norm->options;
+        return at::layer_norm(in, o.normalized_shape(),
+                              fsdp::tensor_parallel_parameter(*norm, norm->weight),
+                              fsdp::tensor_parallel_parameter(*norm, norm->bias), o.eps());
+      },
+      x);
+}
+
 at::Tensor activate(Activation activation, const at::Tensor& x) {
   switch (activation) {
     case Activation::kSilu:

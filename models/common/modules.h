@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
@@ -66,6 +67,11 @@ torch::nn::Linear layer_linear(const ParamTable& params, const std::string& name
 // activations than PyTorch's. Called through fsdp::linear, so the layer may be an FSDP unit of
 // its own (an auto-wrap policy's choice) and may be split by tensor parallelism.
 at::Tensor linear(torch::nn::Linear layer, const at::Tensor& x);
+
+// norm's forward (at::layer_norm, as torch::nn::LayerNorm's) through fsdp::forward_with, with
+// its weight and bias read through fsdp::tensor_parallel_parameter: under SequenceParallel (the
+// norm applied to this rank's sequence shard) their gradients are summed over the group.
+at::Tensor layer_norm(torch::nn::LayerNorm norm, const at::Tensor& x);
 
 // The activation applied elementwise, computed as transformers' class for it does on CPU.
 at::Tensor activate(Activation activation, const at::Tensor& x);

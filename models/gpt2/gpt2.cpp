@@ -16,6 +16,7 @@
 #include <c10/util/Exception.h>
 #include <fsdp/activation_checkpoint.h>
 #include <fsdp/runtime/forward.h>
+#include <fsdp/tensor_parallel.h>
 #include <models/gpt2/gpt2.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
@@ -140,7 +141,9 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& config, const
   c_proj = register_module("c_proj", layer_linear(params, "attn.c_proj"));
 }
 
-at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& input) {
+  // Under sequence parallelism the input arrives as this rank's sequence shard: gathered here.
+  const at::Tensor x = fsdp::tensor_parallel_input(*this, input);
   const int64_t batch = x.size(0), seq = x.size(1), embd = x.size(2);
   const int64_t head_dim = embd / n_head_;
   // q, k and v: thirds of c_attn's output (each rank's heads of each under tensor parallelism,
@@ -163,7 +166,8 @@ MLPImpl::MLPImpl(const GPT2Config& config, const ParamTable& params)
   c_proj = register_module("c_proj", layer_linear(params, "mlp.c_proj"));
 }
 
-at::Tensor MLPImpl::forward(const at::Tensor& x) {
+at::Tensor MLPImpl::forward(const at::Tensor& input) {
+  const at::Tensor x = fsdp::tensor_parallel_input(*this, input);  // as attention's
   return linear(c_proj, activate(act_, linear(c_fc, x)));
 }
 
@@ -184,8 +188,8 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
 
 at::Tensor BlockImpl::body(const at::Tensor& x) {
   // Every module through fsdp::forward: any of them may be an FSDP unit (fsdp/wrap_policy.h).
-  at::Tensor h = x + fsdp::forward(attn, fsdp::forward(ln_1, x));
-  return h + fsdp::forward(mlp, fsdp::forward(ln_2, h));
+  at::Tensor h = x + fsdp::forward(attn, layer_norm(ln_1, x));
+  return h + fsdp::forward(mlp, layer_norm(ln_2, h));
 }
 
 GPT2ModelImpl::GPT2ModelImpl(const GPT2Options& options, const std::string& name_prefix)
@@ -219,9 +223,13 @@ at::Tensor GPT2ModelImpl::forward(const at::Tensor& idx) {
   TORCH_CHECK(seq <= config_.n_positions, "sequence length ", seq,
               " exceeds the model's n_positions=", config_.n_positions);
   at::Tensor pos = at::arange(seq, idx.options());
-  at::Tensor x = fsdp::forward(wte, idx) + fsdp::forward(wpe, pos);
+  // Under sequence parallelism each rank keeps its sequence shard of both embeddings ([T, C]
+  // positions as [1, T, C]).
+  at::Tensor x =
+      fsdp::tensor_parallel_output(*wte, fsdp::forward(wte, idx)) +
+      fsdp::tensor_parallel_output(*wpe, fsdp::forward(wpe, pos).unsqueeze(0));
   for (auto& block : blocks) x = fsdp::forward(block, x);
-  return fsdp::forward(ln_f, x);
+  return layer_norm(ln_f, x);
 }
 
 GPT2LMHeadImpl::GPT2LMHeadImpl(const GPT2Options& options) {
@@ -236,7 +244,10 @@ GPT2LMHeadImpl::GPT2LMHeadImpl(const GPT2Options& options) {
 }
 
 at::Tensor GPT2LMHeadImpl::forward(const at::Tensor& idx) {
-  const at::Tensor h = fsdp::forward(transformer, idx);
+  // The head reads the whole sequence (gathered under sequence parallelism).
+  const torch::nn::Module& head =
+      lm_head ? static_cast<const torch::nn::Module&>(*lm_head) : *untied_lm_head;
+  const at::Tensor h = fsdp::tensor_parallel_input(head, fsdp::forward(transformer, idx));
   return lm_head ? fsdp::forward(lm_head, h) : linear(untied_lm_head, h);
 }
 

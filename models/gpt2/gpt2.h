@@ -83,7 +83,7 @@ struct GPT2Options {
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   CausalSelfAttentionImpl(const GPT2Config& config, const ParamTable& params);
-  at::Tensor forward(const at::Tensor& x);  // [B, T, n_embd] -> [B, T, n_embd]
+  at::Tensor forward(const at::Tensor& input);  // [B, T, n_embd] -> [B, T, n_embd]
 
   torch::nn::Linear c_attn{nullptr};
   torch::nn::Linear c_proj{nullptr};
@@ -96,7 +96,7 @@ TORCH_MODULE(CausalSelfAttention);
 class MLPImpl : public torch::nn::Module {
  public:
   MLPImpl(const GPT2Config& config, const ParamTable& params);
-  at::Tensor forward(const at::Tensor& x);  // c_proj(act(c_fc(x))), act tanh-GELU by default
+  at::Tensor forward(const at::Tensor& input);  // c_proj(act(c_fc(x))), act tanh-GELU by default
 
   torch::nn::Linear c_fc{nullptr};
   torch::nn::Linear c_proj{nullptr};

@@ -35,26 +35,30 @@ void check_sizes(const GPT2Config& c, int64_t micro_batch, int64_t seq_len) {
 }  // namespace
 
 ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64_t seq_len,
-                                 at::ScalarType compute_dtype, bool activation_checkpoint, int tp) {
+                                 at::ScalarType compute_dtype, bool activation_checkpoint, int tp,
+                                 bool sequence_parallel) {
   check_sizes(c, micro_batch, seq_len);
   const ParamTable params = gpt2_params(c);
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
   const int64_t bt = micro_batch * seq_len;
-  const LayerSplit split{tp != 1 ? gpt2_block_tp_plan(c, tp) : TensorParallelPlan{}, tp,
-                         bt * c.n_embd * e, activation_checkpoint, e};
+  const LayerSplit split{
+      tp != 1 ? gpt2_block_tp_plan(c, tp, sequence_parallel) : TensorParallelPlan{}, tp,
+      bt * c.n_embd * e, activation_checkpoint, e};
   // A block's heads and MLP width on one rank (/ tp under tensor parallelism).
   const int64_t d = c.n_embd, v = c.vocab_size, h = c.n_head / tp, inner = c.inner_size() / tp;
   const int64_t btd = bt * d * e;
   const int64_t bta = btd / tp;        // one of q, k, v or the attention output: this rank's heads
   const int64_t bti = bt * inner * e;  // the MLP's width
-  // LayerNorm's mean and rstd ([B, T, 1] each), in the compute dtype on CPU.
-  const int64_t ln_stats = 2 * bt * e;
+  // The residual stream's bytes, and LayerNorm's mean and rstd ([B, T, 1] each, in the compute
+  // dtype on CPU), over this rank's sequence shard under sequence parallelism.
+  const int64_t shards = sequence_parallel ? tp : 1, stream = btd / shards;
+  const int64_t ln_stats = 2 * bt / shards * e;
   const int64_t logsumexp = micro_batch * h * seq_len * 4;  // float for every compute dtype
   const LossMemory loss = loss_memory(bt, v, e);
 
   ModelMemorySpec spec;
   spec.root_param_shapes = params.root_shapes();     // wte (= lm_head when tied), wpe, ln_f
-  spec.root_saved_before_bytes = seq_len * 8 + btd;  // position ids, wte(idx) + wpe(pos)
+  spec.root_saved_before_bytes = seq_len * 8 + stream;  // position ids, wte(idx) + wpe(pos)
   spec.root_saved_after_bytes = ln_stats + btd + loss.saved_bytes;  // ln_f, its output, the loss
   spec.root_forward_workspace_bytes = loss.forward_workspace_bytes;
   spec.root_backward_peak_bytes = loss.backward_peak_bytes;
@@ -65,12 +69,15 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   // alive; the sum then replaces the head's part as wte's gradient. Untied (and wpe), the
   // embedding's dense gradient is its only one, already counted with the root's gradients.
   spec.root_stem_backward_peak_bytes = c.tie_word_embeddings ? 2 * v * d * e : 0;
+  // Both embeddings' outputs are scattered (wpe's [1, T, d]); ln_f has a weight and a bias.
+  if (sequence_parallel) set_sequence_parallel_root(spec, btd, btd + seq_len * d * e, 2 * d * e);
 
   // Per block: 16 [B, T, d] at the default MLP width 4d; the MLP's c_fc output and its
   // activation are [B, T, inner] each.
-  // ln_1's output, the residual sum, ln_2's output and the block's output whole; q, k, v and the
-  // attention output of this rank's heads.
-  const int64_t full_saved = 4 * btd + 4 * bta + 2 * bti + 2 * ln_stats + logsumexp;
+  // ln_1's output, the residual sum, ln_2's output and the block's output whole (under sequence
+  // parallelism the residual sum and the block's output are shards, the norms' outputs gathered
+  // whole); q, k, v and the attention output of this rank's heads.
+  const int64_t full_saved = 2 * btd + 2 * stream + 4 * bta + 2 * bti + 2 * ln_stats + logsumexp;
   // The first step of a block's backward is its peak: the MLP's c_proj gives the gradient of
   // the activation's output [B, T, inner] and its own weight and bias gradients, before the
   // activation output it kept is released; the steps after it free about as much as they
@@ -83,8 +90,8 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   // ln_2's output, c_fc's output (4 at the default width), the activation (4) and c_proj's
   // output are alive: 11 [B, T, d] above the block's input, 10 above its output.
   spec.units = layer_units(
-      params, "h.", activation_checkpoint ? checkpointed(plain, btd, 2 * btd + 2 * bti) : plain,
-      split);
+      params, "h.",
+      activation_checkpoint ? checkpointed(plain, stream, 2 * btd + 2 * bti) : plain, split);
   return spec;
 }
 

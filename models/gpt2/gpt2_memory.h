@@ -25,9 +25,12 @@ namespace fsdp::models {
 // state, and recomputes the rest during its backward.
 // With tensor parallelism over tp ranks (gpt2_block_tp_plan), a block's units hold one rank's
 // slices and keep its heads' q, k, v and attention output and its MLP columns' (/ tp); the
-// LayerNorms', the residual's and the root's stay whole.
+// LayerNorms', the residual's and the root's stay whole. With sequence parallelism as well, the
+// LayerNorms run on this rank's 1/tp of the tokens and the residual stream is a sequence shard;
+// c_attn, c_fc and the head keep their gathered whole inputs.
 ModelMemorySpec gpt2_memory_spec(const GPT2Config& config, int64_t micro_batch, int64_t seq_len,
                                  at::ScalarType compute_dtype = at::kFloat,
-                                 bool activation_checkpoint = false, int tp = 1);
+                                 bool activation_checkpoint = false, int tp = 1,
+                                 bool sequence_parallel = false);
 
 }  // namespace fsdp::models

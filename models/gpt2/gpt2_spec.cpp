@@ -71,11 +71,17 @@ class GPT2Spec : public ModelSpec {
   // (GPT-2's config.json names no dtype; transformers reads it from the file.)
   std::string hf_config_json(at::ScalarType) const override { return gpt2_hf_config_json(config_); }
   ModelMemorySpec memory_spec(int64_t micro_batch, int64_t seq_len, at::ScalarType compute_dtype,
-                              bool activation_checkpoint, int tp) const override {
-    return gpt2_memory_spec(config_, micro_batch, seq_len, compute_dtype, activation_checkpoint,
-                            tp);
+                              bool activation_checkpoint, int tp,
+                              bool sequence_parallel) const override {
+    return gpt2_memory_spec(config_, micro_batch, seq_len, compute_dtype, activation_checkpoint, tp,
+                             sequence_parallel);
   }
-  TensorParallelPlan unit_tp_plan(int tp) const override { return gpt2_block_tp_plan(config_, tp); }
+  TensorParallelPlan unit_tp_plan(int tp, bool sequence_parallel) const override {
+    return gpt2_block_tp_plan(config_, tp, sequence_parallel);
+  }
+  TensorParallelPlan root_tp_plan(int tp, bool sequence_parallel) const override {
+    return gpt2_root_tp_plan(tp, sequence_parallel);
+  }
 
  private:
   std::string name_;

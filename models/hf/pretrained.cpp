@@ -56,10 +56,17 @@ class PretrainedSpec : public ModelSpec {
   checkpoint::FullLayout hf_layout() const override { return inner_->hf_layout(); }
   std::string hf_config_json(at::ScalarType dtype) const override;
   ModelMemorySpec memory_spec(int64_t micro_batch, int64_t seq_len, at::ScalarType compute_dtype,
-                              bool activation_checkpoint, int tp) const override {
-    return inner_->memory_spec(micro_batch, seq_len, compute_dtype, activation_checkpoint, tp);
+                              bool activation_checkpoint, int tp,
+                              bool sequence_parallel) const override {
+    return inner_->memory_spec(micro_batch, seq_len, compute_dtype, activation_checkpoint, tp,
+                               sequence_parallel);
   }
-  TensorParallelPlan unit_tp_plan(int tp) const override { return inner_->unit_tp_plan(tp); }
+  TensorParallelPlan unit_tp_plan(int tp, bool sequence_parallel) const override {
+    return inner_->unit_tp_plan(tp, sequence_parallel);
+  }
+  TensorParallelPlan root_tp_plan(int tp, bool sequence_parallel) const override {
+    return inner_->root_tp_plan(tp, sequence_parallel);
+  }
 
  private:
   std::string name_;

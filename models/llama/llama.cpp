@@ -252,7 +252,10 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config, const ParamTab
   }
 }
 
-at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x) {
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& input) {
+  // Under sequence parallelism the input arrives as this rank's sequence shard: gathered here,
+  // once for q, k and v.
+  const at::Tensor x = fsdp::tensor_parallel_input(*this, input);
   const int64_t batch = x.size(0), seq = x.size(1);
   // [B, T, heads * head_dim] -> [B, T, heads, head_dim]. The head counts are read from the
   // projections' outputs: tensor parallelism leaves each rank heads / T of them.
@@ -290,7 +293,8 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& config, const ParamTable& params)
   down_proj = register_module("down_proj", layer_linear(params, "mlp.down_proj"));
 }
 
-at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
+at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
+  const at::Tensor x = fsdp::tensor_parallel_input(*this, input);  // as attention's
   return linear(down_proj, activate(act_, linear(gate_proj, x)) * linear(up_proj, x));
 }
 
@@ -352,7 +356,8 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& idx) {
               " exceeds the model's sliding_window=", config_.sliding_window,
               ": attention over a sliding window is implemented only for "
               "sequences that fit in it (where it equals full causal attention)");
-  at::Tensor x = fsdp::forward(embed_tokens, idx);
+  // Under sequence parallelism each rank keeps its sequence shard of the embeddings.
+  at::Tensor x = fsdp::tensor_parallel_output(*embed_tokens, fsdp::forward(embed_tokens, idx));
   for (auto& layer : decoder_layers) x = fsdp::forward(layer, x);
   return fsdp::forward(norm, x);
 }
@@ -371,7 +376,8 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& options) {
 }
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& idx) {
-  const at::Tensor h = fsdp::forward(model, idx);
+  // The head reads the whole sequence (gathered under sequence parallelism).
+  const at::Tensor h = fsdp::tensor_parallel_input(*lm_head, fsdp::forward(model, idx));
   return tied_head_ ? fsdp::forward(tied_head_, h) : linear(untied_head_, h);
 }
 

@@ -125,7 +125,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
  public:
   LlamaAttentionImpl(const LlamaConfig& config, const ParamTable& params,
                      std::shared_ptr<const LlamaRotary> rotary);
-  at::Tensor forward(const at::Tensor& x);  // [B, T, d] -> [B, T, d]
+  at::Tensor forward(const at::Tensor& input);  // [B, T, d] -> [B, T, d]
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3's (qk_norm), else null
@@ -139,7 +139,7 @@ TORCH_MODULE(LlamaAttention);
 class LlamaMLPImpl : public torch::nn::Module {
  public:
   LlamaMLPImpl(const LlamaConfig& config, const ParamTable& params);
-  at::Tensor forward(const at::Tensor& x);  // down(act(gate(x)) * up(x))
+  at::Tensor forward(const at::Tensor& input);  // down(act(gate(x)) * up(x))
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 

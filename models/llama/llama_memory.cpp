@@ -38,18 +38,42 @@ void check_sizes(const LlamaConfig& c, int64_t micro_batch, int64_t seq_len) {
               " sequences of ", seq_len, " tokens needs more than 2^62 bytes of activations");
 }
 
+// The root's part: embed_tokens (= lm_head when tied) and the final norm, which keeps norm_saved,
+// then the loss.
+ModelMemorySpec root_memory(const LlamaConfig& c, const ParamTable& params, int64_t norm_saved,
+                            const LossMemory& loss, int64_t e) {
+  ModelMemorySpec spec;
+  spec.root_param_shapes = params.root_shapes();
+  // The embedding keeps only the caller's token ids. The rotary table (cos and sin [T, head_dim])
+  // that every layer's rotation keeps is not an activation: LlamaRotary makes it once and keeps
+  // it between steps, like a buffer.
+  spec.root_saved_before_bytes = 0;
+  spec.root_saved_after_bytes = norm_saved + loss.saved_bytes;
+  spec.root_forward_workspace_bytes = loss.forward_workspace_bytes;
+  spec.root_backward_peak_bytes = loss.backward_peak_bytes;
+  // Tied: the embedding's dense [V, d] gradient and its out-of-place sum with the head's (see
+  // gpt2_memory.cpp). Untied: the embedding's dense gradient is its only one, already counted.
+  spec.root_stem_backward_peak_bytes =
+      c.tie_word_embeddings ? 2 * c.vocab_size * c.hidden_size * e : 0;
+  return spec;
+}
+
 }  // namespace
 
 ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int64_t seq_len,
                                   at::ScalarType compute_dtype, bool activation_checkpoint,
-                                  int tp) {
+                                  int tp, bool sequence_parallel) {
   check_sizes(c, micro_batch, seq_len);
   const ParamTable params = llama_params(c);
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
   const int64_t bt = micro_batch * seq_len;
   // tp != 1 asks the plan, which names the sizes that do not divide.
-  const LayerSplit split{tp != 1 ? llama_layer_tp_plan(c, tp) : TensorParallelPlan{}, tp,
-                         bt * c.hidden_size * e, activation_checkpoint, e};
+  const LayerSplit split{
+      tp != 1 ? llama_layer_tp_plan(c, tp, sequence_parallel) : TensorParallelPlan{}, tp,
+      bt * c.hidden_size * e, activation_checkpoint, e};
+  // The tokens of a norm and of the residual stream: this rank's sequence shard under sequence
+  // parallelism.
+  const int64_t stream_rows = sequence_parallel ? bt / tp : bt;
   // A layer's widths on one rank (its heads and MLP columns under tensor parallelism).
   const int64_t d = c.hidden_size, v = c.vocab_size, f = c.intermediate_size / tp;
   const int64_t h = c.num_attention_heads / tp, hd = c.head_dim();
@@ -57,8 +81,8 @@ ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int
   const int64_t btd = bt * d * e, btf = bt * f * e;
   const int64_t btq = bt * h * hd * e, btkv = bt * kvh * hd * e;  // q's and k's (v's) widths
   // The residual norms keep, besides rms_norm_saved, their weighted output (the projections'
-  // input).
-  const int64_t norm_saved = rms_norm_saved(bt, d, e) + btd;
+  // input; under sequence parallelism the gathered whole of it).
+  const int64_t norm_saved = rms_norm_saved(stream_rows, d, e) + btd;
   const int64_t logsumexp = micro_batch * h * seq_len * 4;  // float for every compute dtype
   const bool grouped = kvh != h;
   const int64_t kv_saved = grouped ? 2 * btq : 2 * btkv;  // what attention gets as k, v
@@ -66,20 +90,9 @@ ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int
   // cos and sin only), are the norms' inputs.
   const int64_t qk_norm_saved =
       c.qk_norm ? rms_norm_saved(bt * h, hd, e) + rms_norm_saved(bt * kvh, hd, e) : 0;
-  const LossMemory loss = loss_memory(bt, v, e);
 
-  ModelMemorySpec spec;
-  spec.root_param_shapes = params.root_shapes();  // embed_tokens (= lm_head when tied), norm
-  // The embedding keeps only the caller's token ids. The rotary table (cos and sin [T, head_dim])
-  // that every layer's rotation keeps is not an activation: LlamaRotary makes it once and keeps
-  // it between steps, like a buffer.
-  spec.root_saved_before_bytes = 0;
-  spec.root_saved_after_bytes = norm_saved + loss.saved_bytes;  // final norm, the loss
-  spec.root_forward_workspace_bytes = loss.forward_workspace_bytes;
-  spec.root_backward_peak_bytes = loss.backward_peak_bytes;
-  // Tied: the embedding's dense [V, d] gradient and its out-of-place sum with the head's (see
-  // gpt2_memory.cpp). Untied: the embedding's dense gradient is its only one, already counted.
-  spec.root_stem_backward_peak_bytes = c.tie_word_embeddings ? 2 * v * d * e : 0;
+  ModelMemorySpec spec = root_memory(c, params, norm_saved, loss_memory(bt, v, e), e);
+  if (sequence_parallel) set_sequence_parallel_root(spec, btd, btd, d * e);
 
   const int64_t attention_saved =
       btq /*rotated q*/ + kv_saved + btq /*output*/ + logsumexp + qk_norm_saved;
@@ -94,7 +107,8 @@ ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int
   // expression, beside the residual, the norm's output and down_proj's output.
   spec.units = layer_units(
       params, params.layer_prefix,
-      activation_checkpoint ? checkpointed(plain, btd, 4 * btf + 3 * btd) : plain, split);
+      activation_checkpoint ? checkpointed(plain, stream_rows * d * e, 4 * btf + 3 * btd) : plain,
+      split);
   return spec;
 }
 

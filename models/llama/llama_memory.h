@@ -29,9 +29,13 @@ namespace fsdp::models {
 // and backward peaks are estimates from the same op sequence, not measured.
 // With tensor parallelism over tp ranks (llama_layer_tp_plan), a layer's units hold one rank's
 // slices and keep its heads' and MLP columns' activations (heads / tp, kv heads / tp,
-// intermediate_size / tp); the norms' and the residual's stay whole, as does the root.
+// intermediate_size / tp); the norms' and the residual's stay whole, as does the root. With
+// sequence parallelism as well, the norms (the final one too) run on this rank's 1/tp of the
+// tokens and the residual stream between them is a sequence shard; the projections keep the
+// gathered whole input.
 ModelMemorySpec llama_memory_spec(const LlamaConfig& config, int64_t micro_batch, int64_t seq_len,
                                   at::ScalarType compute_dtype = at::kFloat,
-                                  bool activation_checkpoint = false, int tp = 1);
+                                  bool activation_checkpoint = false, int tp = 1,
+                                  bool sequence_parallel = false);
 
 }  // namespace fsdp::models

@@ -1,9 +1,14 @@
-// How a Llama decoder layer is split by tensor parallelism (torchtitan's Llama plan, without
-// sequence parallelism): q/k/v and gate/up column-wise, o and down row-wise, so that attention
-// runs on heads / T query heads and kv_heads / T key/value heads per rank and the MLP on
-// intermediate_size / T features, with one all-reduce after attention and one after the MLP.
-// Norms, embeddings and the output projection stay replicated; Qwen3's per-head q/k norms
-// (qk_norm) are ReplicateParallel: applied to this rank's heads, their weights' gradients summed.
+// How a Llama decoder layer is split by tensor parallelism (torchtitan's Llama plan): q/k/v and
+// gate/up column-wise, o and down row-wise, so that attention runs on heads / T query heads and
+// kv_heads / T key/value heads per rank and the MLP on intermediate_size / T features, with one
+// all-reduce after attention and one after the MLP. Qwen3's per-head q/k norms (qk_norm) are
+// ReplicateParallel: applied to this rank's heads, their weights' gradients summed.
+//
+// With sequence parallelism the activations between attention and the MLP, and between layers,
+// are sequence shards: each all-reduce becomes a reduce-scatter after the row layer and an
+// all-gather before the column layers; the norms (SequenceParallel) run on 1/T of the tokens.
+// The root's plan then scatters the embeddings into shards, runs the final norm on them and
+// gathers the sequence for the output projection. Embeddings and the head stay replicated.
 #pragma once
 
 #include <fsdp/tensor_parallel.h>
@@ -13,6 +18,11 @@ namespace fsdp::models {
 
 // The plan for one decoder layer ("model.layers.N"), paths relative to it. Throws naming the
 // counts if num_attention_heads, num_key_value_heads or intermediate_size does not divide by tp.
-TensorParallelPlan llama_layer_tp_plan(const LlamaConfig& config, int tp);
+TensorParallelPlan llama_layer_tp_plan(const LlamaConfig& config, int tp,
+                                       bool sequence_parallel = false);
+
+// The plan for the root (LlamaForCausalLM: embeddings, final norm, head), paths relative to it:
+// empty without sequence parallelism.
+TensorParallelPlan llama_root_tp_plan(int tp, bool sequence_parallel);
 
 }  // namespace fsdp::models

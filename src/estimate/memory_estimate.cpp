@@ -57,7 +57,7 @@ struct UnitSizes {
   int64_t full_numel = 0;       // sum of full parameters
   int64_t max_shard_numel = 0;  // largest single padded shard (optimizer temporaries)
   int64_t saved = 0, forward_ws = 0, backward_peak = 0;
-  int64_t tp_forward_all_reduce = 0, tp_backward_all_reduce = 0;
+  TensorParallelBytes tp_forward, tp_backward;
   int64_t largest_received_numel = 0;  // whole_tensor: the largest bucket of another owner
 };
 
@@ -299,8 +299,8 @@ class StepModel {
       s.saved = u.saved_bytes;
       s.forward_ws = u.forward_workspace_bytes;
       s.backward_peak = u.backward_peak_bytes;
-      s.tp_forward_all_reduce = u.tp_forward_all_reduce_bytes;
-      s.tp_backward_all_reduce = u.tp_backward_all_reduce_bytes;
+      s.tp_forward = u.tp_forward;
+      s.tp_backward = u.tp_backward;
       units_.push_back(s);
     }
     root_before_ = model.root_saved_before_bytes;
@@ -308,6 +308,8 @@ class StepModel {
     root_forward_ws_ = model.root_forward_workspace_bytes;
     root_backward_peak_ = model.root_backward_peak_bytes;
     root_stem_backward_peak_ = model.root_stem_backward_peak_bytes;
+    root_tp_forward_ = model.root_tp_forward;
+    root_tp_backward_ = model.root_tp_backward;
   }
 
   // Unit state during the replay.
@@ -382,6 +384,12 @@ class StepModel {
     s.unsharded = true;
   }
 
+  void count_tensor_parallel(const TensorParallelBytes& bytes) {
+    all_gather_bytes_ += bytes.all_gather;
+    reduce_scatter_bytes_ += bytes.reduce_scatter;
+    all_reduce_bytes_ += bytes.all_reduce;
+  }
+
   void reshard(int i) {
     State& s = state(i);
     if (!s.unsharded) return;
@@ -397,6 +405,7 @@ class StepModel {
     for (int k = 0; k < o_.prefetch() && k < n; ++k) issue(k);
     wait(-1, "forward of root");
     obs_.compute(kRootUnit, ComputePhase::kRootStem);
+    count_tensor_parallel(root_tp_forward_);
     r_.alloc(root_before_, "forward of root");
     r_.transient(concurrent_temporaries(), "forward of root");
     for (int i = 0; i < n; ++i) {
@@ -405,7 +414,7 @@ class StepModel {
       const std::string phase = "forward of " + units_[i].name;
       wait(i, phase);
       obs_.compute(i, ComputePhase::kForward);
-      all_reduce_bytes_ += units_[i].tp_forward_all_reduce;
+      count_tensor_parallel(units_[i].tp_forward);
       r_.alloc(units_[i].saved, phase);
       r_.transient(units_[i].forward_ws + concurrent_temporaries(), phase);
       if (reshard_after_forward && post_forward_size_ > 0) {
@@ -439,7 +448,7 @@ class StepModel {
       }
       wait(i, phase);
       obs_.compute(i, ComputePhase::kBackward);
-      all_reduce_bytes_ += units_[i].tp_backward_all_reduce;
+      count_tensor_parallel(units_[i].tp_backward);
       r_.transient(units_[i].backward_peak + concurrent_temporaries(), phase);
       // Its end state: the saved activations gone, the full gradients made.
       r_.free(units_[i].saved);
@@ -449,6 +458,7 @@ class StepModel {
     // The root's stem (embeddings) last: its transient (a tied embedding's second gradient
     // and the sum of both) while the first unit's reduction, just issued, runs beside it.
     obs_.compute(kRootUnit, ComputePhase::kRootStemBackward);
+    count_tensor_parallel(root_tp_backward_);
     r_.transient(root_stem_backward_peak_ + concurrent_temporaries(), "backward of root (stem)");
     r_.free(root_before_);
     post_backward(kRootUnit, sync, reshard_after_backward, "end of backward");
@@ -658,6 +668,7 @@ class StepModel {
   std::vector<UnitSizes> units_;
   int64_t root_before_ = 0, root_after_ = 0, root_forward_ws_ = 0, root_backward_peak_ = 0,
           root_stem_backward_peak_ = 0;
+  TensorParallelBytes root_tp_forward_, root_tp_backward_;
   State root_state_;
   std::vector<State> states_;
   std::deque<Pending> pending_;

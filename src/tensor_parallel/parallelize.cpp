@@ -84,6 +84,41 @@ void parallelize_linear(torch::nn::LinearImpl& layer, const std::string& path,
   attach_style(layer, path, style, site);
 }
 
+void parallelize_whole(torch::nn::Module& module, const std::string& path,
+                       const ParallelStyle& style, const detail::TpSite& site) {
+  check_unstyled(module, path);
+  TORCH_CHECK(style.kind() != ParallelStyle::Kind::kPrepareOutput ||
+                  style.to() == Layout::kSequenceShard || style.from() == style.to(),
+              "parallelize_module: PrepareModuleOutput on '", path,
+              "' gathers its output from sequence shards; gather at the consumer's input with "
+              "PrepareModuleInput instead, where the gradient's layout is known");
+  attach_style(module, path, style, site);
+}
+
+// [Note: one gradient sum for a gathered input]
+// Under sequence parallelism a module's input is gathered once (PrepareModuleInput) and read by
+// several column layers (q, k and v); each layer's input gradient is a partial sum over the
+// group. Autograd adds the layers' partial gradients on the rank first; the gather's backward
+// then sums over the group and keeps this rank's sequence shard: one reduce-scatter for all of
+// them, as DTensor's Partial placement gives FSDP2. So the column layers under such a gather skip
+// their own all-reduce, and the gather reduce-scatters only when column layers are under it (a
+// replicated module's input gradient is the same on every rank: the gather keeps its shard).
+void link_sequence_gather(torch::nn::Module& module) {
+  detail::TpLayer* gather = detail::tp_layer_of(module);
+  if (gather == nullptr || gather->style.kind() != ParallelStyle::Kind::kPrepareInput ||
+      gather->style.from() != Layout::kSequenceShard || gather->style.to() != Layout::kReplicate)
+    return;
+  bool partial = false;
+  for (const auto& inner : module.modules(/*include_self=*/false)) {
+    detail::TpLayer* layer = detail::tp_layer_of(*inner);
+    if (layer == nullptr || layer->style.kind() != ParallelStyle::Kind::kColwise) continue;
+    layer->input_gathered = true;
+    partial = true;
+  }
+  gather->gather_gradient =
+      partial ? detail::GradientKind::kPartial : detail::GradientKind::kReplicated;
+}
+
 }  // namespace
 
 at::Tensor tensor_parallel_slice_view(const at::Tensor& full,
@@ -107,6 +142,12 @@ std::string ParallelStyle::name() const {
       return "RowwiseParallel";
     case Kind::kReplicate:
       return "ReplicateParallel";
+    case Kind::kSequence:
+      return "SequenceParallel";
+    case Kind::kPrepareInput:
+      return "PrepareModuleInput";
+    case Kind::kPrepareOutput:
+      return "PrepareModuleOutput";
   }
   return "?";
 }
@@ -122,11 +163,11 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
     for (const auto& item : named) {
       if (!matches(pattern, item.key())) continue;
       ++matched;
-      if (style.kind() == ParallelStyle::Kind::kReplicate) {
-        // ReplicateParallel: nothing is sliced; the module reads its parameters through
-        // tensor_parallel_parameter.
-        check_unstyled(*item.value(), item.key());
-        attach_style(*item.value(), item.key(), style, site);
+      if (style.kind() != ParallelStyle::Kind::kColwise &&
+          style.kind() != ParallelStyle::Kind::kRowwise) {
+        // Nothing is sliced: the module reads its parameters through tensor_parallel_parameter
+        // and moves its input or output through tensor_parallel_input / _output.
+        parallelize_whole(*item.value(), item.key(), style, site);
         continue;
       }
       auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
@@ -138,6 +179,8 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
     TORCH_CHECK(matched > 0, "parallelize_module: plan entry '", pattern, "' (", style.name(),
                 ") matches no module under ", module.name());
   }
+  link_sequence_gather(module);
+  for (const auto& inner : module.modules(/*include_self=*/false)) link_sequence_gather(*inner);
 }
 
 }  // namespace fsdp

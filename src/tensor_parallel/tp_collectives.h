@@ -1,6 +1,8 @@
-// The two autograd functions of Megatron-style tensor parallelism without sequence parallelism:
-// each is the identity one way and an all-reduce over the tensor-parallel group the other way.
-// Blocking: the all-reduce is waited for before the function returns (the next op needs it).
+// The autograd functions of Megatron-style tensor parallelism: each moves an activation one way
+// and its gradient the other, over the tensor-parallel group. Without sequence parallelism they
+// are the identity one way and an all-reduce the other; with it, an all-gather, a reduce-scatter
+// or a slice of the sequence (dimension 1 of [batch, seq, ...]). Blocking: each collective is
+// waited for before the function returns (the next op needs its result).
 #pragma once
 
 #include <fsdp/comm/process_group.h>
@@ -26,5 +28,20 @@ at::Tensor copy_to_tensor_parallel(const at::Tensor& x, const TpSite& site);
 // Forward: x summed over the group. Backward: the gradient as it is. Where row-parallel layers'
 // partial products leave as one replicated activation.
 at::Tensor reduce_from_tensor_parallel(const at::Tensor& x, const TpSite& site);
+
+// Where a sequence gather's gradient comes from: column layers, whose input gradients are
+// partial sums over the group, or replicated computation, whose gradient is the same everywhere.
+enum class GradientKind { kPartial, kReplicated };
+
+// Forward: the sequence shards gathered (all-gather). Backward: the gradient's sequence shards
+// summed over the group (reduce-scatter) for kPartial; this rank's shard of it for kReplicated.
+at::Tensor gather_sequence(const at::Tensor& x, const TpSite& site, GradientKind gradient);
+
+// Forward: this rank's sequence shard of a replicated x. Backward: the shards gathered.
+at::Tensor scatter_sequence(const at::Tensor& x, const TpSite& site);
+
+// Forward: x's partial sums summed over the group, this rank keeping its sequence shard
+// (reduce-scatter). Backward: the gradient's shards gathered (all-gather).
+at::Tensor reduce_scatter_sequence(const at::Tensor& x, const TpSite& site);
 
 }  // namespace fsdp::detail

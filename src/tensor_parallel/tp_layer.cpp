@@ -58,6 +58,10 @@ const TpLayer* tp_layer_of(const torch::nn::Module& module) {
   return nullptr;
 }
 
+TpLayer* tp_layer_of(torch::nn::Module& module) {
+  return const_cast<TpLayer*>(tp_layer_of(static_cast<const torch::nn::Module&>(module)));
+}
+
 void attach_tp_layer(torch::nn::Module& module, TpLayer layer) {
   module.register_module(kTpModuleName, std::make_shared<TpLayerHolder>(std::move(layer)));
 }

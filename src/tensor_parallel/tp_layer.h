@@ -16,10 +16,17 @@ namespace fsdp::detail {
 struct TpLayer {
   ParallelStyle style;
   TpSite site;
+  // ColwiseParallel: an enclosing module's PrepareModuleInput gathers this layer's input from
+  // sequence shards, and that gather's backward sums its gradient, so the layer does not.
+  bool input_gathered = false;
+  // PrepareModuleInput from sequence shards: what its gather's backward receives (kPartial when
+  // the module holds column layers).
+  GradientKind gather_gradient = GradientKind::kReplicated;
 };
 
 // The style parallelize_module gave module, or nullptr.
 const TpLayer* tp_layer_of(const torch::nn::Module& module);
+TpLayer* tp_layer_of(torch::nn::Module& module);
 void attach_tp_layer(torch::nn::Module& module, TpLayer layer);
 
 // Records that param (by identity: FSDP's set_data keeps it) is split as placement says.

@@ -1,7 +1,7 @@
 // fsdp::linear: at::linear on a layer's (possibly FSDP-gathered) parameters, with the layer's
 // tensor-parallel communication around it. See fsdp/tensor_parallel.h for the styles.
 //
-// The row-parallel all-reduce runs inside the layer's FSDP scope, before the bias is added: the
+// The row-parallel all-reduce (or reduce-scatter) runs inside the layer's FSDP scope, before the bias is added: the
 // bias is an FSDP parameter, readable only while the unit is gathered, and adding it after the
 // sum adds it once rather than T times.
 #include <fsdp/runtime/forward.h>
@@ -19,14 +19,26 @@ at::Tensor linear(torch::nn::Linear& layer, const at::Tensor& x) {
     return forward_with(
         layer,
         [&layer, tp](const at::Tensor& input) {
-          at::Tensor y =
-              detail::reduce_from_tensor_parallel(at::linear(input, layer->weight), tp->site);
-          return layer->bias.defined() ? y + layer->bias : y;
+          const at::Tensor partial = at::linear(input, layer->weight);
+          if (tp->style.to() == Layout::kReplicate) {
+            const at::Tensor y = detail::reduce_from_tensor_parallel(partial, tp->site);
+            return layer->bias.defined() ? y + layer->bias : y;
+          }
+          // Into sequence shards: the whole bias is added to this rank's positions only, so its
+          // gradient is this shard's part of the sum, added up over the group.
+          const at::Tensor y = detail::reduce_scatter_sequence(partial, tp->site);
+          return layer->bias.defined()
+                     ? y + detail::copy_to_tensor_parallel(layer->bias, tp->site)
+                     : y;
         },
         x);
   }
-  // A plain layer, or a column layer, whose input enters through the gradient's all-reduce.
-  const at::Tensor in = tp != nullptr ? detail::copy_to_tensor_parallel(x, tp->site) : x;
+  // A column layer's input enters through the gradient's all-reduce, unless a sequence gather
+  // around it sums the gradient ([Note: one gradient sum for a gathered input]).
+  const bool sums_input_gradient = tp != nullptr &&
+                                   tp->style.kind() == ParallelStyle::Kind::kColwise &&
+                                   !tp->input_gathered;
+  const at::Tensor in = sums_input_gradient ? detail::copy_to_tensor_parallel(x, tp->site) : x;
   return forward_with(
       layer,
       [&layer](const at::Tensor& input) { return at::linear(input, layer->weight, layer->bias); },

@@ -169,6 +169,7 @@ struct TrainerCase {
   int64_t global_batch = 8;
   std::string model = "tiny";  // a registered model; its memory spec gives the estimate
   int tp = 1;                  // --tp: FSDP over world / tp ranks of the model's slices
+  bool sequence_parallel = false;  // --sequence-parallel (in flags too)
 };
 
 // Runs fsdp-train and returns its output; the exit status goes to exit_code.
@@ -208,7 +209,8 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
   options.world_size(data).grad_accum(c.grad_accum);
   const at::ScalarType compute = options.param_dtype().value_or(at::kFloat);
   const ModelMemorySpec spec = models::model_spec(c.model)->memory_spec(
-      c.global_batch / data / c.grad_accum, kSeqLen, compute, c.activation_checkpoint, c.tp);
+      c.global_batch / data / c.grad_accum, kSeqLen, compute, c.activation_checkpoint, c.tp,
+      c.sequence_parallel);
   const MemoryEstimate e = estimate_memory(spec, options);
   // A communication buffer the runtime has released can stay allocated a moment longer, until
   // the process group's thread drops the finished collective, and so be counted as left alive
@@ -216,7 +218,8 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
   // all-reduced activations (the same holds for a tensor-parallel all-reduce's tensor).
   int64_t largest_unit = 0;
   for (const auto& u : spec.units) {
-    largest_unit = std::max(largest_unit, u.tp_forward_all_reduce_bytes);
+    largest_unit = std::max(
+        {largest_unit, u.tp_forward.all_reduce, u.tp_forward.all_gather, u.tp_forward.reduce_scatter});
     int64_t numel = 0;
     for (const auto& shape : u.param_shapes) numel += c10::multiply_integers(shape);
     // The buffer may be a reduce-scatter's, in the reduce dtype (fp32 under bf16 compute).
@@ -404,7 +407,16 @@ INSTANTIATE_TEST_SUITE_P(
         TrainerCase{"llama_tp2_dp2_checkpointed_bf16", 4,
                     "--tp 2 --activation-checkpoint --param-dtype bf16 --reduce-dtype fp32",
                     MemoryEstimateOptions().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat), 1,
-                    true, 8, "llama-tiny", 2}),
+                    true, 8, "llama-tiny", 2},
+        // Sequence parallelism: norms and the residual stream in sequence shards, the tp
+        // all-gathers and reduce-scatters counted with FSDP's.
+        TrainerCase{"sp_tp2_dp2", 4, "--tp 2 --sequence-parallel", MemoryEstimateOptions(), 1,
+                    false, 8, "tiny", 2, true},
+        TrainerCase{"llama_sp_tp2_dp2_checkpointed_bf16", 4,
+                    "--tp 2 --sequence-parallel --activation-checkpoint --param-dtype bf16 "
+                    "--reduce-dtype fp32",
+                    MemoryEstimateOptions().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat), 1,
+                    true, 8, "llama-tiny", 2, true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

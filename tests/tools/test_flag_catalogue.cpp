@@ -124,6 +124,10 @@ const BadFlag kCatalogue[] = {
     {"fsdp-train", "--tp", "--tp 0"},
     {"fsdp-train", "--tp", "--nproc 2 --model llama-tiny --tp 3"},  // does not divide W
     {"fsdp-train", "--tp", "--nproc 4 --global-batch 8 --model tiny --tp 4"},  // 2 heads
+    {"fsdp-train", "--sequence-parallel", "--sequence-parallel=maybe"},
+    {"fsdp-train", "--sequence-parallel", "--nproc 2 --sequence-parallel"},  // no --tp
+    {"fsdp-train", "--sequence-parallel",
+     "--nproc 2 --model llama-tiny --tp 2 --sequence-parallel --seq-len 15"},
     {"fsdp-train", "--param-dtype", "--param-dtype int8"},
     {"fsdp-train", "--init-scale", "--param-dtype fp16 --init-scale 0"},
     {"fsdp-train", "--init-scale", "--param-dtype fp16 --init-scale inf"},
@@ -247,6 +251,10 @@ const BadFlag kCatalogue[] = {
     {"fsdp-estimate", "--tp", "--world-size 4 --tp 3"},  // does not divide the world
     {"fsdp-estimate", "--tp", "--world-size 4 --tp 2 --strategy no_shard"},
     {"fsdp-estimate", "--tp", "--world-size 4 --tp 4 --model tiny"},  // 2 heads
+    {"fsdp-estimate", "--sequence-parallel", "--sequence-parallel=maybe"},
+    {"fsdp-estimate", "--sequence-parallel", "--world-size 2 --sequence-parallel"},  // no --tp
+    {"fsdp-estimate", "--sequence-parallel",
+     "--world-size 2 --tp 2 --sequence-parallel --seq-len 15"},
     {"fsdp-estimate", "--grad-accum", "--grad-accum 0"},
     {"fsdp-estimate", "--accum-mode", "--accum-mode later"},
     {"fsdp-estimate", "--no-fsdp", "--no-fsdp=maybe"},
@@ -275,6 +283,8 @@ const BadFlag kCatalogue[] = {
     {"fsdp-plan", "--prefetch", "--prefetch -1"},
     {"fsdp-plan", "--tp", "--tp 0"},
     {"fsdp-plan", "--tp", FSDP_PLAN_HARDWARE_FLAG " --world-size 4 --tp 2"},  // not modelled yet
+    {"fsdp-plan", "--sequence-parallel", "--sequence-parallel=maybe"},
+    {"fsdp-plan", "--sequence-parallel", FSDP_PLAN_HARDWARE_FLAG " --sequence-parallel"},  // no --tp
     {"fsdp-plan", "--grad-accum", "--grad-accum 0"},
     {"fsdp-plan", "--accum-mode", "--accum-mode later"},
     {"fsdp-plan", "--no-fsdp", "--no-fsdp=maybe"},

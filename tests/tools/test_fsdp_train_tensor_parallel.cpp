@@ -1,6 +1,7 @@
 // fsdp-train --tp as real processes, against the --no-fsdp run of the same job:
-// - training: llama-tiny and GPT-2 tiny at dp 2 x tp 2 (4 processes) and tp 2 alone reproduce it
-//   within 1e-5, every rank holding less than FSDP over the data-parallel ranks alone would;
+// - training: llama-tiny and GPT-2 tiny at dp 2 x tp 2 (4 processes), and tp 2 alone with
+//   sequence parallelism, reproduce it within 1e-5, every rank holding less than FSDP over the
+//   data-parallel ranks alone would;
 // - checkpoints and exports hold global tensors: a dp 2 x tp 2 run's export equals the single
 //   process's; its checkpoint resumes at (dp 4, tp 1), whose checkpoint resumes at (dp 1, tp 2),
 //   each continuing the reference's losses; --init-from a single-process export and --export
@@ -42,11 +43,15 @@ TEST_P(FsdpTrainTensorParallel, MatchesTheSingleProcessReference) {
                                         " --metrics " + base + "_ref.jsonl");
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   const auto want = read_json_lines(base + "_ref.jsonl");
-  for (const auto& [world, tp] : {std::pair{4, 2}, std::pair{2, 2}}) {
+  struct Layout {
+    int world, tp;
+    bool sequence_parallel;
+  };
+  for (const auto& [world, tp, sequence_parallel] : {Layout{4, 2, false}, Layout{2, 2, true}}) {
     const std::string metrics = base + "_" + std::to_string(world) + ".jsonl";
-    const CommandResult r =
-        run_command(fsdp_train_binary() + " --nproc " + std::to_string(world) + " --tp " +
-                    std::to_string(tp) + " " + common + " --metrics " + metrics);
+    const CommandResult r = run_command(
+        fsdp_train_binary() + " --nproc " + std::to_string(world) + " --tp " + std::to_string(tp) +
+        (sequence_parallel ? " --sequence-parallel " : " ") + common + " --metrics " + metrics);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto got = read_json_lines(metrics);
     ASSERT_EQ(got.size(), want.size());
@@ -129,9 +134,15 @@ INSTANTIATE_TEST_SUITE_P(Models, FsdpTrainTensorParallelCheckpoint,
                          [](const auto& info) { return model_case_name(info.param); });
 
 TEST(FsdpTrainTensorParallelErrors, SettingsItCannotRunAreNamed) {
-  const std::string common = " --steps 1 --global-batch 4 --seq-len 16 --quiet";
+  const std::string common = " --steps 1 --global-batch 4 --quiet";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--nproc 4 --tp 3 --model llama-tiny", "--tp 3 does not divide the world size 4"},
+      {"--nproc 2 --model llama-tiny --sequence-parallel",
+       "--sequence-parallel splits the sequence over the tensor-parallel ranks and needs --tp N > "
+       "1, got --tp 1"},
+      {"--nproc 2 --tp 2 --model llama-tiny --sequence-parallel --seq-len 15",
+       "--sequence-parallel splits each sequence over --tp 2 ranks: --seq-len 15 must divide by "
+       "it"},
       {"--nproc 4 --tp 4 --model tiny",
        "--tp 4: tensor parallelism over 4 ranks needs n_head divisible by it, got 2"},
       {"--nproc 4 --tp 4 --model llama-tiny",
@@ -142,7 +153,9 @@ TEST(FsdpTrainTensorParallelErrors, SettingsItCannotRunAreNamed) {
        "--tp 2: --checkpoint-format dcp-hf (a row layer's columns are no DCP chunk of ours) is not "
        "supported with tensor parallelism yet"}};
   for (const auto& [flags, message] : cases) {
-    const CommandResult r = run_command(fsdp_train_binary() + " " + flags + common);
+    const bool seq_len = flags.find("--seq-len") != std::string::npos;
+    const CommandResult r = run_command(fsdp_train_binary() + " " + flags + common +
+                                        (seq_len ? "" : " --seq-len 16"));
     EXPECT_NE(r.exit_code, 0) << flags;
     EXPECT_THAT(r.output, HasSubstr(message)) << flags;
   }

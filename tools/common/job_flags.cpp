@@ -279,6 +279,10 @@ void add_sharding_flags(ConfigFlags& flags, train::ParallelismConfig& p) {
              "(1: off)")
       ->check(integer_at_least(1, 2147483647))
       ->capture_default_str();
+  flags.flag("parallelism", "--sequence-parallel", p.sequence_parallel,
+             "With --tp N: sequence parallelism, the activations between the split layers in N "
+             "shards of the sequence (norms on 1/N of the tokens; each all-reduce becomes a "
+             "reduce-scatter and an all-gather). --seq-len must divide by N");
 }
 
 void add_run_parallelism_flags(ConfigFlags& flags, train::ParallelismConfig& p) {

@@ -63,6 +63,13 @@ inline int data_parallel_ranks(const ModelFlags& f) {
                                            p.strategy == ShardingStrategy::kShardGradOp)),
               "--tp ", p.tp, " runs with --strategy full_shard or shard_grad_op only, got ",
               p.no_fsdp ? std::string("--no-fsdp") : to_string(p.strategy));
+  TORCH_CHECK(!p.sequence_parallel || p.tp > 1,
+              "--sequence-parallel splits the sequence over the tensor-parallel ranks and needs "
+              "--tp N > 1, got --tp ",
+              p.tp);
+  TORCH_CHECK(!p.sequence_parallel || f.job.training.seq_len % p.tp == 0,
+              "--sequence-parallel splits each sequence over --tp ", p.tp, " ranks: --seq-len ",
+              f.job.training.seq_len, " must divide by it");
   return f.world / p.tp;
 }
 
@@ -127,7 +134,7 @@ inline fsdp::ModelMemorySpec memory_spec_for(const ModelFlags& f,
   const train::TrainingConfig& t = f.job.training;
   try {
     return spec.memory_spec(micro_batch, t.seq_len, compute, f.job.model.activation_checkpoint,
-                            f.job.parallelism.tp);
+                            f.job.parallelism.tp, f.job.parallelism.sequence_parallel);
   } catch (const c10::Error& e) {
     const int tp = f.job.parallelism.tp;
     TORCH_CHECK(false, "--global-batch ", t.global_batch, " and --seq-len ", t.seq_len, " on ",

@@ -277,6 +277,9 @@ class PlanCli : public TorchProgramCli {
     TORCH_CHECK(f_.job.parallelism.tp == 1, "--tp ", f_.job.parallelism.tp,
                 ": fsdp-plan does not model tensor parallelism yet (its all-reduces and the split "
                 "compute); fsdp-estimate predicts its memory");
+    TORCH_CHECK(!f_.job.parallelism.sequence_parallel,
+                "--sequence-parallel: fsdp-plan does not model tensor parallelism yet, and "
+                "sequence parallelism needs --tp N > 1; fsdp-estimate predicts its memory");
     TORCH_CHECK(!f_.hardware.empty(), "--hardware FILE is required (or --calibrate to make one)");
     hw_ = load_hardware(f_.hardware);
     if (f_.sweep) {

@@ -26,7 +26,14 @@ void check_tensor_parallel(const JobConfig& o, int world) {
   const ParallelismConfig& p = o.parallelism;
   TORCH_CHECK(p.tp >= 1 && world % p.tp == 0, "--tp ", p.tp, " does not divide the world size ",
               world);
+  TORCH_CHECK(!p.sequence_parallel || p.tp > 1,
+              "--sequence-parallel splits the sequence over the tensor-parallel ranks and needs "
+              "--tp N > 1, got --tp ",
+              p.tp);
   if (p.tp == 1) return;
+  TORCH_CHECK(!p.sequence_parallel || o.training.seq_len % p.tp == 0,
+              "--sequence-parallel splits each sequence over --tp ", p.tp, " ranks: --seq-len ",
+              o.training.seq_len, " must divide by it");
   const auto refuse = [&](bool bad, const std::string& what) {
     TORCH_CHECK(!bad, "--tp ", p.tp, ": ", what, " is not supported with tensor parallelism yet");
   };
@@ -248,7 +255,9 @@ std::shared_ptr<const models::ModelSpec> check_job(const JobConfig& o, int world
   check_model_fits_data(o, *spec);
   if (o.parallelism.tp > 1) {
     try {
-      spec->unit_tp_plan(o.parallelism.tp);  // the model has a plan, and its sizes divide
+      // The model has plans, and its sizes divide.
+      spec->unit_tp_plan(o.parallelism.tp, o.parallelism.sequence_parallel);
+      spec->root_tp_plan(o.parallelism.tp, o.parallelism.sequence_parallel);
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, "--tp ", o.parallelism.tp, ": ", e.what_without_backtrace());
     }

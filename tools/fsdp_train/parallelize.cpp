@@ -127,8 +127,10 @@ void build_model(Run& run, const FullyShardOptions& unit_options) {
   model_options.seed(run.o.training.seed);
   model_options.activation_checkpoint(run.o.model.activation_checkpoint);
   if (run.mesh && !run.o.parallelism.wrap_policy.min_params && !shards_whole_tensors(run)) {
+    const bool sequence_parallel = run.o.parallelism.sequence_parallel;
     const TensorParallelPlan plan =
-        run.tp_mesh ? run.spec->unit_tp_plan(run.tp_mesh->shard_size()) : TensorParallelPlan{};
+        run.tp_mesh ? run.spec->unit_tp_plan(run.tp_mesh->shard_size(), sequence_parallel)
+                    : TensorParallelPlan{};
     model_options.on_unit_built(
         [&run, unit_options, plan](const std::string&,
                                    const std::shared_ptr<torch::nn::Module>& block) {
@@ -139,6 +141,11 @@ void build_model(Run& run, const FullyShardOptions& unit_options) {
   }
   run.built = run.spec->build(model_options);
   run.model = run.built->root();
+  if (run.tp_mesh) {  // the root's plan: where sequence parallelism splits and gathers
+    parallelize_module(*run.model, *run.tp_mesh,
+                       run.spec->root_tp_plan(run.tp_mesh->shard_size(),
+                                              run.o.parallelism.sequence_parallel));
+  }
   move_unsharded_parameters(*run.model, run.device);
 }
 

@@ -107,12 +107,13 @@ RankStepStats measure_rank(const Run& run, const StepProbe& probe) {
   if (run.mesh) {
     mine.peak_unsharded_bytes = run.monitor->stats().peak_unsharded_bytes();
     const CommCounters counters = run.mesh->counters();
-    mine.all_gather_bytes = counters.all_gather.payload_bytes;
-    mine.reduce_scatter_bytes = counters.reduce_scatter.payload_bytes;
-    // Under --tp the tensor-parallel all-reduces (activations, their gradients, clipping's
-    // norm) count here too.
-    mine.all_reduce_bytes = counters.all_reduce.payload_bytes +
-                            (run.tp_mesh ? run.tp_mesh->counters().all_reduce.payload_bytes : 0);
+    // Under --tp the tensor-parallel group's collectives (activations, their gradients, whole
+    // parameters' gradients, clipping's norm) count here too.
+    const CommCounters tp = run.tp_mesh ? run.tp_mesh->counters() : CommCounters{};
+    mine.all_gather_bytes = counters.all_gather.payload_bytes + tp.all_gather.payload_bytes;
+    mine.reduce_scatter_bytes =
+        counters.reduce_scatter.payload_bytes + tp.reduce_scatter.payload_bytes;
+    mine.all_reduce_bytes = counters.all_reduce.payload_bytes + tp.all_reduce.payload_bytes;
     mine.broadcast_bytes = counters.broadcast.payload_bytes;
     mine.reduce_bytes = counters.reduce.payload_bytes;
   }

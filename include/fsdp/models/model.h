@@ -104,19 +104,24 @@ class ModelSpec {
   // tensors are stored in dtype.
   virtual std::string hf_config_json(at::ScalarType dtype) const = 0;
   // The model as the memory estimator sees it, for one rank's micro_batch sequences of seq_len
-  // tokens computed in compute_dtype; under tensor parallelism over tp ranks (unit_tp_plan), one
-  // rank's slices of the units and their activations. Throws naming sizes that do not divide.
+  // tokens computed in compute_dtype; under tensor parallelism over tp ranks (unit_tp_plan and
+  // root_tp_plan, with or without sequence parallelism), one rank's slices of the units, their
+  // activations and their tensor-parallel communication. Throws naming sizes that do not divide.
   virtual ModelMemorySpec memory_spec(int64_t micro_batch, int64_t seq_len,
                                       at::ScalarType compute_dtype, bool activation_checkpoint,
-                                      int tp) const = 0;
+                                      int tp, bool sequence_parallel) const = 0;
   ModelMemorySpec memory_spec(int64_t micro_batch, int64_t seq_len, at::ScalarType compute_dtype,
                               bool activation_checkpoint) const {
-    return memory_spec(micro_batch, seq_len, compute_dtype, activation_checkpoint, 1);
+    return memory_spec(micro_batch, seq_len, compute_dtype, activation_checkpoint, 1, false);
   }
-  // How each unit (as on_unit_built hands it out) is split by tensor parallelism over tp ranks:
-  // parallelize_module's plan, paths relative to the unit. Throws naming the sizes that do not
-  // divide by tp. The default throws: the family has no plan.
-  virtual TensorParallelPlan unit_tp_plan(int tp) const;
+  // How each unit (as on_unit_built hands it out) is split by tensor parallelism over tp ranks,
+  // with or without sequence parallelism: parallelize_module's plan, paths relative to the unit.
+  // Throws naming the sizes that do not divide by tp. The default throws: the family has no plan.
+  virtual TensorParallelPlan unit_tp_plan(int tp, bool sequence_parallel) const;
+  // The root's plan (embeddings, final norm, head; applied after the units'), paths relative to
+  // the root: under sequence parallelism, where the sequence is split and gathered again. The
+  // default: empty without sequence parallelism, and throws with it.
+  virtual TensorParallelPlan root_tp_plan(int tp, bool sequence_parallel) const;
 };
 
 // The registered configuration called name; throws listing every registered name otherwise.
