@@ -668,7 +668,10 @@ def train(rank, world, args):
                 if args.replicate > 1 else init_device_mesh(device.type, (world,)))
         if args.tp > 1:  # --tp N: the layers split over "tp" first, FSDP over "dp"
             world_mesh = tensor_parallel.mesh_2d(device.type, world, args.tp)
-            tensor_parallel.parallelize_layers(model.model.layers, world_mesh["tp"])
+            tensor_parallel.parallelize_layers(model.model.layers, world_mesh["tp"],
+                                               args.sequence_parallel)
+            if args.sequence_parallel:
+                tensor_parallel.parallelize_root(model, world_mesh["tp"])
             mesh = world_mesh["dp"]
         # --shard-dim D: FSDP2's shard_placement_fn, Shard(D) for parameters with more than D dims.
         d = args.shard_dim
@@ -894,6 +897,9 @@ def parser():
                    help="fsdp2, Llama: tensor parallelism over N consecutive ranks "
                         "(bench/reference/tensor_parallel.py), FSDP over the W / N others, as "
                         "fsdp-train --tp N")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp N: sequence parallelism (torchtitan's plan), as fsdp-train "
+                        "--sequence-parallel")
     p.add_argument("--replicate", type=int, default=1,
                    help="fsdp2: HSDP over an (R, W / R) mesh, as fsdp-train --strategy "
                         "hybrid_shard --replicate R")

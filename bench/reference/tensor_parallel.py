@@ -1,14 +1,19 @@
 """FSDP2 + tensor parallelism for the reference runner (fsdp2_reference.py --tp N): PyTorch's own
 parallelize_module with ColwiseParallel / RowwiseParallel on each Llama decoder layer over the
-"tp" dimension of a (W / N, N) mesh, then fully_shard over "dp", as torchtitan composes them
-(without sequence parallelism, and with the embeddings and head replicated over tp, as
-fsdp-train --tp does). A reference, not product code.
+"tp" dimension of a (W / N, N) mesh, then fully_shard over "dp", as torchtitan composes them,
+with the embeddings and head replicated over tp, as fsdp-train --tp does. With sequence
+parallelism (fsdp-train --sequence-parallel), torchtitan's layer plan: the norms under
+SequenceParallel, attention's and the MLP's inputs gathered by PrepareModuleInput, o and down
+reduce-scattering into sequence shards; the root's embeddings scattered into shards
+(PrepareModuleOutput), its final norm under SequenceParallel and the head's input gathered.
+A reference, not product code.
 """
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                               parallelize_module)
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                               PrepareModuleOutput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
 
 # Each decoder layer's plan: q/k/v and gate/up column-wise, o and down row-wise.
 LLAMA_LAYER_PLAN = {
@@ -25,11 +30,36 @@ def mesh_2d(device_type, world, tp):
     return init_device_mesh(device_type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
 
 
-def parallelize_layers(layers, tp_mesh):
+def gather_input():
+    return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+
+
+def parallelize_layers(layers, tp_mesh, sequence_parallel=False):
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     plan = {path: styles[kind]() for path, kind in LLAMA_LAYER_PLAN.items()}
+    if sequence_parallel:
+        plan["self_attn.o_proj"] = RowwiseParallel(output_layouts=Shard(1))
+        plan["mlp.down_proj"] = RowwiseParallel(output_layouts=Shard(1))
+        plan["input_layernorm"] = SequenceParallel()
+        plan["post_attention_layernorm"] = SequenceParallel()
+        plan["self_attn"] = gather_input()
+        plan["mlp"] = gather_input()
     for layer in layers:
         parallelize_module(layer, tp_mesh, plan)
+
+
+def parallelize_root(model, tp_mesh):
+    """Sequence parallelism's root: the embeddings' output scattered into sequence shards, the
+    final norm on them, the head's input gathered (embeddings and head stay replicated)."""
+    parallelize_module(model, tp_mesh, {
+        "model.embed_tokens": PrepareModuleOutput(output_layouts=Replicate(),
+                                                  desired_output_layouts=Shard(1),
+                                                  use_local_output=True),
+        "model.norm": SequenceParallel(),
+        "lm_head": PrepareModuleInput(input_layouts=(Shard(1),),
+                                      desired_input_layouts=(Replicate(),),
+                                      use_local_output=True),
+    })
 
 
 def clip_grad_norm_full(params, max_norm):

@@ -523,19 +523,22 @@ TEST(Fsdp2ParityLlama, Fp32AndBf16MatchFsdp2) {
 
 // FSDP x TP against PyTorch's fully_shard over "dp" of parallelize_module over "tp"
 // (ColwiseParallel / RowwiseParallel with the same Llama plan, bench/reference/tensor_parallel.py):
-// dp 2 x tp 2 and tp 2 alone in fp32, and dp 2 x tp 2 with bf16 compute (both sides with
-// LibTorch's AdamW arithmetic, as the other bf16 cases). Losses, gradient norms and the final
-// parameters (each side's export of its global tensors).
-Case tensor_parallel_case(const std::string& name, int world, const std::string& dtype_flags) {
-  const std::string flags = "--tp 2" + dtype_flags;
-  const std::string reference =
-      "--mode fsdp2 " + flags + (dtype_flags.empty() ? "" : " --adamw libtorch");
-  return Case{name, world, flags, reference, dtype_flags.empty() ? kFp32 : kBf16, "llama-tiny"};
+// dp 2 x tp 2 and tp 2 alone in fp32, dp 2 x tp 2 with bf16 compute (both sides with LibTorch's
+// AdamW arithmetic, as the other bf16 cases), and dp 2 x tp 2 with sequence parallelism
+// (torchtitan's plan: SequenceParallel norms, PrepareModuleInput, RowwiseParallel into Shard(1)).
+// Losses, gradient norms and the final parameters (each side's export of its global tensors).
+Case tensor_parallel_case(const std::string& name, int world, const std::string& extra_flags,
+                          bool bf16) {
+  const std::string flags = "--tp 2" + extra_flags;
+  const std::string reference = "--mode fsdp2 " + flags + (bf16 ? " --adamw libtorch" : "");
+  return Case{name, world, flags, reference, bf16 ? kBf16 : kFp32, "llama-tiny"};
 }
 
 TEST(Fsdp2ParityTensorParallel, DpByTpMatchesFsdp2WithParallelizeModule) {
-  run_cases({tensor_parallel_case("llama_dp2_tp2", 4, ""), tensor_parallel_case("llama_tp2", 2, ""),
-             tensor_parallel_case("llama_dp2_tp2_bf16", 4, " --param-dtype bf16")});
+  run_cases({tensor_parallel_case("llama_dp2_tp2", 4, "", false),
+             tensor_parallel_case("llama_tp2", 2, "", false),
+             tensor_parallel_case("llama_dp2_tp2_bf16", 4, " --param-dtype bf16", true),
+             tensor_parallel_case("llama_dp2_tp2_sp", 4, " --sequence-parallel", false)});
 }
 
 // The same comparisons with our ranks on the mpi backend, as an mpirun job (builds with MPI).
