@@ -654,6 +654,7 @@ def train(rank, world, args):
                                 init_method=f"file://{args.rendezvous_file}", rank=rank,
                                 world_size=world)
     counter = CommCounter() if args.mode == "fsdp2" else None
+    vocab_split = False  # --tp: logits split over the vocabulary (Shard(-1) DTensors)
 
     config = load_config(args.init)
     model = build_model(config, args.init).to(device)
@@ -670,8 +671,8 @@ def train(rank, world, args):
             world_mesh = tensor_parallel.mesh_2d(device.type, world, args.tp)
             tensor_parallel.parallelize_layers(model.model.layers, world_mesh["tp"],
                                                args.sequence_parallel)
-            if args.sequence_parallel:
-                tensor_parallel.parallelize_root(model, world_mesh["tp"])
+            vocab_split = tensor_parallel.parallelize_root(model, world_mesh["tp"],
+                                                           args.sequence_parallel)
             mesh = world_mesh["dp"]
         # --shard-dim D: FSDP2's shard_placement_fn, Shard(D) for parameters with more than D dims.
         d = args.shard_dim
@@ -758,9 +759,12 @@ def train(rank, world, args):
             else:
                 logits = train_model(x)
                 # In float32 whatever the logits' dtype, as fsdp's models::loss (and
-                # transformers' and torchtitan's losses).
-                loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
-                (scaler.scale(loss / accum) if scaler else loss / accum).backward()
+                # transformers' and torchtitan's losses); vocabulary-split logits under
+                # loss_parallel(), backward included, as torchtitan.
+                with tensor_parallel.loss_parallel_if(vocab_split):
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), y.reshape(-1))
+                    (scaler.scale(loss / accum) if scaler else loss / accum).backward()
+                loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
             loss_sum += loss.detach().double().item()
         loss_scale = scaler.get_scale() if scaler else None
         if scaler:

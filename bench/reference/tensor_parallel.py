@@ -1,19 +1,23 @@
 """FSDP2 + tensor parallelism for the reference runner (fsdp2_reference.py --tp N): PyTorch's own
 parallelize_module with ColwiseParallel / RowwiseParallel on each Llama decoder layer over the
-"tp" dimension of a (W / N, N) mesh, then fully_shard over "dp", as torchtitan composes them,
-with the embeddings and head replicated over tp, as fsdp-train --tp does. With sequence
-parallelism (fsdp-train --sequence-parallel), torchtitan's layer plan: the norms under
-SequenceParallel, attention's and the MLP's inputs gathered by PrepareModuleInput, o and down
-reduce-scattering into sequence shards; the root's embeddings scattered into shards
-(PrepareModuleOutput), its final norm under SequenceParallel and the head's input gathered.
-A reference, not product code.
+"tp" dimension of a (W / N, N) mesh, then fully_shard over "dp", as torchtitan composes them
+and fsdp-train --tp does: the embedding table split over the vocabulary (RowwiseParallel), the
+head too (ColwiseParallel into Shard(-1) logits) with the loss under loss_parallel() (when the
+vocabulary divides by N; else both stay replicated). With sequence parallelism (fsdp-train
+--sequence-parallel), torchtitan's layer plan: the norms under SequenceParallel, attention's and
+the MLP's inputs gathered by PrepareModuleInput, o and down reduce-scattering into sequence
+shards; the embeddings' output in sequence shards, the final norm under SequenceParallel and the
+head's input gathered. A reference, not product code.
 """
+import contextlib
+
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                PrepareModuleOutput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+                                               SequenceParallel, loss_parallel,
+                                               parallelize_module)
 
 # Each decoder layer's plan: q/k/v and gate/up column-wise, o and down row-wise.
 LLAMA_LAYER_PLAN = {
@@ -48,18 +52,33 @@ def parallelize_layers(layers, tp_mesh, sequence_parallel=False):
         parallelize_module(layer, tp_mesh, plan)
 
 
-def parallelize_root(model, tp_mesh):
-    """Sequence parallelism's root: the embeddings' output scattered into sequence shards, the
-    final norm on them, the head's input gathered (embeddings and head stay replicated)."""
-    parallelize_module(model, tp_mesh, {
-        "model.embed_tokens": PrepareModuleOutput(output_layouts=Replicate(),
-                                                  desired_output_layouts=Shard(1),
-                                                  use_local_output=True),
-        "model.norm": SequenceParallel(),
-        "lm_head": PrepareModuleInput(input_layouts=(Shard(1),),
-                                      desired_input_layouts=(Replicate(),),
-                                      use_local_output=True),
-    })
+def parallelize_root(model, tp_mesh, sequence_parallel):
+    """The root's plan (fsdp-train's llama_root_tp_plan). Returns whether the logits are split
+    over the vocabulary, so that the loss must run under loss_parallel()."""
+    vocab_split = model.lm_head.weight.shape[0] % tp_mesh.size() == 0
+    stream = Shard(1) if sequence_parallel else Replicate()
+    plan = {}
+    if vocab_split:
+        plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(),
+                                                     output_layouts=stream)
+        plan["lm_head"] = ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1),
+                                          use_local_output=False)
+    elif sequence_parallel:
+        plan["model.embed_tokens"] = PrepareModuleOutput(output_layouts=Replicate(),
+                                                         desired_output_layouts=Shard(1),
+                                                         use_local_output=True)
+        plan["lm_head"] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                             desired_input_layouts=(Replicate(),),
+                                             use_local_output=True)
+    if sequence_parallel:
+        plan["model.norm"] = SequenceParallel()
+    if plan:
+        parallelize_module(model, tp_mesh, plan)
+    return vocab_split
+
+
+def loss_parallel_if(on):
+    return loss_parallel() if on else contextlib.nullcontext()
 
 
 def clip_grad_norm_full(params, max_norm):

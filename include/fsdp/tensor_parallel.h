@@ -11,17 +11,24 @@
 // and a module's input and output layouts through fsdp::tensor_parallel_input / _output.
 //
 //   ColwiseParallel: weight [out / T, in] (rows r*out/T.. of the full weight; of each block, for
-//     a packed projection), bias [out / T].
-//     Input replicated; output this rank's slice of the last dimension. Forward: nothing;
-//     backward: the input's gradient is summed over the group (all-reduce), unless the layer
-//     is under a module whose PrepareModuleInput gathers the input from sequence shards: that
-//     gather's backward sums the layers' gradients once, for all of them (reduce-scatter).
-//   RowwiseParallel: weight [out, in / T] (columns), bias [out] replicated. Input this rank's
-//     slice of the last dimension (a colwise layer's output). Forward: the partial products are
-//     summed over the group, then the bias is added: by an all-reduce into a replicated output
-//     (Layout::kReplicate, the default) or by a reduce-scatter into this rank's sequence shard
-//     (Layout::kSequenceShard, sequence parallelism); backward: nothing, or the gradient's
-//     sequence shards gathered (all-gather).
+//     a packed projection), bias [out / T]. Applies to a torch::nn::Linear or any module whose
+//     2-D parameter "weight" it multiplies (a head tied to the embeddings, through
+//     fsdp::tensor_parallel_linear). Input replicated (or gathered first from sequence shards,
+//     for an input layout kSequenceShard); output this rank's slice of the last dimension (for
+//     an output projection: logits split over the vocabulary, whose loss is
+//     fsdp::vocab_parallel_cross_entropy). Backward: the input's gradient is summed over the
+//     group (all-reduce; a reduce-scatter into shards for a gathered input), unless the layer is
+//     under a module whose PrepareModuleInput gathers the input from sequence shards: that
+//     gather's backward sums the layers' gradients once, for all of them.
+//   RowwiseParallel: on a Linear, weight [out, in / T] (columns), bias [out] replicated. Input
+//     this rank's slice of the last dimension (a colwise layer's output). Forward: the partial
+//     products are summed over the group, then the bias is added: by an all-reduce into a
+//     replicated output (Layout::kReplicate, the default) or by a reduce-scatter into this
+//     rank's sequence shard (Layout::kSequenceShard, sequence parallelism); backward: nothing,
+//     or the gradient's sequence shards gathered (all-gather). On a torch::nn::Embedding (a
+//     vocabulary-parallel embedding, called through fsdp::embedding): table rows r*V/T.. (the
+//     vocabulary is the input); a token outside them looks up zeros, and the partial lookups
+//     are summed the same two ways.
 //
 //   ReplicateParallel: any module whose parameters stay whole on every rank but which is applied
 //     to this rank's slice of an activation (Qwen3's per-head q/k norms, over this rank's heads),
@@ -52,6 +59,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
 #include <memory>
@@ -100,8 +108,10 @@ class ParallelStyle {
 };
 
 struct ColwiseParallel : ParallelStyle {
-  // packed: see ParallelStyle::packed. (optional) defaults to 1.
-  explicit ColwiseParallel(int64_t packed = 1) : ParallelStyle(Kind::kColwise, packed) {}
+  // packed: see ParallelStyle::packed. (optional) defaults to 1. input: the layout the input
+  // arrives in, kSequenceShard to gather it first. (optional) defaults to kReplicate.
+  explicit ColwiseParallel(int64_t packed = 1, Layout input = Layout::kReplicate)
+      : ParallelStyle(Kind::kColwise, packed, input, Layout::kReplicate) {}
 };
 
 struct RowwiseParallel : ParallelStyle {
@@ -148,6 +158,30 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
 // y = x W^T + b for a linear layer: at::linear, inside fsdp::forward_with (so the layer may be an
 // FSDP unit), with the layer's tensor-parallel communication around it when it has a style.
 at::Tensor linear(torch::nn::Linear& layer, const at::Tensor& x);
+
+// y = x W^T + b for a layer whose weight another module owns (an output projection tied to the
+// embeddings), with layer's tensor-parallel communication around it, as fsdp::linear's. Called
+// from the layer's forward (itself called through fsdp::forward when the layer may be a unit).
+at::Tensor tensor_parallel_linear(const torch::nn::Module& layer, const at::Tensor& x,
+                                  const at::Tensor& weight, const at::Tensor& bias = {});
+
+// The table's rows of ids (at::embedding), inside fsdp::forward_with, vocabulary-parallel when
+// the table has RowwiseParallel (see the top of this file).
+at::Tensor embedding(torch::nn::Embedding& table, const at::Tensor& ids);
+
+// Whether head (an output projection) leaves its logits split over the vocabulary
+// (ColwiseParallel), so that their loss is vocab_parallel_cross_entropy's.
+bool splits_vocabulary(const torch::nn::Module& head);
+
+// The cross-entropy of each row of logits [N, V / T] (this rank's vocabulary columns as head's
+// ColwiseParallel split them: r*V/T..) against targets [N] (global ids), computed in float32 as
+// at::cross_entropy_loss without reduction computes it over the whole vocabulary, without
+// gathering the logits: float32 [N], 0 where the target is ignore_index. Forward: one
+// all-gather of the rows' maxima and one all-reduce of the sums of exponentials with the target
+// logits; backward: local (the softmax less the one-hot target). Throws naming the sizes if the
+// shapes do not match.
+at::Tensor vocab_parallel_cross_entropy(const torch::nn::Module& head, const at::Tensor& logits,
+                                        const at::Tensor& targets, int64_t ignore_index = -100);
 
 // param (a parameter of module) as module's forward should use it: under ReplicateParallel or
 // SequenceParallel through the gradient's all-reduce over the group, otherwise param itself.

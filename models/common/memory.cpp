@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
 
+#include <algorithm>
+
 namespace fsdp::models {
 namespace {
 
@@ -116,6 +118,72 @@ std::vector<std::vector<int64_t>> split_layer_shapes(const ParamTable& params,
     shapes.push_back(std::move(shape));
   }
   return shapes;
+}
+
+namespace {
+
+// Sets spec's root_tp_forward and root_tp_backward: what the root moves over the tp group.
+void set_root_tp_bytes(ModelMemorySpec& spec, const RootSplit& split) {
+  if (split.tp <= 1) return;
+  TensorParallelBytes& forward = spec.root_tp_forward;
+  TensorParallelBytes& backward = spec.root_tp_backward;
+  const int64_t act = split.activation_bytes;
+  const bool sp = split.sequence_parallel;
+  if (split.vocab_split) {
+    // The embedding's partial lookups summed (into shards under sp, their gradient gathered);
+    // the head's input replicated (its gradient summed) or gathered from shards (reduce-scattered).
+    (sp ? forward.reduce_scatter : forward.all_reduce) += act;
+    (sp ? backward.all_gather : backward.all_reduce) += act;
+    if (sp) {
+      forward.all_gather += act;
+      backward.reduce_scatter += act;
+    }
+    // The loss: the rows' maxima gathered, their sums of exponentials and target logits summed.
+    forward.all_gather += split.tp * split.tokens * 4;
+    forward.all_reduce += 2 * split.tokens * 4;
+  } else if (sp) {  // the whole embeddings scattered, the head's input gathered
+    forward.all_gather += act;
+    backward.all_gather += act;
+  }
+  if (sp) {
+    backward.all_gather += split.position_bytes;
+    backward.all_reduce += split.norm_gradient_bytes;
+  }
+}
+
+}  // namespace
+
+ModelMemorySpec root_memory(const ParamTable& params, const RootSplit& split,
+                            const RootMemory& root, int64_t element_size) {
+  const ParamSpec* table = params.find(root.vocabulary_names.at(0));
+  TORCH_INTERNAL_ASSERT(table != nullptr && table->shape.size() == 2, "the vocabulary's table");
+  const int64_t vocab = table->shape[0], width = table->shape[1];
+  const int64_t columns = split.vocab_split ? vocab / split.tp : vocab;
+  const LossMemory loss = split.vocab_split
+                              ? vocab_parallel_loss_memory(split.tokens, columns, element_size)
+                              : loss_memory(split.tokens, columns, element_size);
+  ModelMemorySpec spec;
+  for (const ParamSpec& p : params.root) {
+    std::vector<int64_t> shape = p.shape;
+    const auto& names = root.vocabulary_names;
+    if (split.vocab_split && std::find(names.begin(), names.end(), p.name) != names.end())
+      shape[0] /= split.tp;
+    spec.root_param_shapes.push_back(std::move(shape));
+  }
+  spec.root_saved_before_bytes = root.saved_before;
+  spec.root_saved_after_bytes = root.saved_after + loss.saved_bytes;
+  spec.root_forward_workspace_bytes = loss.forward_workspace_bytes;
+  spec.root_backward_peak_bytes = loss.backward_peak_bytes;
+  // Tied, the table's gradient comes in two parts: the head's [V, d], held by autograd from the
+  // start of backward, and the embedding's, which embedding_dense_backward makes as a dense
+  // [V, d] at the very end. Autograd sums a leaf's incoming gradients out of place (its input
+  // buffer never writes into a gradient it was handed), so for a moment three [V, d] tensors
+  // are alive; the sum then replaces the head's part as the table's gradient. Untied, the
+  // embedding's dense gradient is its only one, already counted with the root's gradients.
+  // (V: this rank's rows under a vocabulary split.)
+  spec.root_stem_backward_peak_bytes = root.tied ? 2 * columns * width * element_size : 0;
+  set_root_tp_bytes(spec, split);
+  return spec;
 }
 
 std::vector<UnitMemorySpec> layer_units(const ParamTable& params, const std::string& name_prefix,

@@ -34,15 +34,45 @@ inline LossMemory loss_memory(int64_t tokens, int64_t vocab, int64_t element_siz
   return {wide, logits + (element_size < 4 ? wide : 0), 2 * wide};
 }
 
-// Under sequence parallelism, what the root moves over the tp group: the head's input gathered
-// (head_input bytes) in forward; in backward the embeddings' shard gradients gathered
-// (embedding_outputs bytes, whole) and the final norm's parameter gradients summed.
-inline void set_sequence_parallel_root(ModelMemorySpec& spec, int64_t head_input,
-                                       int64_t embedding_outputs, int64_t norm_gradients) {
-  spec.root_tp_forward.all_gather = head_input;
-  spec.root_tp_backward.all_gather = embedding_outputs;
-  spec.root_tp_backward.all_reduce = norm_gradients;
+// What fsdp::vocab_parallel_cross_entropy adds for `tokens` tokens over this rank's `columns` of
+// the vocabulary (LossMemory's fields): it keeps the softmax of its columns (float32 at least)
+// and per token the target's column (int64) and two masks; its forward holds the logits, their
+// float32 copy if narrower and the shifted logits beside the softmax.
+inline LossMemory vocab_parallel_loss_memory(int64_t tokens, int64_t columns,
+                                             int64_t element_size) {
+  const int64_t logits = tokens * columns * element_size;
+  const int64_t wide = tokens * columns * (element_size < 4 ? 4 : element_size);
+  return {wide + 10 * tokens, logits + (element_size < 4 ? wide : 0) + wide, 2 * wide};
 }
+
+// How the root is split by tensor parallelism over tp ranks (the families' root plans): its
+// embedding table and head over the vocabulary (vocab_split) or whole, with or without sequence
+// parallelism; activation_bytes: one [B, T, d] in the compute dtype; tokens: B * T;
+// norm_gradient_bytes: the final norm's parameters' gradients; position_bytes: a positional
+// embedding's output [1, T, d], scattered beside the tokens' (GPT-2's wpe), or 0.
+struct RootSplit {
+  int tp = 1;
+  bool sequence_parallel = false;
+  bool vocab_split = false;
+  int64_t activation_bytes = 0;
+  int64_t tokens = 0;
+  int64_t norm_gradient_bytes = 0;
+  int64_t position_bytes = 0;
+};
+
+// A family's root (ModelMemorySpec's root fields) for one rank under split: its parameters (the
+// ones called vocabulary_names, [vocab, width], with dim 0 / tp under a vocabulary split), what
+// it keeps before the first unit (saved_before) and after the last (saved_after, besides the
+// loss's), the loss over this rank's columns of the vocabulary, a tied table's gradients, and
+// what it moves over the tp group.
+struct RootMemory {
+  std::vector<std::string> vocabulary_names;
+  bool tied = false;
+  int64_t saved_before = 0;
+  int64_t saved_after = 0;
+};
+ModelMemorySpec root_memory(const ParamTable& params, const RootSplit& split,
+                            const RootMemory& root, int64_t element_size);
 
 // What one layer keeps and allocates, for one micro-batch (UnitMemorySpec's fields).
 struct LayerMemory {

@@ -42,9 +42,13 @@ TiedLinearImpl::TiedLinearImpl(const at::Tensor& tied_weight) {
   weight = register_parameter("weight", tied_weight, tied_weight.requires_grad());
 }
 
-at::Tensor TiedLinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight); }
+at::Tensor TiedLinearImpl::forward(const at::Tensor& x) {
+  return fsdp::tensor_parallel_linear(*this, x, weight);
+}
 
 namespace {
+
+constexpr int64_t kIgnoreIndex = -100;  // fsdp/data/labeled.h's, which models cannot include
 
 void check_loss_shapes(const at::Tensor& logits, const at::Tensor& targets) {
   TORCH_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
@@ -68,9 +72,33 @@ at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) {
 
 at::Tensor summed_loss(const at::Tensor& logits, const at::Tensor& targets) {
   check_loss_shapes(logits, targets);
-  constexpr int64_t kIgnoreIndex = -100;  // fsdp/data/labeled.h's, which models cannot include
   return at::cross_entropy_loss(flat_logits(logits), targets.reshape({-1}), {}, at::Reduction::Sum,
                                 kIgnoreIndex);
+}
+
+namespace {
+
+// Per-target losses of logits [B, T, V / tp] split over the vocabulary by head.
+at::Tensor vocab_parallel_losses(const at::Tensor& logits, const at::Tensor& targets,
+                                 const torch::nn::Module& head) {
+  check_loss_shapes(logits, targets);
+  return fsdp::vocab_parallel_cross_entropy(head, logits.reshape({-1, logits.size(2)}),
+                                            targets.reshape({-1}), kIgnoreIndex);
+}
+
+}  // namespace
+
+at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets,
+                const torch::nn::Module& head) {
+  if (!fsdp::splits_vocabulary(head)) return loss(logits, targets);
+  // The mean over the targets that train, as at::cross_entropy_loss's.
+  return vocab_parallel_losses(logits, targets, head).sum() / targets.ne(kIgnoreIndex).sum();
+}
+
+at::Tensor summed_loss(const at::Tensor& logits, const at::Tensor& targets,
+                       const torch::nn::Module& head) {
+  if (!fsdp::splits_vocabulary(head)) return summed_loss(logits, targets);
+  return vocab_parallel_losses(logits, targets, head).sum();
 }
 
 torch::nn::Linear make_linear(const ParamSpec* weight, const ParamSpec* bias) {

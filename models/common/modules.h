@@ -32,6 +32,13 @@ at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets);
 // whole batch, which may span ranks. 0 when no target trains.
 at::Tensor summed_loss(const at::Tensor& logits, const at::Tensor& targets);
 
+// loss and summed_loss of logits from head, an output projection: when head splits the logits
+// over the vocabulary (tensor parallelism's ColwiseParallel), without gathering them
+// (fsdp::vocab_parallel_cross_entropy), else as above.
+at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets, const torch::nn::Module& head);
+at::Tensor summed_loss(const at::Tensor& logits, const at::Tensor& targets,
+                       const torch::nn::Module& head);
+
 // Seed of the generator that initializes the parameter called name (a Hugging Face name), for a
 // model seeded with seed. Uses FNV-1a over the name (stable across compilers and runs, unlike
 // std::hash) mixed with the seed through SplitMix64.

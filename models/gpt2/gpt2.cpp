@@ -223,11 +223,11 @@ at::Tensor GPT2ModelImpl::forward(const at::Tensor& idx) {
   TORCH_CHECK(seq <= config_.n_positions, "sequence length ", seq,
               " exceeds the model's n_positions=", config_.n_positions);
   at::Tensor pos = at::arange(seq, idx.options());
-  // Under sequence parallelism each rank keeps its sequence shard of both embeddings ([T, C]
-  // positions as [1, T, C]).
+  // Under tensor parallelism wte may be split over the vocabulary; under sequence parallelism
+  // each rank keeps its sequence shard of both embeddings ([T, C] positions as [1, T, C]).
   at::Tensor x =
-      fsdp::tensor_parallel_output(*wte, fsdp::forward(wte, idx)) +
-      fsdp::tensor_parallel_output(*wpe, fsdp::forward(wpe, pos).unsqueeze(0));
+      fsdp::tensor_parallel_output(*wte, fsdp::embedding(wte, idx)) +
+      fsdp::tensor_parallel_output(*wpe, fsdp::embedding(wpe, pos).unsqueeze(0));
   for (auto& block : blocks) x = fsdp::forward(block, x);
   return layer_norm(ln_f, x);
 }
@@ -245,9 +245,7 @@ GPT2LMHeadImpl::GPT2LMHeadImpl(const GPT2Options& options) {
 
 at::Tensor GPT2LMHeadImpl::forward(const at::Tensor& idx) {
   // The head reads the whole sequence (gathered under sequence parallelism).
-  const torch::nn::Module& head =
-      lm_head ? static_cast<const torch::nn::Module&>(*lm_head) : *untied_lm_head;
-  const at::Tensor h = fsdp::tensor_parallel_input(head, fsdp::forward(transformer, idx));
+  const at::Tensor h = fsdp::tensor_parallel_input(head(), fsdp::forward(transformer, idx));
   return lm_head ? fsdp::forward(lm_head, h) : linear(untied_lm_head, h);
 }
 

@@ -164,6 +164,10 @@ class GPT2LMHeadImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& idx);
 
   const GPT2Config& config() const { return transformer->config(); }
+  // The output projection, tied or not (its tensor-parallel style says how it splits logits).
+  const torch::nn::Module& head() const {
+    return lm_head ? static_cast<const torch::nn::Module&>(*lm_head) : *untied_lm_head;
+  }
 
   GPT2Model transformer{nullptr};
   TiedLinear lm_head{nullptr};                // tied; null when untied

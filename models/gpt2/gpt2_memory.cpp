@@ -54,23 +54,15 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   const int64_t shards = sequence_parallel ? tp : 1, stream = btd / shards;
   const int64_t ln_stats = 2 * bt / shards * e;
   const int64_t logsumexp = micro_batch * h * seq_len * 4;  // float for every compute dtype
-  const LossMemory loss = loss_memory(bt, v, e);
-
-  ModelMemorySpec spec;
-  spec.root_param_shapes = params.root_shapes();     // wte (= lm_head when tied), wpe, ln_f
-  spec.root_saved_before_bytes = seq_len * 8 + stream;  // position ids, wte(idx) + wpe(pos)
-  spec.root_saved_after_bytes = ln_stats + btd + loss.saved_bytes;  // ln_f, its output, the loss
-  spec.root_forward_workspace_bytes = loss.forward_workspace_bytes;
-  spec.root_backward_peak_bytes = loss.backward_peak_bytes;
-  // Tied, wte's gradient comes in two parts: the head's [V, d], held by autograd from the start
-  // of backward, and the embedding's, which embedding_dense_backward makes as a dense [V, d] at
-  // the very end. Autograd sums a leaf's incoming gradients out of place (its input buffer
-  // never writes into a gradient it was handed), so for a moment three [V, d] tensors are
-  // alive; the sum then replaces the head's part as wte's gradient. Untied (and wpe), the
-  // embedding's dense gradient is its only one, already counted with the root's gradients.
-  spec.root_stem_backward_peak_bytes = c.tie_word_embeddings ? 2 * v * d * e : 0;
-  // Both embeddings' outputs are scattered (wpe's [1, T, d]); ln_f has a weight and a bias.
-  if (sequence_parallel) set_sequence_parallel_root(spec, btd, btd + seq_len * d * e, 2 * d * e);
+  // ln_f has a weight and a bias; both embeddings' outputs are scattered (wpe's [1, T, d]).
+  const RootSplit root{tp, sequence_parallel, tp > 1 && v % tp == 0, btd, bt, 2 * d * e,
+                       seq_len * d * e};
+  // The root: wte (= lm_head when tied), wpe, ln_f. Before the blocks it keeps the position ids
+  // and the embeddings' sum; after them ln_f's statistics and its (gathered) output.
+  ModelMemorySpec spec = root_memory(params, root,
+                                     {{"transformer.wte.weight", "lm_head.weight"},
+                                      c.tie_word_embeddings, seq_len * 8 + stream, ln_stats + btd},
+                                     e);
 
   // Per block: 16 [B, T, d] at the default MLP width 4d; the MLP's c_fc output and its
   // activation are [B, T, inner] each.

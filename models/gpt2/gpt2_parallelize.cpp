@@ -26,14 +26,23 @@ TensorParallelPlan gpt2_block_tp_plan(const GPT2Config& config, int tp, bool seq
   return plan;
 }
 
-TensorParallelPlan gpt2_root_tp_plan(int tp, bool sequence_parallel) {
+TensorParallelPlan gpt2_root_tp_plan(const GPT2Config& config, int tp, bool sequence_parallel) {
   TORCH_CHECK(tp >= 1, "tensor-parallel size ", tp, " must be at least 1");
-  if (!sequence_parallel) return {};
+  if (tp == 1) return {};
+  const Layout stream = sequence_parallel ? Layout::kSequenceShard : Layout::kReplicate;
   const PrepareModuleOutput scatter(Layout::kReplicate, Layout::kSequenceShard);
-  return {{"transformer.wte", scatter},
-          {"transformer.wpe", scatter},
-          {"transformer.ln_f", SequenceParallel()},
-          {"lm_head", PrepareModuleInput(Layout::kSequenceShard, Layout::kReplicate)}};
+  TensorParallelPlan plan;
+  if (config.vocab_size % tp == 0) {  // wte (the tied head's weight too) over the vocabulary
+    plan = {{"transformer.wte", RowwiseParallel(stream)}, {"lm_head", ColwiseParallel(1, stream)}};
+  } else if (sequence_parallel) {
+    plan = {{"transformer.wte", scatter},
+            {"lm_head", PrepareModuleInput(Layout::kSequenceShard, Layout::kReplicate)}};
+  }
+  if (sequence_parallel) {
+    plan.push_back({"transformer.wpe", scatter});
+    plan.push_back({"transformer.ln_f", SequenceParallel()});
+  }
+  return plan;
 }
 
 }  // namespace fsdp::models

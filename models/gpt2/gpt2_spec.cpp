@@ -24,6 +24,13 @@ class GPT2Built : public Model {
     return out;
   }
   at::Tensor forward(const at::Tensor& idx) override { return fsdp::forward(model_, idx); }
+  // Logits split over the vocabulary by a tensor-parallel head are never gathered.
+  at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) const override {
+    return models::loss(logits, targets, model_->head());
+  }
+  at::Tensor summed_loss(const at::Tensor& logits, const at::Tensor& targets) const override {
+    return models::summed_loss(logits, targets, model_->head());
+  }
   void set_activation_checkpoint(bool on) override {
     for (auto& block : model_->transformer->blocks) block->set_activation_checkpoint(on);
   }
@@ -80,7 +87,7 @@ class GPT2Spec : public ModelSpec {
     return gpt2_block_tp_plan(config_, tp, sequence_parallel);
   }
   TensorParallelPlan root_tp_plan(int tp, bool sequence_parallel) const override {
-    return gpt2_root_tp_plan(tp, sequence_parallel);
+    return gpt2_root_tp_plan(config_, tp, sequence_parallel);
   }
 
  private:

@@ -356,8 +356,9 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& idx) {
               " exceeds the model's sliding_window=", config_.sliding_window,
               ": attention over a sliding window is implemented only for "
               "sequences that fit in it (where it equals full causal attention)");
-  // Under sequence parallelism each rank keeps its sequence shard of the embeddings.
-  at::Tensor x = fsdp::tensor_parallel_output(*embed_tokens, fsdp::forward(embed_tokens, idx));
+  // Under tensor parallelism the table may be split over the vocabulary, and under sequence
+  // parallelism each rank keeps its sequence shard of the embeddings.
+  at::Tensor x = fsdp::tensor_parallel_output(*embed_tokens, fsdp::embedding(embed_tokens, idx));
   for (auto& layer : decoder_layers) x = fsdp::forward(layer, x);
   return fsdp::forward(norm, x);
 }

@@ -38,26 +38,6 @@ void check_sizes(const LlamaConfig& c, int64_t micro_batch, int64_t seq_len) {
               " sequences of ", seq_len, " tokens needs more than 2^62 bytes of activations");
 }
 
-// The root's part: embed_tokens (= lm_head when tied) and the final norm, which keeps norm_saved,
-// then the loss.
-ModelMemorySpec root_memory(const LlamaConfig& c, const ParamTable& params, int64_t norm_saved,
-                            const LossMemory& loss, int64_t e) {
-  ModelMemorySpec spec;
-  spec.root_param_shapes = params.root_shapes();
-  // The embedding keeps only the caller's token ids. The rotary table (cos and sin [T, head_dim])
-  // that every layer's rotation keeps is not an activation: LlamaRotary makes it once and keeps
-  // it between steps, like a buffer.
-  spec.root_saved_before_bytes = 0;
-  spec.root_saved_after_bytes = norm_saved + loss.saved_bytes;
-  spec.root_forward_workspace_bytes = loss.forward_workspace_bytes;
-  spec.root_backward_peak_bytes = loss.backward_peak_bytes;
-  // Tied: the embedding's dense [V, d] gradient and its out-of-place sum with the head's (see
-  // gpt2_memory.cpp). Untied: the embedding's dense gradient is its only one, already counted.
-  spec.root_stem_backward_peak_bytes =
-      c.tie_word_embeddings ? 2 * c.vocab_size * c.hidden_size * e : 0;
-  return spec;
-}
-
 }  // namespace
 
 ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int64_t seq_len,
@@ -91,8 +71,14 @@ ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int
   const int64_t qk_norm_saved =
       c.qk_norm ? rms_norm_saved(bt * h, hd, e) + rms_norm_saved(bt * kvh, hd, e) : 0;
 
-  ModelMemorySpec spec = root_memory(c, params, norm_saved, loss_memory(bt, v, e), e);
-  if (sequence_parallel) set_sequence_parallel_root(spec, btd, btd, d * e);
+  // The root: embed_tokens (= lm_head when tied), the final norm (which keeps norm_saved).
+  // The embedding keeps only the caller's token ids. The rotary table (cos and sin [T, head_dim])
+  // that every layer's rotation keeps is not an activation: LlamaRotary makes it once and keeps
+  // it between steps, like a buffer.
+  const RootSplit root{tp, sequence_parallel, tp > 1 && v % tp == 0, btd, bt, d * e, 0};
+  ModelMemorySpec spec = root_memory(
+      params, root,
+      {{"model.embed_tokens.weight", "lm_head.weight"}, c.tie_word_embeddings, 0, norm_saved}, e);
 
   const int64_t attention_saved =
       btq /*rotated q*/ + kv_saved + btq /*output*/ + logsumexp + qk_norm_saved;

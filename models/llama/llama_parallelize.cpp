@@ -38,12 +38,20 @@ TensorParallelPlan llama_layer_tp_plan(const LlamaConfig& config, int tp, bool s
   return plan;
 }
 
-TensorParallelPlan llama_root_tp_plan(int tp, bool sequence_parallel) {
+TensorParallelPlan llama_root_tp_plan(const LlamaConfig& config, int tp, bool sequence_parallel) {
   TORCH_CHECK(tp >= 1, "tensor-parallel size ", tp, " must be at least 1");
-  if (!sequence_parallel) return {};
-  return {{"model.embed_tokens", PrepareModuleOutput(Layout::kReplicate, Layout::kSequenceShard)},
-          {"model.norm", SequenceParallel()},
-          {"lm_head", PrepareModuleInput(Layout::kSequenceShard, Layout::kReplicate)}};
+  if (tp == 1) return {};
+  const Layout stream = sequence_parallel ? Layout::kSequenceShard : Layout::kReplicate;
+  TensorParallelPlan plan;
+  if (config.vocab_size % tp == 0) {
+    // The embedding table (tied or not, the same rows) and the head split over the vocabulary.
+    plan = {{"model.embed_tokens", RowwiseParallel(stream)}, {"lm_head", ColwiseParallel(1, stream)}};
+  } else if (sequence_parallel) {
+    plan = {{"model.embed_tokens", PrepareModuleOutput(Layout::kReplicate, stream)},
+            {"lm_head", PrepareModuleInput(stream, Layout::kReplicate)}};
+  }
+  if (sequence_parallel) plan.push_back({"model.norm", SequenceParallel()});
+  return plan;
 }
 
 }  // namespace fsdp::models

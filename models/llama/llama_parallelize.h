@@ -8,7 +8,13 @@
 // are sequence shards: each all-reduce becomes a reduce-scatter after the row layer and an
 // all-gather before the column layers; the norms (SequenceParallel) run on 1/T of the tokens.
 // The root's plan then scatters the embeddings into shards, runs the final norm on them and
-// gathers the sequence for the output projection. Embeddings and the head stay replicated.
+// gathers the sequence for the output projection.
+//
+// The root: when vocab_size divides by tp, the embedding table is split over the vocabulary
+// (RowwiseParallel; each rank looks up its rows, the partial lookups summed) and so is the head
+// (ColwiseParallel; logits split over the vocabulary, whose loss is computed without gathering
+// them), so a rank holds 1/tp of them (torchtitan's plan, with loss parallelism). Otherwise the
+// embeddings and the head stay whole on every rank.
 #pragma once
 
 #include <fsdp/tensor_parallel.h>
@@ -22,7 +28,7 @@ TensorParallelPlan llama_layer_tp_plan(const LlamaConfig& config, int tp,
                                        bool sequence_parallel = false);
 
 // The plan for the root (LlamaForCausalLM: embeddings, final norm, head), paths relative to it:
-// empty without sequence parallelism.
-TensorParallelPlan llama_root_tp_plan(int tp, bool sequence_parallel);
+// empty when tp is 1, or when vocab_size does not divide by tp without sequence parallelism.
+TensorParallelPlan llama_root_tp_plan(const LlamaConfig& config, int tp, bool sequence_parallel);
 
 }  // namespace fsdp::models

@@ -23,6 +23,13 @@ class LlamaBuilt : public Model {
     return out;
   }
   at::Tensor forward(const at::Tensor& idx) override { return fsdp::forward(model_, idx); }
+  // Logits split over the vocabulary by a tensor-parallel head are never gathered.
+  at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) const override {
+    return models::loss(logits, targets, *model_->lm_head);
+  }
+  at::Tensor summed_loss(const at::Tensor& logits, const at::Tensor& targets) const override {
+    return models::summed_loss(logits, targets, *model_->lm_head);
+  }
   void set_activation_checkpoint(bool on) override {
     for (auto& layer : model_->model->decoder_layers) layer->set_activation_checkpoint(on);
   }
@@ -84,7 +91,7 @@ class LlamaSpec : public ModelSpec {
     return llama_layer_tp_plan(config_, tp, sequence_parallel);
   }
   TensorParallelPlan root_tp_plan(int tp, bool sequence_parallel) const override {
-    return llama_root_tp_plan(tp, sequence_parallel);
+    return llama_root_tp_plan(config_, tp, sequence_parallel);
   }
 
  private:

@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
 #include <sstream>
@@ -66,22 +67,59 @@ void attach_style(torch::nn::Module& module, const std::string& path, const Para
   detail::attach_tp_layer(module, detail::TpLayer{style, std::move(named)});
 }
 
-void parallelize_linear(torch::nn::LinearImpl& layer, const std::string& path,
-                        const ParallelStyle& style, const detail::TpSite& site) {
-  check_unstyled(layer, path);
-  const int size = site.group->size();
+// The split dimension of weight divides into the style's packed blocks and each block by the
+// group's size.
+void check_divides(const at::Tensor& weight, int64_t dim, const ParallelStyle& style,
+                   const std::string& path, const detail::TpSite& site, bool table) {
+  const int64_t split = weight.size(dim), packed = style.packed(), size = site.group->size();
   const bool colwise = style.kind() == ParallelStyle::Kind::kColwise;
-  const int64_t dim = colwise ? 0 : 1;
-  const int64_t split = layer.weight.size(dim), packed = style.packed();
   TORCH_CHECK(packed >= 1 && split % packed == 0, "parallelize_module: layer '", path, "' has ",
               split, " output features, not ", packed, " equal packed blocks");
   TORCH_CHECK(split / packed % size == 0, "parallelize_module: ", style.name(), " splits layer '",
-              path, "' along its ", colwise ? "output" : "input", " features, ", split,
+              path, "' along its ",
+              table ? "vocabulary" : colwise ? "output features" : "input features", ", ", split,
               packed > 1 ? " in " + std::to_string(packed) + " packed blocks" : std::string(),
               ", which do not divide by the tensor-parallel size ", size);
-  slice_in_place(layer.weight, dim, packed, site);
-  if (layer.bias.defined() && colwise) slice_in_place(layer.bias, 0, packed, site);
-  attach_style(layer, path, style, site);
+}
+
+// A tied weight (an embedding table that is also the head's weight) meets a second split: it
+// must be the one it has, which it keeps.
+bool already_split(const at::Tensor& param, int64_t dim, int64_t packed, const std::string& path,
+                   const detail::TpSite& site) {
+  const TensorParallelPlacement* placement = tensor_parallel_placement(param);
+  if (placement == nullptr) return false;
+  TORCH_CHECK(placement->dim == dim && placement->packed == packed &&
+                  placement->group == site.group,
+              "parallelize_module: the weight of layer '", path,
+              "' is shared with a layer split along dimension ", placement->dim,
+              " and cannot also be split along dimension ", dim);
+  return true;
+}
+
+// The column and row styles: a Linear's (or a tied head's) weight [out, in] and bias, or an
+// Embedding's table [vocab, dim], cut as the top of fsdp/tensor_parallel.h says.
+void parallelize_split(torch::nn::Module& module, const std::string& path,
+                       const ParallelStyle& style, const detail::TpSite& site) {
+  check_unstyled(module, path);
+  auto params = module.named_parameters(/*recurse=*/false);
+  at::Tensor* weight = params.find("weight");
+  TORCH_CHECK(weight != nullptr && weight->dim() == 2, "parallelize_module: ", style.name(),
+              " splits a 2-D parameter 'weight' (of a Linear, an Embedding or a tied head); "
+              "layer '",
+              path, "', a ", module.name(), ", has none");
+  const bool table = dynamic_cast<const torch::nn::EmbeddingImpl*>(&module) != nullptr;
+  const bool colwise = style.kind() == ParallelStyle::Kind::kColwise;
+  TORCH_CHECK(!(table && colwise), "parallelize_module: layer '", path,
+              "' is an Embedding: RowwiseParallel splits its vocabulary, ColwiseParallel does "
+              "not apply");
+  const int64_t dim = colwise || table ? 0 : 1;
+  if (!already_split(*weight, dim, style.packed(), path, site)) {
+    check_divides(*weight, dim, style, path, site, table);
+    slice_in_place(*weight, dim, style.packed(), site);
+  }
+  at::Tensor* bias = params.find("bias");
+  if (bias != nullptr && bias->defined() && colwise) slice_in_place(*bias, 0, style.packed(), site);
+  attach_style(module, path, style, site);
 }
 
 void parallelize_whole(torch::nn::Module& module, const std::string& path,
@@ -170,11 +208,7 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
         parallelize_whole(*item.value(), item.key(), style, site);
         continue;
       }
-      auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
-      TORCH_CHECK(linear != nullptr, "parallelize_module: plan entry '", pattern,
-                  "' matches module '", item.key(), "', a ", item.value()->name(), "; ",
-                  style.name(), " applies to torch::nn::Linear only");
-      parallelize_linear(*linear, item.key(), style, site);
+      parallelize_split(*item.value(), item.key(), style, site);
     }
     TORCH_CHECK(matched > 0, "parallelize_module: plan entry '", pattern, "' (", style.name(),
                 ") matches no module under ", module.name());

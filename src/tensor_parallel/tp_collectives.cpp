@@ -17,6 +17,7 @@
 #include <torch/autograd.h>
 
 #include <exception>
+#include <functional>
 #include <vector>
 
 namespace fsdp::detail {
@@ -27,10 +28,10 @@ struct SiteHolder : torch::CustomClassHolder {
   TpSite site;
 };
 
-// Waits for the collective start() begins on site's group; a failure or a timeout becomes an
-// error naming the operation, what it moved, the layer, the mesh dimension and the rank.
-template <typename Start>
-void run_checked(const TpSite& site, const char* op, const char* what, Start&& start) {
+}  // namespace
+
+void run_checked(const TpSite& site, const char* op, const char* what,
+                 const std::function<WorkHandle()>& start) {
   const CollectiveLabel label("tp " + site.layer);
   try {
     start()->wait();
@@ -40,6 +41,8 @@ void run_checked(const TpSite& site, const char* op, const char* what, Start&& s
                 site.group->size(), " failed: ", error_message(e));
   }
 }
+
+namespace {
 
 at::Tensor all_reduced(const at::Tensor& t, const TpSite& site, const char* what) {
   at::Tensor out = t.contiguous().clone();
@@ -91,9 +94,17 @@ at::Tensor own_shard(const at::Tensor& x, const TpSite& site) {
   return x.narrow(1, site.group->rank() * shard, shard).clone(at::MemoryFormat::Contiguous);
 }
 
+}  // namespace
+
 const TpSite& site_of(torch::autograd::AutogradContext* ctx) {
   return c10::static_intrusive_pointer_cast<SiteHolder>(ctx->saved_data["site"].toCapsule())->site;
 }
+
+c10::IValue site_capsule(const TpSite& site) {
+  return c10::IValue::make_capsule(c10::make_intrusive<SiteHolder>(site));
+}
+
+namespace {
 
 struct CopyToTensorParallel : torch::autograd::Function<CopyToTensorParallel> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
@@ -160,30 +171,27 @@ struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence> 
   }
 };
 
-c10::IValue capsule(const TpSite& site) {
-  return c10::IValue::make_capsule(c10::make_intrusive<SiteHolder>(site));
-}
 
 }  // namespace
 
 at::Tensor copy_to_tensor_parallel(const at::Tensor& x, const TpSite& site) {
-  return CopyToTensorParallel::apply(x, capsule(site));
+  return CopyToTensorParallel::apply(x, site_capsule(site));
 }
 
 at::Tensor reduce_from_tensor_parallel(const at::Tensor& x, const TpSite& site) {
-  return ReduceFromTensorParallel::apply(x, capsule(site));
+  return ReduceFromTensorParallel::apply(x, site_capsule(site));
 }
 
 at::Tensor gather_sequence(const at::Tensor& x, const TpSite& site, GradientKind gradient) {
-  return GatherSequence::apply(x, capsule(site), gradient == GradientKind::kPartial);
+  return GatherSequence::apply(x, site_capsule(site), gradient == GradientKind::kPartial);
 }
 
 at::Tensor scatter_sequence(const at::Tensor& x, const TpSite& site) {
-  return ScatterSequence::apply(x, capsule(site));
+  return ScatterSequence::apply(x, site_capsule(site));
 }
 
 at::Tensor reduce_scatter_sequence(const at::Tensor& x, const TpSite& site) {
-  return ReduceScatterSequence::apply(x, capsule(site));
+  return ReduceScatterSequence::apply(x, site_capsule(site));
 }
 
 }  // namespace fsdp::detail

@@ -8,6 +8,10 @@
 #include <fsdp/comm/process_group.h>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <functional>
 
 #include <memory>
 #include <string>
@@ -20,6 +24,15 @@ struct TpSite {
   std::string dim_name;  // the mesh dimension ("tp"), or "" when the mesh had none
   std::string layer;     // the layer's path as the plan named it
 };
+
+// Runs the collective start() begins on site's group and waits for it; a failure or a timeout
+// becomes an error naming op, what it moved, the layer, the mesh dimension and the rank.
+void run_checked(const TpSite& site, const char* op, const char* what,
+                 const std::function<WorkHandle()>& start);
+
+// site in an IValue for AutogradContext::saved_data["site"], and back (freed with the graph).
+c10::IValue site_capsule(const TpSite& site);
+const TpSite& site_of(torch::autograd::AutogradContext* ctx);
 
 // Forward: x as it is. Backward: the gradient summed over the group. Where a replicated
 // activation enters column-parallel layers, whose input gradients are partial sums.

@@ -65,7 +65,8 @@ std::shared_ptr<torch::nn::Module> build_model(Family family, const NamedMesh* m
     }
     model = LlamaForCausalLM(o).ptr();
     if (mesh) {
-      parallelize_module(*model, *tp, models::llama_root_tp_plan(tp->shard_size(), sequence_parallel));
+      parallelize_module(*model, *tp,
+                         models::llama_root_tp_plan(o.config(), tp->shard_size(), sequence_parallel));
     }
   } else {
     models::GPT2Options o(models::GPT2Config::tiny());
@@ -76,7 +77,8 @@ std::shared_ptr<torch::nn::Module> build_model(Family family, const NamedMesh* m
     }
     model = models::GPT2LMHead(o).ptr();
     if (mesh) {
-      parallelize_module(*model, *tp, models::gpt2_root_tp_plan(tp->shard_size(), sequence_parallel));
+      parallelize_module(*model, *tp,
+                         models::gpt2_root_tp_plan(o.config(), tp->shard_size(), sequence_parallel));
     }
   }
   if (mesh) fully_shard(model, *dp);
@@ -87,10 +89,10 @@ at::Tensor model_loss(Family family, const std::shared_ptr<torch::nn::Module>& m
                       const at::Tensor& x, const at::Tensor& y) {
   if (family != Family::kGpt2) {
     LlamaForCausalLM model(std::static_pointer_cast<models::LlamaForCausalLMImpl>(m));
-    return models::loss(fsdp::forward(model, x), y);
+    return models::loss(fsdp::forward(model, x), y, *model->lm_head);
   }
   models::GPT2LMHead model(std::static_pointer_cast<models::GPT2LMHeadImpl>(m));
-  return models::loss(fsdp::forward(model, x), y);
+  return models::loss(fsdp::forward(model, x), y, model->head());
 }
 
 TrainCase tp_case(Family family) {
@@ -191,8 +193,9 @@ void expect_matches_reference(const TpRun& run) {
   EXPECT_LT(reference.losses.back(), reference.losses.front() - 0.05);  // it learns
   const auto ranks = train_2d(run, c);
   // 2 blocks: Llama's q, k, v, o, gate, up, down; GPT-2's c_attn and c_fc weights and biases
-  // and both c_proj weights (their biases are replicated).
-  const int expected_split = family == Family::kGpt2 ? 12 : 14;
+  // and both c_proj weights (their biases are replicated). The root: Llama's embedding and
+  // head, GPT-2's wte (tied to the head), split over the vocabulary.
+  const int expected_split = family == Family::kGpt2 ? 13 : 16;
   for (size_t r = 0; r < ranks.size(); ++r) {
     for (size_t s = 0; s < reference.losses.size(); ++s) {
       EXPECT_NEAR(ranks[r].train.losses[s], reference.losses[s], 1e-5 * reference.losses[s])

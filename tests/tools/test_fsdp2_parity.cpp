@@ -526,19 +526,30 @@ TEST(Fsdp2ParityLlama, Fp32AndBf16MatchFsdp2) {
 // dp 2 x tp 2 and tp 2 alone in fp32, dp 2 x tp 2 with bf16 compute (both sides with LibTorch's
 // AdamW arithmetic, as the other bf16 cases), and dp 2 x tp 2 with sequence parallelism
 // (torchtitan's plan: SequenceParallel norms, PrepareModuleInput, RowwiseParallel into Shard(1)).
-// Losses, gradient norms and the final parameters (each side's export of its global tensors).
+// Both sides split the embedding and the head over the vocabulary and compute the loss without
+// gathering the logits (loss_parallel() on PyTorch's side). Losses, gradient norms and the final
+// parameters (each side's export of its global tensors).
+//
+// Sequence parallelism sums gradients in another order (a reduce-scatter of the added partial
+// input gradients of q, k and v, an all-reduce of each norm's). AdamW turns that rounding into
+// visible steps on elements whose gradient is near zero: PyTorch's own SP run and its own
+// non-SP run of this job end 1.9e-5 apart (layer 0's gate_proj), ours 1.4e-5, and ours against
+// PyTorch's SP 3.4e-5 (each side walks its own rounding path). Its parameters are held to 1e-4;
+// its losses and gradient norms to 1e-5, as the others' (measured: 0 and 1.8e-7).
 Case tensor_parallel_case(const std::string& name, int world, const std::string& extra_flags,
-                          bool bf16) {
+                          bool bf16, double param_tolerance = -1) {
   const std::string flags = "--tp 2" + extra_flags;
   const std::string reference = "--mode fsdp2 " + flags + (bf16 ? " --adamw libtorch" : "");
-  return Case{name, world, flags, reference, bf16 ? kBf16 : kFp32, "llama-tiny"};
+  Case c{name, world, flags, reference, bf16 ? kBf16 : kFp32, "llama-tiny"};
+  c.param_tolerance = param_tolerance;
+  return c;
 }
 
 TEST(Fsdp2ParityTensorParallel, DpByTpMatchesFsdp2WithParallelizeModule) {
   run_cases({tensor_parallel_case("llama_dp2_tp2", 4, "", false),
              tensor_parallel_case("llama_tp2", 2, "", false),
              tensor_parallel_case("llama_dp2_tp2_bf16", 4, " --param-dtype bf16", true),
-             tensor_parallel_case("llama_dp2_tp2_sp", 4, " --sequence-parallel", false)});
+             tensor_parallel_case("llama_dp2_tp2_sp", 4, " --sequence-parallel", false, 1e-4)});
 }
 
 // The same comparisons with our ranks on the mpi backend, as an mpirun job (builds with MPI).

@@ -1,0 +1,43 @@
+// fsdp::embedding: a table lookup inside the table's FSDP scope, vocabulary-parallel under
+// RowwiseParallel (see fsdp/tensor_parallel.h).
+//
+// Each rank holds rows first.. first + rows of the table. A token outside them looks up row 0 of
+// the slice, zeroed after the lookup (so its gradient, zero, adds nothing to that row); the sum
+// over the group then holds every token's row exactly once.
+#include <fsdp/runtime/forward.h>
+#include <fsdp/tensor_parallel.h>
+
+#include "tensor_parallel/tp_layer.h"
+
+#include <ATen/ATen.h>
+
+namespace fsdp {
+namespace {
+
+at::Tensor vocabulary_parallel_lookup(const detail::TpLayer& tp, const at::Tensor& table,
+                                      const at::Tensor& ids) {
+  const int64_t rows = table.size(0), first = tp.site.group->rank() * rows;
+  const at::Tensor outside = (ids < first).logical_or(ids >= first + rows);
+  const at::Tensor partial =
+      at::embedding(table, (ids - first).masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0);
+  return tp.style.to() == Layout::kSequenceShard
+             ? detail::reduce_scatter_sequence(partial, tp.site)
+             : detail::reduce_from_tensor_parallel(partial, tp.site);
+}
+
+}  // namespace
+
+at::Tensor embedding(torch::nn::Embedding& table, const at::Tensor& ids) {
+  const detail::TpLayer* tp = detail::tp_layer_of(*table);
+  return forward_with(
+      table,
+      [&table, tp](const at::Tensor& in) {
+        if (tp == nullptr || tp->style.kind() != ParallelStyle::Kind::kRowwise) {
+          return at::embedding(table->weight, in);
+        }
+        return vocabulary_parallel_lookup(*tp, table->weight, in);
+      },
+      ids);
+}
+
+}  // namespace fsdp
