@@ -76,14 +76,7 @@ enum class Layout { kReplicate, kSequenceShard };
 
 class ParallelStyle {
  public:
-  enum class Kind {
-    kColwise,
-    kRowwise,
-    kReplicate,
-    kSequence,
-    kPrepareInput,
-    kPrepareOutput
-  };
+  enum class Kind { kColwise, kRowwise, kReplicate, kSequence, kPrepareInput, kPrepareOutput };
   Kind kind() const { return kind_; }
   // Column styles: the output features are this many equal blocks, each split on its own (a
   // fused projection: GPT-2's c_attn is q, k and v, packed 3), so every rank gets its part of
@@ -135,8 +128,7 @@ struct PrepareModuleInput : ParallelStyle {
 };
 
 struct PrepareModuleOutput : ParallelStyle {
-  PrepareModuleOutput(Layout from, Layout to)
-      : ParallelStyle(Kind::kPrepareOutput, 1, from, to) {}
+  PrepareModuleOutput(Layout from, Layout to) : ParallelStyle(Kind::kPrepareOutput, 1, from, to) {}
 };
 
 // Module paths relative to the module given to parallelize_module ("self_attn.q_proj"), each

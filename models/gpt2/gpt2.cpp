@@ -225,9 +225,8 @@ at::Tensor GPT2ModelImpl::forward(const at::Tensor& idx) {
   at::Tensor pos = at::arange(seq, idx.options());
   // Under tensor parallelism wte may be split over the vocabulary; under sequence parallelism
   // each rank keeps its sequence shard of both embeddings ([T, C] positions as [1, T, C]).
-  at::Tensor x =
-      fsdp::tensor_parallel_output(*wte, fsdp::embedding(wte, idx)) +
-      fsdp::tensor_parallel_output(*wpe, fsdp::embedding(wpe, pos).unsqueeze(0));
+  at::Tensor x = fsdp::tensor_parallel_output(*wte, fsdp::embedding(wte, idx)) +
+                 fsdp::tensor_parallel_output(*wpe, fsdp::embedding(wpe, pos).unsqueeze(0));
   for (auto& block : blocks) x = fsdp::forward(block, x);
   return layer_norm(ln_f, x);
 }

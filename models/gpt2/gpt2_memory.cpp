@@ -55,13 +55,15 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   const int64_t ln_stats = 2 * bt / shards * e;
   const int64_t logsumexp = micro_batch * h * seq_len * 4;  // float for every compute dtype
   // ln_f has a weight and a bias; both embeddings' outputs are scattered (wpe's [1, T, d]).
-  const RootSplit root{tp, sequence_parallel, tp > 1 && v % tp == 0, btd, bt, 2 * d * e,
-                       seq_len * d * e};
+  const RootSplit root{tp, sequence_parallel, tp > 1 && v % tp == 0, btd,
+                       bt, 2 * d * e,         seq_len * d * e};
   // The root: wte (= lm_head when tied), wpe, ln_f. Before the blocks it keeps the position ids
   // and the embeddings' sum; after them ln_f's statistics and its (gathered) output.
   ModelMemorySpec spec = root_memory(params, root,
                                      {{"transformer.wte.weight", "lm_head.weight"},
-                                      c.tie_word_embeddings, seq_len * 8 + stream, ln_stats + btd},
+                                      c.tie_word_embeddings,
+                                      seq_len * 8 + stream,
+                                      ln_stats + btd},
                                      e);
 
   // Per block: 16 [B, T, d] at the default MLP width 4d; the MLP's c_fc output and its
@@ -82,8 +84,8 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   // ln_2's output, c_fc's output (4 at the default width), the activation (4) and c_proj's
   // output are alive: 11 [B, T, d] above the block's input, 10 above its output.
   spec.units = layer_units(
-      params, "h.",
-      activation_checkpoint ? checkpointed(plain, stream, 2 * btd + 2 * bti) : plain, split);
+      params, "h.", activation_checkpoint ? checkpointed(plain, stream, 2 * btd + 2 * bti) : plain,
+      split);
   return spec;
 }
 

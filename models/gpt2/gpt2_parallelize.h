@@ -3,9 +3,10 @@
 // v), c_fc column-wise, both c_proj row-wise (their biases added once, after the sum). The layer
 // norms stay whole. When vocab_size divides by tp, wte (and the head, tied to it or not) splits
 // over the vocabulary, the loss computed without gathering the logits (as Llama's root);
-// otherwise (GPT-2's own 50,257 tokens over an even tp) the embeddings and head stay whole. With sequence parallelism, as Llama's
-// plan (models/llama/llama_parallelize.h): the residual stream in sequence shards, the norms
-// on them, both embeddings scattered into them and the head's input gathered.
+// otherwise (GPT-2's own 50,257 tokens over an even tp) the embeddings and head stay whole. With
+// sequence parallelism, as Llama's plan (models/llama/llama_parallelize.h): the residual stream in
+// sequence shards, the norms on them, both embeddings scattered into them and the head's input
+// gathered.
 #pragma once
 
 #include <fsdp/tensor_parallel.h>

@@ -81,7 +81,7 @@ class GPT2Spec : public ModelSpec {
                               bool activation_checkpoint, int tp,
                               bool sequence_parallel) const override {
     return gpt2_memory_spec(config_, micro_batch, seq_len, compute_dtype, activation_checkpoint, tp,
-                             sequence_parallel);
+                            sequence_parallel);
   }
   TensorParallelPlan unit_tp_plan(int tp, bool sequence_parallel) const override {
     return gpt2_block_tp_plan(config_, tp, sequence_parallel);

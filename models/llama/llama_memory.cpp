@@ -41,8 +41,8 @@ void check_sizes(const LlamaConfig& c, int64_t micro_batch, int64_t seq_len) {
 }  // namespace
 
 ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int64_t seq_len,
-                                  at::ScalarType compute_dtype, bool activation_checkpoint,
-                                  int tp, bool sequence_parallel) {
+                                  at::ScalarType compute_dtype, bool activation_checkpoint, int tp,
+                                  bool sequence_parallel) {
   check_sizes(c, micro_batch, seq_len);
   const ParamTable params = llama_params(c);
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));

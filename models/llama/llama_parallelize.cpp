@@ -19,9 +19,9 @@ TensorParallelPlan llama_layer_tp_plan(const LlamaConfig& config, int tp, bool s
   // reduce-scatter into it, attention and the MLP gather their input once, the norms run on it.
   const Layout stream = sequence_parallel ? Layout::kSequenceShard : Layout::kReplicate;
   TensorParallelPlan plan = {
-      {"self_attn.q_proj", ColwiseParallel()},    {"self_attn.k_proj", ColwiseParallel()},
-      {"self_attn.v_proj", ColwiseParallel()},    {"self_attn.o_proj", RowwiseParallel(stream)},
-      {"mlp.gate_proj", ColwiseParallel()},       {"mlp.up_proj", ColwiseParallel()},
+      {"self_attn.q_proj", ColwiseParallel()},   {"self_attn.k_proj", ColwiseParallel()},
+      {"self_attn.v_proj", ColwiseParallel()},   {"self_attn.o_proj", RowwiseParallel(stream)},
+      {"mlp.gate_proj", ColwiseParallel()},      {"mlp.up_proj", ColwiseParallel()},
       {"mlp.down_proj", RowwiseParallel(stream)}};
   if (sequence_parallel) {
     for (const char* norm : {"input_layernorm", "post_attention_layernorm"})
@@ -45,7 +45,8 @@ TensorParallelPlan llama_root_tp_plan(const LlamaConfig& config, int tp, bool se
   TensorParallelPlan plan;
   if (config.vocab_size % tp == 0) {
     // The embedding table (tied or not, the same rows) and the head split over the vocabulary.
-    plan = {{"model.embed_tokens", RowwiseParallel(stream)}, {"lm_head", ColwiseParallel(1, stream)}};
+    plan = {{"model.embed_tokens", RowwiseParallel(stream)},
+            {"lm_head", ColwiseParallel(1, stream)}};
   } else if (sequence_parallel) {
     plan = {{"model.embed_tokens", PrepareModuleOutput(Layout::kReplicate, stream)},
             {"lm_head", PrepareModuleInput(stream, Layout::kReplicate)}};

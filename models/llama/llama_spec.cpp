@@ -84,8 +84,8 @@ class LlamaSpec : public ModelSpec {
   ModelMemorySpec memory_spec(int64_t micro_batch, int64_t seq_len, at::ScalarType compute_dtype,
                               bool activation_checkpoint, int tp,
                               bool sequence_parallel) const override {
-    return llama_memory_spec(config_, micro_batch, seq_len, compute_dtype, activation_checkpoint, tp,
-                             sequence_parallel);
+    return llama_memory_spec(config_, micro_batch, seq_len, compute_dtype, activation_checkpoint,
+                             tp, sequence_parallel);
   }
   TensorParallelPlan unit_tp_plan(int tp, bool sequence_parallel) const override {
     return llama_layer_tp_plan(config_, tp, sequence_parallel);

@@ -77,7 +77,10 @@ void check_divides(const at::Tensor& weight, int64_t dim, const ParallelStyle& s
               split, " output features, not ", packed, " equal packed blocks");
   TORCH_CHECK(split / packed % size == 0, "parallelize_module: ", style.name(), " splits layer '",
               path, "' along its ",
-              table ? "vocabulary" : colwise ? "output features" : "input features", ", ", split,
+              table     ? "vocabulary"
+              : colwise ? "output features"
+                        : "input features",
+              ", ", split,
               packed > 1 ? " in " + std::to_string(packed) + " packed blocks" : std::string(),
               ", which do not divide by the tensor-parallel size ", size);
 }
@@ -88,11 +91,11 @@ bool already_split(const at::Tensor& param, int64_t dim, int64_t packed, const s
                    const detail::TpSite& site) {
   const TensorParallelPlacement* placement = tensor_parallel_placement(param);
   if (placement == nullptr) return false;
-  TORCH_CHECK(placement->dim == dim && placement->packed == packed &&
-                  placement->group == site.group,
-              "parallelize_module: the weight of layer '", path,
-              "' is shared with a layer split along dimension ", placement->dim,
-              " and cannot also be split along dimension ", dim);
+  TORCH_CHECK(
+      placement->dim == dim && placement->packed == packed && placement->group == site.group,
+      "parallelize_module: the weight of layer '", path,
+      "' is shared with a layer split along dimension ", placement->dim,
+      " and cannot also be split along dimension ", dim);
   return true;
 }
 

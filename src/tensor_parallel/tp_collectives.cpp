@@ -55,9 +55,9 @@ at::Tensor all_reduced(const at::Tensor& t, const TpSite& site, const char* what
 int64_t shard_length(const at::Tensor& x, const TpSite& site) {
   const int n = site.group->size();
   TORCH_CHECK(x.dim() >= 2 && x.size(1) % n == 0, "fsdp: sequence parallelism at layer '",
-              site.layer, "' over mesh dimension '", site.dim_name, "' splits an activation of shape ",
-              x.sizes(), " along its sequence (dimension 1), which must divide by the group's size ",
-              n);
+              site.layer, "' over mesh dimension '", site.dim_name,
+              "' splits an activation of shape ", x.sizes(),
+              " along its sequence (dimension 1), which must divide by the group's size ", n);
   return x.size(1) / n;
 }
 
@@ -82,9 +82,8 @@ at::Tensor reduce_scattered(const at::Tensor& x, const TpSite& site, const char*
   mine[1] = shard;
   const at::Tensor in = x.reshape(blocks).movedim(1, 0).contiguous();  // rank r's part r-th
   at::Tensor out = at::empty(mine, x.options());
-  run_checked(site, "reduce-scatter", what, [&] {
-    return site.group->reduce_scatter_tensor(out, in, ReduceOp::kSum);
-  });
+  run_checked(site, "reduce-scatter", what,
+              [&] { return site.group->reduce_scatter_tensor(out, in, ReduceOp::kSum); });
   return out;
 }
 
@@ -170,7 +169,6 @@ struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence> 
     return {all_gathered(grads[0], site_of(ctx), "the gradient's sequence shards"), at::Tensor()};
   }
 };
-
 
 }  // namespace
 

@@ -18,8 +18,8 @@ at::Tensor vocabulary_parallel_lookup(const detail::TpLayer& tp, const at::Tenso
                                       const at::Tensor& ids) {
   const int64_t rows = table.size(0), first = tp.site.group->rank() * rows;
   const at::Tensor outside = (ids < first).logical_or(ids >= first + rows);
-  const at::Tensor partial =
-      at::embedding(table, (ids - first).masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0);
+  const at::Tensor partial = at::embedding(table, (ids - first).masked_fill(outside, 0))
+                                 .masked_fill(outside.unsqueeze(-1), 0);
   return tp.style.to() == Layout::kSequenceShard
              ? detail::reduce_scatter_sequence(partial, tp.site)
              : detail::reduce_from_tensor_parallel(partial, tp.site);

@@ -154,9 +154,9 @@ TEST(SequenceParallelErrors, AnOutputGatherIsRefusedForItsUnknownGradient) {
     Layer layer;
     EXPECT_THAT(
         [&] {
-          parallelize_module(layer, DeviceMesh(group, "tp"),
-                             {{"norm", PrepareModuleOutput(Layout::kSequenceShard,
-                                                           Layout::kReplicate)}});
+          parallelize_module(
+              layer, DeviceMesh(group, "tp"),
+              {{"norm", PrepareModuleOutput(Layout::kSequenceShard, Layout::kReplicate)}});
         },
         ::testing::ThrowsMessage<c10::Error>(
             HasSubstr("PrepareModuleOutput on 'norm' gathers its output from sequence shards")));

@@ -7,9 +7,9 @@
 // sharded checkpoints of a dp x tp model hold the global tensors. Bad plans and a collective that
 // cannot complete end in errors naming the fault.
 #include "support/checkpoint_util.h"
-#include "tensor_parallel/tp_training.h"
 #include "support/harness.h"
 #include "support/test_support.h"
+#include "tensor_parallel/tp_training.h"
 
 #include <fsdp/checkpoint/checkpoint.h>
 #include <fsdp/checkpoint/safetensors.h>

@@ -60,8 +60,8 @@ TEST(VocabParallel, TiedEmbeddingAndHeadMatchOneProcess) {
     const at::Tensor logits = pair.forward(ids);  // this rank's 4 columns of the vocabulary
     (logits * logits).sum().backward();
     expect_near(logits, logits_ref.narrow(2, 4 * r, 4), 1e-6, "logits");
-    expect_near(pair.table->weight.grad(), reference.table->weight.grad().narrow(0, 4 * r, 4),
-                1e-6, "the table's gradient (lookups and head)");
+    expect_near(pair.table->weight.grad(), reference.table->weight.grad().narrow(0, 4 * r, 4), 1e-6,
+                "the table's gradient (lookups and head)");
   });
 }
 
@@ -105,10 +105,13 @@ TEST(VocabParallelErrors, StylesThatDoNotFitAreNamed) {
   run_ranks_in_threads(2, [](std::shared_ptr<ProcessGroup> group) {
     const DeviceMesh tp(group, "tp");
     TiedPair pair;
-    EXPECT_THAT([&] { parallelize_module(pair, tp, {{"table", ColwiseParallel()}}); },
-                ::testing::ThrowsMessage<c10::Error>(
-                    HasSubstr("layer 'table' is an Embedding: RowwiseParallel splits its "
-                              "vocabulary, ColwiseParallel does not apply")));
+    EXPECT_THAT(
+        [&] {
+          parallelize_module(pair, tp, {{"table", ColwiseParallel()}});
+        },
+        ::testing::ThrowsMessage<c10::Error>(
+            HasSubstr("layer 'table' is an Embedding: RowwiseParallel splits its "
+                      "vocabulary, ColwiseParallel does not apply")));
     TiedPair rows_then_columns;
     EXPECT_THAT(
         [&] {
@@ -123,8 +126,8 @@ TEST(VocabParallelErrors, StylesThatDoNotFitAreNamed) {
         [&] {
           vocab_parallel_cross_entropy(*whole.proj, at::ones({3, 8}), at::zeros({3}, at::kLong));
         },
-                ::testing::ThrowsMessage<c10::Error>(HasSubstr(
-                    "does not split its logits over the vocabulary (no ColwiseParallel style)")));
+        ::testing::ThrowsMessage<c10::Error>(
+            HasSubstr("does not split its logits over the vocabulary (no ColwiseParallel style)")));
   });
 }
 

@@ -65,8 +65,8 @@ std::shared_ptr<torch::nn::Module> build_model(Family family, const NamedMesh* m
     }
     model = LlamaForCausalLM(o).ptr();
     if (mesh) {
-      parallelize_module(*model, *tp,
-                         models::llama_root_tp_plan(o.config(), tp->shard_size(), sequence_parallel));
+      parallelize_module(
+          *model, *tp, models::llama_root_tp_plan(o.config(), tp->shard_size(), sequence_parallel));
     }
   } else {
     models::GPT2Options o(models::GPT2Config::tiny());
@@ -77,8 +77,8 @@ std::shared_ptr<torch::nn::Module> build_model(Family family, const NamedMesh* m
     }
     model = models::GPT2LMHead(o).ptr();
     if (mesh) {
-      parallelize_module(*model, *tp,
-                         models::gpt2_root_tp_plan(o.config(), tp->shard_size(), sequence_parallel));
+      parallelize_module(
+          *model, *tp, models::gpt2_root_tp_plan(o.config(), tp->shard_size(), sequence_parallel));
     }
   }
   if (mesh) fully_shard(model, *dp);
@@ -100,9 +100,7 @@ TrainCase tp_case(Family family) {
   c.batch = [](int64_t step) { return text_batch(step, 8, 16, 7); };
   c.steps = 5;
   c.lr = 1e-3;
-  c.make_model = [family](const DeviceMesh*) {
-    return build_model(family, nullptr, false, false);
-  };
+  c.make_model = [family](const DeviceMesh*) { return build_model(family, nullptr, false, false); };
   c.loss = [family](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x,
                     const at::Tensor& y) { return model_loss(family, m, x, y); };
   return c;

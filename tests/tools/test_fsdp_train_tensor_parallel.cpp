@@ -7,6 +7,7 @@
 //   (dp 1, tp 2),
 //   each continuing the reference's losses; --init-from a single-process export and --export
 //   again gives the same weights;
+// - a Qwen3 config.json (q/k norms, tied head) at dp 2 x tp 2 with sequence parallelism, likewise;
 // - the settings tensor parallelism does not run yet are refused by name.
 #include "support/checkpoint_util.h"
 #include "support/test_support.h"
@@ -15,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <utility>
@@ -76,6 +78,45 @@ TEST_P(FsdpTrainTensorParallel, MatchesTheSingleProcessReference) {
 
 INSTANTIATE_TEST_SUITE_P(Models, FsdpTrainTensorParallel, ::testing::Values("llama-tiny", "tiny"),
                          [](const auto& info) { return model_case_name(info.param); });
+
+// A Hugging Face Qwen3 directory (per-head q/k norms, ReplicateParallel; the head tied to the
+// embeddings, one table split over the vocabulary) at dp 2 x tp 2 with sequence parallelism.
+TEST(FsdpTrainTensorParallelQwen3, TiedSequenceParallelMatchesTheSingleProcess) {
+  const std::string dir = test::temp_dir("fsdp_train_tp_qwen3");
+  const nlohmann::json config = {{"architectures", {"Qwen3ForCausalLM"}},
+                                 {"model_type", "qwen3"},
+                                 {"vocab_size", 256},
+                                 {"hidden_size", 64},
+                                 {"intermediate_size", 96},
+                                 {"num_hidden_layers", 2},
+                                 {"num_attention_heads", 4},
+                                 {"num_key_value_heads", 2},
+                                 {"head_dim", 16},
+                                 {"max_position_embeddings", 64},
+                                 {"rms_norm_eps", 1e-6},
+                                 {"rope_theta", 1e6},
+                                 {"tie_word_embeddings", true},
+                                 {"bos_token_id", 1},
+                                 {"eos_token_id", 2},
+                                 {"torch_dtype", "float32"}};
+  std::ofstream(dir + "/config.json") << config.dump(2);
+  const std::string common =
+      " --model " + dir + " --steps 5 --global-batch 8 --seq-len 16 --quiet --seed 5 --metrics ";
+  const CommandResult ref =
+      run_command(fsdp_train_binary() + " --no-fsdp" + common + dir + "/ref.jsonl");
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const CommandResult r = run_command(
+      fsdp_train_binary() + " --nproc 4 --tp 2 --sequence-parallel" + common + dir + "/tp.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto want = read_json_lines(dir + "/ref.jsonl"), got = read_json_lines(dir + "/tp.jsonl");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < got.size(); ++s) {
+    const double loss = got[s]["loss"], ref_loss = want[s]["loss"];
+    const double norm = got[s]["grad_norm"], ref_norm = want[s]["grad_norm"];
+    EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss) << "step " << s + 1;
+    EXPECT_NEAR(norm, ref_norm, 1e-5 * ref_norm) << "step " << s + 1;
+  }
+}
 
 // Every step's loss of `metrics` (a resumed run: its steps only) within 1e-5 of the reference's
 // same step.
@@ -164,8 +205,8 @@ TEST(FsdpTrainTensorParallelErrors, SettingsItCannotRunAreNamed) {
        "supported with tensor parallelism yet"}};
   for (const auto& [flags, message] : cases) {
     const bool seq_len = flags.find("--seq-len") != std::string::npos;
-    const CommandResult r = run_command(fsdp_train_binary() + " " + flags + common +
-                                        (seq_len ? "" : " --seq-len 16"));
+    const CommandResult r =
+        run_command(fsdp_train_binary() + " " + flags + common + (seq_len ? "" : " --seq-len 16"));
     EXPECT_NE(r.exit_code, 0) << flags;
     EXPECT_THAT(r.output, HasSubstr(message)) << flags;
   }

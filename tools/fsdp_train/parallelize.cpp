@@ -142,9 +142,9 @@ void build_model(Run& run, const FullyShardOptions& unit_options) {
   run.built = run.spec->build(model_options);
   run.model = run.built->root();
   if (run.tp_mesh) {  // the root's plan: where sequence parallelism splits and gathers
-    parallelize_module(*run.model, *run.tp_mesh,
-                       run.spec->root_tp_plan(run.tp_mesh->shard_size(),
-                                              run.o.parallelism.sequence_parallel));
+    parallelize_module(
+        *run.model, *run.tp_mesh,
+        run.spec->root_tp_plan(run.tp_mesh->shard_size(), run.o.parallelism.sequence_parallel));
   }
   move_unsharded_parameters(*run.model, run.device);
 }
