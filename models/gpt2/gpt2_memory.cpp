@@ -6,6 +6,7 @@
 // allocator in tests/estimate/.
 #include <c10/util/Exception.h>
 #include <models/common/memory.h>
+#include <models/common/parallelize.h>
 #include <models/gpt2/gpt2_memory.h>
 #include <models/gpt2/gpt2_parallelize.h>
 
@@ -55,7 +56,7 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   const int64_t ln_stats = 2 * bt / shards * e;
   const int64_t logsumexp = micro_batch * h * seq_len * 4;  // float for every compute dtype
   // ln_f has a weight and a bias; both embeddings' outputs are scattered (wpe's [1, T, d]).
-  const RootSplit root{tp, sequence_parallel, tp > 1 && v % tp == 0, btd,
+  const RootSplit root{tp, sequence_parallel, vocabulary_splits(v, tp), btd,
                        bt, 2 * d * e,         seq_len * d * e};
   // The root: wte (= lm_head when tied), wpe, ln_f. Before the blocks it keeps the position ids
   // and the embeddings' sum; after them ln_f's statistics and its (gathered) output.

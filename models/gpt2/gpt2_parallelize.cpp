@@ -1,6 +1,8 @@
 // The GPT-2 block's tensor-parallel plan; see gpt2_parallelize.h.
 #include <models/gpt2/gpt2_parallelize.h>
 
+#include <models/common/parallelize.h>
+
 #include <c10/util/Exception.h>
 
 namespace fsdp::models {
@@ -27,22 +29,8 @@ TensorParallelPlan gpt2_block_tp_plan(const GPT2Config& config, int tp, bool seq
 }
 
 TensorParallelPlan gpt2_root_tp_plan(const GPT2Config& config, int tp, bool sequence_parallel) {
-  TORCH_CHECK(tp >= 1, "tensor-parallel size ", tp, " must be at least 1");
-  if (tp == 1) return {};
-  const Layout stream = sequence_parallel ? Layout::kSequenceShard : Layout::kReplicate;
-  const PrepareModuleOutput scatter(Layout::kReplicate, Layout::kSequenceShard);
-  TensorParallelPlan plan;
-  if (config.vocab_size % tp == 0) {  // wte (the tied head's weight too) over the vocabulary
-    plan = {{"transformer.wte", RowwiseParallel(stream)}, {"lm_head", ColwiseParallel(1, stream)}};
-  } else if (sequence_parallel) {
-    plan = {{"transformer.wte", scatter},
-            {"lm_head", PrepareModuleInput(Layout::kSequenceShard, Layout::kReplicate)}};
-  }
-  if (sequence_parallel) {
-    plan.push_back({"transformer.wpe", scatter});
-    plan.push_back({"transformer.ln_f", SequenceParallel()});
-  }
-  return plan;
+  return root_tp_plan({"transformer.wte", "lm_head", "transformer.ln_f", "transformer.wpe"},
+                      config.vocab_size, tp, sequence_parallel);
 }
 
 }  // namespace fsdp::models

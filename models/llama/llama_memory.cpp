@@ -4,6 +4,7 @@
 // products keep cos and sin but not q and k, and `weight * normed` keeps normed.
 #include <c10/util/Exception.h>
 #include <models/common/memory.h>
+#include <models/common/parallelize.h>
 #include <models/llama/llama_memory.h>
 #include <models/llama/llama_parallelize.h>
 
@@ -75,7 +76,7 @@ ModelMemorySpec llama_memory_spec(const LlamaConfig& c, int64_t micro_batch, int
   // The embedding keeps only the caller's token ids. The rotary table (cos and sin [T, head_dim])
   // that every layer's rotation keeps is not an activation: LlamaRotary makes it once and keeps
   // it between steps, like a buffer.
-  const RootSplit root{tp, sequence_parallel, tp > 1 && v % tp == 0, btd, bt, d * e, 0};
+  const RootSplit root{tp, sequence_parallel, vocabulary_splits(v, tp), btd, bt, d * e, 0};
   ModelMemorySpec spec = root_memory(
       params, root,
       {{"model.embed_tokens.weight", "lm_head.weight"}, c.tie_word_embeddings, 0, norm_saved}, e);

@@ -1,6 +1,8 @@
 // The Llama decoder layer's tensor-parallel plan; see llama_parallelize.h.
 #include <models/llama/llama_parallelize.h>
 
+#include <models/common/parallelize.h>
+
 #include <c10/util/Exception.h>
 
 namespace fsdp::models {
@@ -39,20 +41,8 @@ TensorParallelPlan llama_layer_tp_plan(const LlamaConfig& config, int tp, bool s
 }
 
 TensorParallelPlan llama_root_tp_plan(const LlamaConfig& config, int tp, bool sequence_parallel) {
-  TORCH_CHECK(tp >= 1, "tensor-parallel size ", tp, " must be at least 1");
-  if (tp == 1) return {};
-  const Layout stream = sequence_parallel ? Layout::kSequenceShard : Layout::kReplicate;
-  TensorParallelPlan plan;
-  if (config.vocab_size % tp == 0) {
-    // The embedding table (tied or not, the same rows) and the head split over the vocabulary.
-    plan = {{"model.embed_tokens", RowwiseParallel(stream)},
-            {"lm_head", ColwiseParallel(1, stream)}};
-  } else if (sequence_parallel) {
-    plan = {{"model.embed_tokens", PrepareModuleOutput(Layout::kReplicate, stream)},
-            {"lm_head", PrepareModuleInput(stream, Layout::kReplicate)}};
-  }
-  if (sequence_parallel) plan.push_back({"model.norm", SequenceParallel()});
-  return plan;
+  return root_tp_plan({"model.embed_tokens", "lm_head", "model.norm", ""}, config.vocab_size, tp,
+                      sequence_parallel);
 }
 
 }  // namespace fsdp::models

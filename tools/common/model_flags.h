@@ -54,6 +54,18 @@ inline std::shared_ptr<const fsdp::models::ModelSpec> sized_spec(const ModelFlag
   }
 }
 
+// --sequence-parallel's own conditions, for fsdp-train's check_job and the predicting programs:
+// --tp N > 1, and --seq-len divides by N.
+inline void check_sequence_parallel(const train::ParallelismConfig& p, int64_t seq_len) {
+  TORCH_CHECK(!p.sequence_parallel || p.tp > 1,
+              "--sequence-parallel splits the sequence over the tensor-parallel ranks and needs "
+              "--tp N > 1, got --tp ",
+              p.tp);
+  TORCH_CHECK(!p.sequence_parallel || seq_len % p.tp == 0,
+              "--sequence-parallel splits each sequence over --tp ", p.tp, " ranks: --seq-len ",
+              seq_len, " must divide by it");
+}
+
 // The ranks FSDP runs over: the data-parallel ones, W / --tp (fsdp-train's check_job refuses
 // the --tp settings it does not run; a prediction of them is refused here).
 inline int data_parallel_ranks(const ModelFlags& f) {
@@ -63,13 +75,7 @@ inline int data_parallel_ranks(const ModelFlags& f) {
                                            p.strategy == ShardingStrategy::kShardGradOp)),
               "--tp ", p.tp, " runs with --strategy full_shard or shard_grad_op only, got ",
               p.no_fsdp ? std::string("--no-fsdp") : to_string(p.strategy));
-  TORCH_CHECK(!p.sequence_parallel || p.tp > 1,
-              "--sequence-parallel splits the sequence over the tensor-parallel ranks and needs "
-              "--tp N > 1, got --tp ",
-              p.tp);
-  TORCH_CHECK(!p.sequence_parallel || f.job.training.seq_len % p.tp == 0,
-              "--sequence-parallel splits each sequence over --tp ", p.tp, " ranks: --seq-len ",
-              f.job.training.seq_len, " must divide by it");
+  check_sequence_parallel(p, f.job.training.seq_len);
   return f.world / p.tp;
 }
 

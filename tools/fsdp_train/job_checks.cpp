@@ -1,6 +1,7 @@
 // The checks of a job's settings against each other, the world size, the model and the data:
 // what no single flag's validator can see (job_flags.h checks each value alone). Every message
 // names the flags and their values.
+#include <common/model_flags.h>
 #include <fsdp/data/tokenizer.h>
 #include <fsdp/models/model.h>
 #include <fsdp_train/job_checks.h>
@@ -26,14 +27,8 @@ void check_tensor_parallel(const JobConfig& o, int world) {
   const ParallelismConfig& p = o.parallelism;
   TORCH_CHECK(p.tp >= 1 && world % p.tp == 0, "--tp ", p.tp, " does not divide the world size ",
               world);
-  TORCH_CHECK(!p.sequence_parallel || p.tp > 1,
-              "--sequence-parallel splits the sequence over the tensor-parallel ranks and needs "
-              "--tp N > 1, got --tp ",
-              p.tp);
+  tools::check_sequence_parallel(p, o.training.seq_len);
   if (p.tp == 1) return;
-  TORCH_CHECK(!p.sequence_parallel || o.training.seq_len % p.tp == 0,
-              "--sequence-parallel splits each sequence over --tp ", p.tp, " ranks: --seq-len ",
-              o.training.seq_len, " must divide by it");
   const auto refuse = [&](bool bad, const std::string& what) {
     TORCH_CHECK(!bad, "--tp ", p.tp, ": ", what, " is not supported with tensor parallelism yet");
   };
