@@ -81,6 +81,7 @@ CommCounters DeviceMesh::counters() const {
     add(total.all_reduce, c.all_reduce);
     add(total.broadcast, c.broadcast);
     add(total.reduce, c.reduce);
+    total.waited_s += c.waited_s;
   }
   return total;
 }

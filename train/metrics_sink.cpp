@@ -27,6 +27,9 @@ nlohmann::json ranks_json(const std::vector<RankStepStats>& ranks) {
                    {"all_reduce_bytes", s.all_reduce_bytes},
                    {"broadcast_bytes", s.broadcast_bytes},
                    {"reduce_bytes", s.reduce_bytes},
+                   {"tp_all_gather_calls", s.tp_all_gather_calls},
+                   {"tp_reduce_scatter_calls", s.tp_reduce_scatter_calls},
+                   {"tp_all_reduce_calls", s.tp_all_reduce_calls},
                    {"peak_rss_bytes", s.peak_rss_bytes},
                    {"sent_bytes", s.sent_bytes},
                    {"peak_alloc_bytes", s.peak_alloc_bytes},
@@ -54,6 +57,7 @@ nlohmann::json to_json(const StepRecord& r) {
                          {"ranks", ranks_json(r.ranks)}};
   if (r.val_loss) line["val_loss"] = *r.val_loss;
   if (r.loss_scale) line["loss_scale"] = *r.loss_scale;
+  if (r.tp_comm_s) line["tp_comm_s"] = *r.tp_comm_s;
   return line;
 }
 

@@ -45,15 +45,29 @@
 
 namespace fsdp {
 
-// One FSDP unit as the estimator sees it. Byte counts are for one rank's micro-batch, in the
-// compute dtype; the model describes them (see models/gpt2/gpt2_memory.h).
-// Bytes moved over a tensor-parallel group in one pass, by collective, each counted as the
-// process groups count a payload: an all-gather's output, a reduce-scatter's input, an
-// all-reduce's tensor.
+// One kind of collective over a tensor-parallel group in one pass: the bytes it moves, counted
+// as the process groups count a payload (an all-gather's output, a reduce-scatter's input, an
+// all-reduce's tensor), and how many calls carry them (the step-time planner prices each call's
+// latency).
+struct TensorParallelTraffic {
+  int64_t bytes = 0;
+  int64_t calls = 0;
+  // more_bytes carried by more_calls calls (one per parameter, say; one by default).
+  void add(int64_t more_bytes, int64_t more_calls = 1) {
+    bytes += more_bytes;
+    calls += more_calls;
+  }
+  TensorParallelTraffic& operator+=(const TensorParallelTraffic& other) {
+    add(other.bytes, other.calls);
+    return *this;
+  }
+};
+
+// What a module moves over its tensor-parallel group in one pass, by collective.
 struct TensorParallelBytes {
-  int64_t all_gather = 0;
-  int64_t reduce_scatter = 0;
-  int64_t all_reduce = 0;
+  TensorParallelTraffic all_gather;
+  TensorParallelTraffic reduce_scatter;
+  TensorParallelTraffic all_reduce;
   TensorParallelBytes& operator+=(const TensorParallelBytes& other) {
     all_gather += other.all_gather;
     reduce_scatter += other.reduce_scatter;
@@ -62,6 +76,8 @@ struct TensorParallelBytes {
   }
 };
 
+// One FSDP unit as the estimator sees it. Byte counts are for one rank's micro-batch, in the
+// compute dtype; the model describes them (see models/gpt2/gpt2_memory.h).
 struct UnitMemorySpec {
   std::string name;
   // Shapes of the unit's trainable parameters (a tied parameter once, in its owning unit).
@@ -162,6 +178,9 @@ struct MemoryEstimate {
   // and the reduces of gradients to their owners.
   int64_t broadcast_bytes = 0;
   int64_t reduce_bytes = 0;
+  // Tensor parallelism: the part of the bytes above that moves over the tp group, and the calls
+  // that carry it (the runtime's tp group counts the same, plus clipping's one all-reduce).
+  TensorParallelBytes tensor_parallel;
   // Where the step's peak is ("backward of h.7", "optimizer step", ...).
   std::string peak_phase;
   // The most bytes live in each phase of the replayed step, in order.

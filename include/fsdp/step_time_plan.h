@@ -23,8 +23,9 @@
 // On a CPU host a collective's transfers are copies on the same cores that compute: the part of
 // the collectives that ran hidden under compute (their time less the exposed time) is added to
 // the compute thread's, times comm_cpu_fraction. What the planner does not model: kernel launch
-// and framework overhead, and stragglers. bench/RESULTS.md compares predictions with
-// measurements.
+// and framework overhead, and stragglers. Under tensor parallelism each rank computes its slices
+// and waits for its tp group's collectives inside its units' compute (StepTimeOptions::
+// tensor_parallel). bench/RESULTS.md compares predictions with measurements.
 #pragma once
 
 #include <fsdp/memory_estimate.h>
@@ -113,6 +114,10 @@ struct ModelComputeSpec {
   std::vector<UnitComputeSpec> units;
   // Tokens of the micro-batch.
   int64_t tokens = 0;
+  // Under tensor parallelism the specs above are one rank's part (its slices of the layers; the
+  // modules it holds whole in full), and this is the whole model's forward FLOPs of the
+  // micro-batch, for MFU. 0: the specs' own FLOPs (no tensor parallelism).
+  double model_forward_flops = 0;
 };
 
 struct StepTimeOptions {
@@ -126,6 +131,12 @@ struct StepTimeOptions {
   // The trainer all-reduces the step's loss for its report (fsdp-train does): one more scalar
   // all-reduce before the optimizer step. (optional) defaults to true.
   TORCH_ARG(bool, all_reduce_loss) = true;
+  // Tensor-parallel ranks T: memory().world_size() is then the data-parallel size, the model's
+  // specs are one rank's slices (ModelSpec::memory_spec's tp), and each unit's and the root's
+  // TensorParallelBytes are collectives over T ranks that block the compute thread ([Note:
+  // tensor-parallel collectives block the compute thread], src/estimate/step_time_plan.cpp).
+  // The host's cores are shared by all W x T ranks. (optional) defaults to 1.
+  TORCH_ARG(int, tensor_parallel) = 1;
 };
 
 struct StepTimePlan {
@@ -134,15 +145,19 @@ struct StepTimePlan {
   double exposed_comm_s = 0;  // its time waiting for collectives
   double comm_s = 0;          // the collectives' own time, hidden or not
   double optimizer_s = 0;     // clipping and AdamW
+  double tp_comm_s = 0;       // the compute thread's time in tensor-parallel collectives
   double tokens_per_s = 0;    // of the whole job
-  // Model FLOPs (forward 2 m k n + attention, times 3; no recompute) per step over step_s times
-  // the peak of the devices the job uses.
+  // Model FLOPs (forward 2 m k n + attention, times 3; no recompute; the whole model's under
+  // tensor parallelism) per step over step_s times the peak of the devices the job uses.
   double mfu = 0;
   double model_flops_per_step = 0;
   int64_t tokens_per_step = 0;
   // The memory estimator's answer for the same configuration.
   MemoryEstimate memory;
 };
+
+// The FLOPs of one forward of the specs: 2 m k n per matmul, 4 B H T^2 d_head per attention.
+double forward_flops(const ModelComputeSpec& compute);
 
 // One forward pass of a model's compute on one of world_size ranks sharing the hardware, by
 // kind of work (the seconds plan_step_time charges; backward is twice each).

@@ -39,17 +39,17 @@ bool holds_column_layers(const TensorParallelPlan& plan, const std::string& path
   return false;
 }
 
-// The gradient bytes of the layer's parameters under the module at path (of `name` alone when
-// name is given: a row layer's "bias").
-int64_t gradient_bytes(const ParamTable& params, const std::string& path, int64_t element_size,
-                       const std::string& name = "") {
+// The gradients of the layer's parameters under the module at path (of `name` alone when name is
+// given: a row layer's "bias"), one all-reduce per parameter.
+TensorParallelTraffic gradient_traffic(const ParamTable& params, const std::string& path,
+                                       int64_t element_size, const std::string& name = "") {
   const std::string prefix = path + "." + name;
-  int64_t bytes = 0;
+  TensorParallelTraffic traffic;
   for (const ParamSpec& p : params.layer) {
     const bool match = name.empty() ? p.name.rfind(prefix, 0) == 0 : p.name == prefix;
-    if (match) bytes += c10::multiply_integers(p.shape) * element_size;
+    if (match) traffic.add(c10::multiply_integers(p.shape) * element_size);
   }
-  return bytes;
+  return traffic;
 }
 
 // What the module at path under style moves in one pass (see fsdp/tensor_parallel.h).
@@ -60,28 +60,28 @@ void add_style_bytes(const ParamTable& params, const LayerSplit& split, const st
   switch (style.kind()) {
     case ParallelStyle::Kind::kRowwise:
       if (style.to() == Layout::kReplicate) {
-        out.forward.all_reduce += act;
+        out.forward.all_reduce.add(act);
       } else {  // reduce-scatter; its gradient gathered, the whole bias's gradient summed
-        out.forward.reduce_scatter += act;
-        out.backward.all_gather += act;
-        out.backward.all_reduce += gradient_bytes(params, path, split.element_size, "bias");
+        out.forward.reduce_scatter.add(act);
+        out.backward.all_gather.add(act);
+        out.backward.all_reduce += gradient_traffic(params, path, split.element_size, "bias");
       }
       break;
     case ParallelStyle::Kind::kColwise:
-      if (!under_sequence_gather(split.plan, path)) out.backward.all_reduce += act;
+      if (!under_sequence_gather(split.plan, path)) out.backward.all_reduce.add(act);
       break;
     case ParallelStyle::Kind::kPrepareInput:
     case ParallelStyle::Kind::kPrepareOutput:
       if (moves && style.to() == Layout::kReplicate) {  // a gather
-        out.forward.all_gather += act;
-        if (holds_column_layers(split.plan, path)) out.backward.reduce_scatter += act;
+        out.forward.all_gather.add(act);
+        if (holds_column_layers(split.plan, path)) out.backward.reduce_scatter.add(act);
       } else if (moves) {  // a scatter: its gradient gathered
-        out.backward.all_gather += act;
+        out.backward.all_gather.add(act);
       }
       break;
     case ParallelStyle::Kind::kReplicate:
     case ParallelStyle::Kind::kSequence:
-      out.backward.all_reduce += gradient_bytes(params, path, split.element_size);
+      out.backward.all_reduce += gradient_traffic(params, path, split.element_size);
       break;
   }
 }
@@ -132,22 +132,22 @@ void set_root_tp_bytes(ModelMemorySpec& spec, const RootSplit& split) {
   if (split.vocab_split) {
     // The embedding's partial lookups summed (into shards under sp, their gradient gathered);
     // the head's input replicated (its gradient summed) or gathered from shards (reduce-scattered).
-    (sp ? forward.reduce_scatter : forward.all_reduce) += act;
-    (sp ? backward.all_gather : backward.all_reduce) += act;
+    (sp ? forward.reduce_scatter : forward.all_reduce).add(act);
+    (sp ? backward.all_gather : backward.all_reduce).add(act);
     if (sp) {
-      forward.all_gather += act;
-      backward.reduce_scatter += act;
+      forward.all_gather.add(act);
+      backward.reduce_scatter.add(act);
     }
     // The loss: the rows' maxima gathered, their sums of exponentials and target logits summed.
-    forward.all_gather += split.tp * split.tokens * 4;
-    forward.all_reduce += 2 * split.tokens * 4;
+    forward.all_gather.add(split.tp * split.tokens * 4);
+    forward.all_reduce.add(2 * split.tokens * 4);
   } else if (sp) {  // the whole embeddings scattered, the head's input gathered
-    forward.all_gather += act;
-    backward.all_gather += act;
+    forward.all_gather.add(act);
+    backward.all_gather.add(act);
   }
   if (sp) {
-    backward.all_gather += split.position_bytes;
-    backward.all_reduce += split.norm_gradient_bytes;
+    if (split.position_bytes > 0) backward.all_gather.add(split.position_bytes);
+    backward.all_reduce.add(split.norm_gradient_bytes, split.norm_parameters);
   }
 }
 

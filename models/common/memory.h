@@ -48,7 +48,8 @@ inline LossMemory vocab_parallel_loss_memory(int64_t tokens, int64_t columns,
 // How the root is split by tensor parallelism over tp ranks (the families' root plans): its
 // embedding table and head over the vocabulary (vocab_split) or whole, with or without sequence
 // parallelism; activation_bytes: one [B, T, d] in the compute dtype; tokens: B * T;
-// norm_gradient_bytes: the final norm's parameters' gradients; position_bytes: a positional
+// norm_gradient_bytes: the final norm's parameters' gradients (norm_parameters of them, each
+// all-reduced on its own under sequence parallelism); position_bytes: a positional
 // embedding's output [1, T, d], scattered beside the tokens' (GPT-2's wpe), or 0.
 struct RootSplit {
   int tp = 1;
@@ -58,6 +59,7 @@ struct RootSplit {
   int64_t tokens = 0;
   int64_t norm_gradient_bytes = 0;
   int64_t position_bytes = 0;
+  int norm_parameters = 1;
 };
 
 // A family's root (ModelMemorySpec's root fields) for one rank under split: its parameters (the

@@ -259,6 +259,7 @@ class RecordingProcessGroup final : public ProcessGroup {
   c10::Device device() const override { return inner_->device(); }
   std::string backend_name() const override { return inner_->backend_name(); }
   CommCounters counters() const override { return inner_->counters(); }
+  void add_waited(double seconds) override { inner_->add_waited(seconds); }
   void reset_counters() override { inner_->reset_counters(); }
 
   WorkHandle all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) override {

@@ -219,6 +219,7 @@ class StepModel {
     e.all_reduce_bytes = all_reduce_bytes_;
     e.broadcast_bytes = broadcast_bytes_;
     e.reduce_bytes = reduce_bytes_;
+    e.tensor_parallel = tensor_parallel_;
     e.timeline = r_.timeline();
     return e;
   }
@@ -384,10 +385,13 @@ class StepModel {
     s.unsharded = true;
   }
 
+  // The tp group's collectives of a module's pass: blocking, on the compute thread.
   void count_tensor_parallel(const TensorParallelBytes& bytes) {
-    all_gather_bytes_ += bytes.all_gather;
-    reduce_scatter_bytes_ += bytes.reduce_scatter;
-    all_reduce_bytes_ += bytes.all_reduce;
+    all_gather_bytes_ += bytes.all_gather.bytes;
+    reduce_scatter_bytes_ += bytes.reduce_scatter.bytes;
+    all_reduce_bytes_ += bytes.all_reduce.bytes;
+    tensor_parallel_ += bytes;
+    obs_.tensor_parallel(bytes);
   }
 
   void reshard(int i) {
@@ -662,6 +666,7 @@ class StepModel {
   int post_forward_size_ = 0;  // hpZ group size, when 1 < N < shard_
   bool whole_tensor_ = false;  // inter-tensor ZeRO-3 over shard_ > 1 ranks
   int64_t all_gather_bytes_ = 0, reduce_scatter_bytes_ = 0, all_reduce_bytes_ = 0;
+  TensorParallelBytes tensor_parallel_;
   bool all_reduce_this_pass_ = true;  // kNoAllReduce: only the step's last backward all-reduces
   int64_t broadcast_bytes_ = 0, reduce_bytes_ = 0;
   UnitSizes root_;

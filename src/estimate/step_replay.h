@@ -59,6 +59,9 @@ class StepObserver {
   virtual void finish_all_reduce(int unit, int64_t output_bytes) {}
   // The full gradients of a unit are kept (no sync) or assigned (one rank): a copy of bytes.
   virtual void keep_gradients(int unit, int64_t bytes) {}
+  // A module's collectives over its tensor-parallel group in one pass (a unit's, or the root's
+  // stem or head), after its compute: the compute thread makes and waits for each in turn.
+  virtual void tensor_parallel(const TensorParallelBytes& traffic) {}
   // AdamW over the rank's shards: shard_numel elements in the master dtype.
   virtual void optimizer_step(int64_t shard_numel) {}
 };

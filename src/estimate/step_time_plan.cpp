@@ -252,11 +252,33 @@ class Timelines : public detail::StepObserver {
     assign_gradients(output_bytes);
   }
   void keep_gradients(int unit, int64_t bytes) override { busy(d_.bytes_s(2.0 * bytes)); }
+  // [Note: tensor-parallel collectives block the compute thread]
+  // A tensor-parallel layer's collective is issued and waited for inside its forward or backward
+  // (the next op needs its output), so no compute hides it: the compute thread's clock moves by
+  // each call's time. It runs on the tp group's own thread beside FSDP's, whose collectives go on
+  // under it as under compute. fsdp-train's exposed_comm_s counts FSDP's waits only, so this
+  // time is reported apart (tp_comm_s).
+  void tensor_parallel(const TensorParallelBytes& traffic) override {
+    const int tp = o_.tensor_parallel();
+    auto run = [&](const char* name, const TensorParallelTraffic& t) {
+      if (t.calls == 0) return;
+      const double s = t.calls * collective_s(h_, name, double(t.bytes) / t.calls, tp);
+      t_ += s;
+      tp_comm_s_ += s;
+    };
+    run("all_gather", traffic.all_gather);
+    run("reduce_scatter", traffic.reduce_scatter);
+    run("all_reduce", traffic.all_reduce);
+  }
   void optimizer_step(int64_t shard_numel) override {
     const double start = t_;
     const int world = o_.memory().world_size();
     if (o_.clip_grad_norm()) {
       busy(d_.bytes_s(4.0 * shard_numel));  // the norm: one read of the gradients
+      if (o_.tensor_parallel() > 1) {  // the split gradients' squares, over the tp group first
+        wait_until(tp_lane_.run(t_, collective_s(h_, "all_reduce", 8, o_.tensor_parallel())),
+                   false);
+      }
       if (world > 1) {
         wait_until(shard_lane_.run(t_, collective_s(h_, "all_reduce", 4, world)), false);
       }
@@ -273,6 +295,7 @@ class Timelines : public detail::StepObserver {
   double busy_s() const { return busy_s_; }
   double exposed_s() const { return exposed_s_; }
   double optimizer_s() const { return optimizer_s_; }
+  double tp_comm_s() const { return tp_comm_s_; }
   double comm_s() const { return shard_lane_.busy_s + piece_lane_.busy_s + replicate_lane_.busy_s; }
 
  private:
@@ -324,14 +347,20 @@ class Timelines : public detail::StepObserver {
   const StepTimeOptions& o_;
   const HardwareSpec& h_;
   const Device& d_;
-  double t_ = 0, busy_s_ = 0, exposed_s_ = 0, optimizer_s_ = 0;
-  Lane shard_lane_, piece_lane_, replicate_lane_;
+  double t_ = 0, busy_s_ = 0, exposed_s_ = 0, optimizer_s_ = 0, tp_comm_s_ = 0;
+  Lane shard_lane_, piece_lane_, replicate_lane_, tp_lane_;
   std::map<int, double> gather_end_;
   std::map<int, double> all_reduce_end_;  // HSDP: when each unit's all-reduce across replicas ends
   std::deque<double> reductions_;
 };
 
 }  // namespace
+
+double forward_flops(const ModelComputeSpec& compute) {
+  double flops = model_flops(compute.root_stem) + model_flops(compute.root_head);
+  for (const auto& u : compute.units) flops += model_flops(u);
+  return flops;
+}
 
 ForwardTimes forward_times(const ModelComputeSpec& compute, const HardwareSpec& hardware,
                            at::ScalarType compute_dtype, int world_size) {
@@ -386,7 +415,10 @@ StepTimePlan plan_step_time(const ModelMemorySpec& memory, const ModelComputeSpe
               "memory and bytes");
   const at::ScalarType dtype =
       mo.fsdp() ? mo.param_dtype().value_or(mo.master_dtype()) : mo.master_dtype();
-  const Device device(hardware, dtype, mo.world_size());
+  const int tp = options.tensor_parallel();
+  TORCH_CHECK(tp >= 1, "plan_step_time: tensor_parallel must be at least 1, got ", tp);
+  const int ranks = mo.world_size() * tp;  // every rank of the job shares the host's cores
+  const Device device(hardware, dtype, ranks);
   Timelines timelines(compute, options, hardware, device);
 
   StepTimePlan plan;
@@ -399,14 +431,15 @@ StepTimePlan plan_step_time(const ModelMemorySpec& memory, const ModelComputeSpe
   plan.exposed_comm_s = timelines.exposed_s();
   plan.comm_s = timelines.comm_s();
   plan.optimizer_s = timelines.optimizer_s();
+  plan.tp_comm_s = timelines.tp_comm_s();
   plan.tokens_per_step = compute.tokens * mo.grad_accum() * mo.world_size();
   plan.tokens_per_s = plan.tokens_per_step / plan.step_s;
 
-  double forward_flops = model_flops(compute.root_stem) + model_flops(compute.root_head);
-  for (const auto& u : compute.units) forward_flops += model_flops(u);
-  plan.model_flops_per_step = 3 * forward_flops * mo.grad_accum() * mo.world_size();
+  const double model_forward =
+      compute.model_forward_flops > 0 ? compute.model_forward_flops : forward_flops(compute);
+  plan.model_flops_per_step = 3 * model_forward * mo.grad_accum() * mo.world_size();
   // The devices the job occupies: every rank's own, or the one host all ranks share.
-  const double devices = hardware.cpu_cores > 0 ? 1.0 : mo.world_size();
+  const double devices = hardware.cpu_cores > 0 ? 1.0 : ranks;
   plan.mfu = plan.model_flops_per_step / (plan.step_s * device.peak() * devices);
   return plan;
 }

@@ -16,6 +16,7 @@
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <vector>
@@ -33,8 +34,11 @@ struct SiteHolder : torch::CustomClassHolder {
 void run_checked(const TpSite& site, const char* op, const char* what,
                  const std::function<WorkHandle()>& start) {
   const CollectiveLabel label("tp " + site.layer);
+  const auto began = std::chrono::steady_clock::now();
   try {
     start()->wait();
+    site.group->add_waited(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "fsdp: tensor-parallel ", op, " of ", what, " of layer '", site.layer,
                 "' over mesh dimension '", site.dim_name, "' on rank ", site.group->rank(), " of ",

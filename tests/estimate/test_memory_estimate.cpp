@@ -218,8 +218,8 @@ TEST_P(TrainerMemory, MetricsMatchTheEstimate) {
   // all-reduced activations (the same holds for a tensor-parallel all-reduce's tensor).
   int64_t largest_unit = 0;
   for (const auto& u : spec.units) {
-    largest_unit = std::max({largest_unit, u.tp_forward.all_reduce, u.tp_forward.all_gather,
-                             u.tp_forward.reduce_scatter});
+    largest_unit = std::max({largest_unit, u.tp_forward.all_reduce.bytes,
+                             u.tp_forward.all_gather.bytes, u.tp_forward.reduce_scatter.bytes});
     int64_t numel = 0;
     for (const auto& shape : u.param_shapes) numel += c10::multiply_integers(shape);
     // The buffer may be a reduce-scatter's, in the reduce dtype (fp32 under bf16 compute).

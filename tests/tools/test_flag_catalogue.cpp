@@ -282,7 +282,7 @@ const BadFlag kCatalogue[] = {
     {"fsdp-plan", "--reshard-after-forward", FSDP_PLAN_HARDWARE_FLAG " --world-size 4 --reshard-after-forward 3"},
     {"fsdp-plan", "--prefetch", "--prefetch -1"},
     {"fsdp-plan", "--tp", "--tp 0"},
-    {"fsdp-plan", "--tp", FSDP_PLAN_HARDWARE_FLAG " --world-size 4 --tp 2"},  // not modelled yet
+    {"fsdp-plan", "--tp", FSDP_PLAN_HARDWARE_FLAG " --world-size 4 --tp 3"},  // does not divide W
     {"fsdp-plan", "--sequence-parallel", "--sequence-parallel=maybe"},
     {"fsdp-plan", "--sequence-parallel", FSDP_PLAN_HARDWARE_FLAG " --sequence-parallel"},  // no --tp
     {"fsdp-plan", "--grad-accum", "--grad-accum 0"},

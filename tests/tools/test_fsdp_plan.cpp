@@ -102,6 +102,36 @@ TEST(StepTimePlan, PrefetchOffWaitsForEveryGather) {
   EXPECT_NEAR(p.tokens_per_s, 2 * 1000 / 7.5, 1e-9);
 }
 
+// Tensor parallelism over 2 ranks: each unit's forward and backward make two all-reduces of
+// 2,000 bytes over the tp group (a ring all-reduce over 2 ranks sends the whole tensor: 2,000
+// beta = g / 2 each). The compute thread waits for every one inside the unit ([Note:
+// tensor-parallel collectives block the compute thread]), so the step grows by all 8 of them
+// (4g = 1 s), FSDP's collectives stay hidden or exposed as before (their units only got longer),
+// and the memory walk counts the calls.
+TEST(StepTimePlan, TensorParallelCollectivesAddToTheComputeThread) {
+  auto [memory, compute] = toy_model();
+  for (auto& unit : memory.units) {
+    unit.tp_forward.all_reduce.add(4000, 2);
+    unit.tp_backward.all_reduce.add(4000, 2);
+  }
+  const HardwareSpec hw = HardwareSpec::from_json(toy_hardware(0.25 / 4000).dump(), "toy");
+  StepTimeOptions options;
+  options.memory(MemoryEstimateOptions().world_size(2).prefetch(1))
+      .clip_grad_norm(false)
+      .all_reduce_loss(false)
+      .tensor_parallel(2);
+  const StepTimePlan p = plan_step_time(memory, compute, options, hw);
+  EXPECT_NEAR(p.step_s, 6.75 + 1.0, 1e-9);
+  EXPECT_NEAR(p.tp_comm_s, 1.0, 1e-9);
+  EXPECT_NEAR(p.exposed_comm_s, 0.75, 1e-9);
+  EXPECT_NEAR(p.compute_s, 6.0, 1e-9);
+  EXPECT_EQ(p.memory.tensor_parallel.all_reduce.calls, 8);
+  EXPECT_EQ(p.memory.tensor_parallel.all_reduce.bytes, 16000);
+  EXPECT_EQ(p.memory.all_reduce_bytes, 16000);
+  // Two data-parallel groups of the same tokens: tokens per step count the data-parallel ranks.
+  EXPECT_EQ(p.tokens_per_step, 2 * 1000);
+}
+
 TEST(StepTimePlan, OneRankCommunicatesNothing) {
   const auto [memory, compute] = toy_model();
   const HardwareSpec hw = HardwareSpec::from_json(toy_hardware(1.0).dump(), "toy");
@@ -195,10 +225,11 @@ nlohmann::json torch_step_flops(const std::vector<std::string>& models) {
 }
 
 // fsdp-train's --metrics of one step of `model` at W = 2: its last line, with every rank's bytes.
-nlohmann::json trained_step(const std::string& model) {
+// extra: more flags (--tp 2).
+nlohmann::json trained_step(const std::string& model, const std::string& extra = "") {
   const std::string metrics = temp_path(model + "_metrics.jsonl");
   const CommandResult r =
-      run_command(program_path("fsdp-train") + " --nproc 2" + job_flags(model) +
+      run_command(program_path("fsdp-train") + " --nproc 2" + job_flags(model) + extra +
                       " --steps 1 --val-every 0 --quiet --metrics " + metrics + " 2>&1",
                   120);
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -207,11 +238,11 @@ nlohmann::json trained_step(const std::string& model) {
 
 // fsdp-plan --json for `model` at W = 2. The hardware file only prices the counts this test
 // checks, so the checked-in one serves.
-nlohmann::json planned_step(const std::string& model) {
+nlohmann::json planned_step(const std::string& model, const std::string& extra = "") {
   const CommandResult r = run_command(program_path("fsdp-plan") +
                                           " --hardware " FSDP_SOURCE_DIR
                                           "/bench/hardware/dev_vm_2core.json --world-size 2" +
-                                          job_flags(model) + " --json 2>&1",
+                                          job_flags(model) + extra + " --json 2>&1",
                                       60);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return r.exit_code == 0 ? nlohmann::json::parse(r.output) : nlohmann::json::object();
@@ -251,6 +282,31 @@ TEST(FsdpPlanAccounting, FlopsAreTorchsCountAndBytesAreTheRuntimes) {
     // Integers below 2^53: the two counts are equal as doubles or the planner miscounts.
     EXPECT_EQ(plan["model_flops_per_step"].get<double>(), flops.at(model).at("total").get<double>())
         << "torch's count by op: " << flops.at(model).at("by_op").dump();
+  }
+  // Tensor parallelism over both ranks, with and without sequence parallelism: each rank's
+  // slices and collectives as the runtime counts them, and the whole model's FLOPs still
+  // torch's (the ranks' parts add up to the model: llama-debug's vocabulary splits too).
+  for (const std::string extra : {" --tp 2", " --tp 2 --sequence-parallel"}) {
+    SCOPED_TRACE("llama-debug" + extra);
+    const nlohmann::json plan = planned_step("llama-debug", extra);
+    const nlohmann::json measured = trained_step("llama-debug", extra);
+    ASSERT_EQ(measured["ranks"].size(), 2u);
+    for (int rank = 0; rank < 2; ++rank) {
+      for (const char* key : {"param_bytes", "grad_bytes", "optim_bytes", "all_gather_bytes",
+                              "reduce_scatter_bytes", "tp_all_gather_calls",
+                              "tp_reduce_scatter_calls"}) {
+        EXPECT_EQ(plan["ranks"][rank][key], measured["ranks"][rank][key])
+            << "rank " << rank << ": " << key;
+      }
+      // The runtime's tp group also runs clipping's all-reduce and, being the whole world here,
+      // the trainer's all-reduce of the loss: two calls the estimator leaves out.
+      EXPECT_EQ(plan["ranks"][rank]["tp_all_reduce_calls"].get<int64_t>() + 2,
+                measured["ranks"][rank]["tp_all_reduce_calls"].get<int64_t>())
+          << "rank " << rank;
+    }
+    EXPECT_GT(plan["tp_comm_s"].get<double>(), 0);
+    EXPECT_EQ(plan["model_flops_per_step"].get<double>(),
+              flops.at("llama-debug").at("total").get<double>());
   }
 }
 

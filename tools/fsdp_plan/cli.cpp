@@ -58,7 +58,8 @@ void add_flags_to(CLI::App& app, ConfigFlags& settings, Flags& f) {
       ->check(output_file());
   CLI::Option* sweep =
       app.add_flag("--sweep", f.sweep,
-                   "List strategies and hpZ group sizes that fit --memory-budget, fastest first");
+                   "List strategies, hpZ group sizes and tensor-parallel sizes (--tp) that fit "
+                   "--memory-budget, fastest first (--sequence-parallel: with it wherever tp > 1)");
   // A budget without --sweep would be silently ignored: the single plan reports fit against
   // the hardware file's memory.
   app.add_option("--memory-budget", f.memory_budget,
@@ -101,12 +102,14 @@ fsdp::StepTimePlan plan(Flags f, const fsdp::HardwareSpec& hw) {
   const fsdp::MemoryEstimateOptions memory = estimate_options(f);
   const at::ScalarType dtype = compute_dtype(f);
   const fsdp::ModelMemorySpec memory_spec = memory_spec_for(f, *spec, micro_batch, dtype);
-  const fsdp::ModelComputeSpec compute =
-      compute_spec(*spec, micro_batch, f.job.training.seq_len, dtype);
+  const train::ParallelismConfig& par = f.job.parallelism;
+  const fsdp::ModelComputeSpec compute = compute_spec(*spec, micro_batch, f.job.training.seq_len,
+                                                      dtype, par.tp, par.sequence_parallel);
   fsdp::StepTimeOptions options;
   options.memory(memory)
       .activation_checkpoint(f.job.model.activation_checkpoint)
-      .clip_grad_norm(std::isfinite(f.job.training.max_grad_norm));
+      .clip_grad_norm(std::isfinite(f.job.training.max_grad_norm))
+      .tensor_parallel(par.tp);
   return fsdp::plan_step_time(memory_spec, compute, options, hw);
 }
 
@@ -124,6 +127,9 @@ nlohmann::json plan_json(const fsdp::StepTimePlan& p, const Flags& f,
                      {"all_gather_bytes", m.all_gather_bytes},
                      {"reduce_scatter_bytes", m.reduce_scatter_bytes},
                      {"all_reduce_bytes", m.all_reduce_bytes},
+                     {"tp_all_gather_calls", m.tensor_parallel.all_gather.calls},
+                     {"tp_reduce_scatter_calls", m.tensor_parallel.reduce_scatter.calls},
+                     {"tp_all_reduce_calls", m.tensor_parallel.all_reduce.calls},
                      {"peak_alloc_bytes", m.total_bytes},
                      {"activation_bytes", m.activation_bytes}});
   }
@@ -136,6 +142,7 @@ nlohmann::json plan_json(const fsdp::StepTimePlan& p, const Flags& f,
       {"compute_s", p.compute_s},
       {"comm_s", p.comm_s},
       {"optimizer_s", p.optimizer_s},
+      {"tp_comm_s", p.tp_comm_s},
       {"model_flops_per_step", p.model_flops_per_step},
       {"fits", m.total_bytes <= hw.memory_bytes},
       {"hardware", hw.name},
@@ -147,14 +154,18 @@ nlohmann::json plan_json(const fsdp::StepTimePlan& p, const Flags& f,
 void print_plan(const fsdp::StepTimePlan& p, const Flags& f, const fsdp::HardwareSpec& hw) {
   const fsdp::MemoryEstimate& m = p.memory;
   const train::ParallelismConfig& par = f.job.parallelism;
-  std::printf("%s on %d rank(s) of %s, %s, prefetch %d\n", f.job.model.name.c_str(), f.world,
+  const std::string tp = par.tp > 1 ? " x tp " + std::to_string(par.tp) +
+                                          (par.sequence_parallel ? " with SP" : "")
+                                    : "";
+  std::printf("%s on %d rank(s) of %s, %s%s, prefetch %d\n", f.job.model.name.c_str(), f.world,
               hw.name.c_str(), par.no_fsdp ? "no FSDP" : to_string(par.strategy).c_str(),
-              par.prefetch);
+              tp.c_str(), par.prefetch);
   std::printf("  step            %9.4f s  (%lld tokens)\n", p.step_s,
               static_cast<long long>(p.tokens_per_step));
   std::printf("  compute         %9.4f s  (optimizer and clipping %.4f s)\n", p.compute_s,
               p.optimizer_s);
   std::printf("  exposed comm    %9.4f s  of %.4f s of collectives\n", p.exposed_comm_s, p.comm_s);
+  if (par.tp > 1) std::printf("  tp collectives  %9.4f s  (waited for inside the units' compute)\n", p.tp_comm_s);
   std::printf("  tokens/s        %9.0f     (%.0f per rank)\n", p.tokens_per_s,
               p.tokens_per_s / f.world);
   std::printf("  MFU             %9.1f %%\n", 100 * p.mfu);
@@ -163,14 +174,29 @@ void print_plan(const fsdp::StepTimePlan& p, const Flags& f, const fsdp::Hardwar
               m.total_bytes <= hw.memory_bytes ? "fits" : "does NOT fit");
 }
 
-// Every strategy (and hpZ group, HSDP replica count) at the flags' world size.
-std::vector<Flags> sweep_configurations(const Flags& f) {
+// Whether the model splits over tp tensor-parallel ranks (its heads, key/value heads and layer
+// widths divide), as its memory spec says by refusing.
+bool splits_over(const Flags& f, int tp) {
+  try {
+    sized_spec(f)->memory_spec(1, f.job.training.seq_len, compute_dtype(f), false, tp, false);
+    return true;
+  } catch (const c10::Error&) {
+    return false;
+  }
+}
+
+// Every strategy (and hpZ group, HSDP replica count) at the flags' world size, and with each
+// tensor-parallel size T that divides it, stays within a node (tp runs over the fastest link)
+// and splits the model: full_shard (and its hpZ groups) and shard_grad_op over W / T.
+std::vector<Flags> sweep_configurations(const Flags& f, const fsdp::HardwareSpec& hw) {
   std::vector<Flags> out;
-  auto add = [&](ShardingStrategy strategy, int replicate, int raf) {
+  auto add = [&](ShardingStrategy strategy, int replicate, int raf, int tp) {
     Flags c = f;
     c.job.parallelism.strategy = strategy;
     c.job.parallelism.replicate = replicate;
     c.job.parallelism.reshard_after_forward = raf;
+    c.job.parallelism.tp = tp;
+    c.job.parallelism.sequence_parallel = tp > 1 && f.job.parallelism.sequence_parallel;
     out.push_back(c);
   };
   for (int replicate = 1; replicate <= f.world; ++replicate) {
@@ -178,13 +204,24 @@ std::vector<Flags> sweep_configurations(const Flags& f) {
     const int shard = f.world / replicate;
     const ShardingStrategy strategy =
         replicate == 1 ? ShardingStrategy::kFullShard : ShardingStrategy::kHybridShard;
-    if (replicate < f.world) add(strategy, replicate, 1);
+    if (replicate < f.world) add(strategy, replicate, 1, 1);
     for (int n = 2; n < shard; ++n) {
-      if (shard % n == 0) add(strategy, replicate, n);
+      if (shard % n == 0) add(strategy, replicate, n, 1);
     }
   }
-  add(ShardingStrategy::kShardGradOp, 1, 1);
-  add(ShardingStrategy::kNoShard, 1, 1);
+  add(ShardingStrategy::kShardGradOp, 1, 1, 1);
+  add(ShardingStrategy::kNoShard, 1, 1, 1);
+  const int node = hw.cpu_cores > 0 ? f.world : hw.devices_per_node;
+  for (int tp = 2; tp <= std::min(f.world, node); ++tp) {
+    const bool sp_splits = !f.job.parallelism.sequence_parallel || f.job.training.seq_len % tp == 0;
+    if (f.world % tp != 0 || !sp_splits || !splits_over(f, tp)) continue;
+    const int data = f.world / tp;
+    if (data > 1) add(ShardingStrategy::kFullShard, 1, 1, tp);
+    for (int n = 2; n < data; ++n) {
+      if (data % n == 0) add(ShardingStrategy::kFullShard, 1, n, tp);
+    }
+    add(ShardingStrategy::kShardGradOp, 1, 1, tp);
+  }
   return out;
 }
 
@@ -194,7 +231,10 @@ using Fitting = std::vector<std::pair<Flags, fsdp::StepTimePlan>>;
 Fitting sweep(const Flags& f, const fsdp::HardwareSpec& hw) {
   const int64_t budget = f.memory_budget.empty() ? hw.memory_bytes : parse_bytes(f.memory_budget);
   Fitting fitting;
-  for (const Flags& c : sweep_configurations(f)) {
+  for (const Flags& c : sweep_configurations(f, hw)) {
+    // A batch that does not divide over a configuration's data-parallel ranks rules it out.
+    const int data = c.world / c.job.parallelism.tp;
+    if (c.job.training.global_batch % (int64_t(data) * c.job.training.grad_accum) != 0) continue;
     fsdp::StepTimePlan p = plan(c, hw);
     if (p.memory.total_bytes <= budget) fitting.emplace_back(c, p);
   }
@@ -214,15 +254,15 @@ void print_sweep(const Fitting& fitting, const Flags& f, const fsdp::HardwareSpe
   std::printf("%s on %d rank(s) of %s: %zu configuration(s) fit %.3f GiB per rank\n",
               f.job.model.name.c_str(), f.world, hw.name.c_str(), fitting.size(),
               budget / 1073741824.0);
-  std::printf("%-14s %9s %6s %10s %12s %7s %11s\n", "strategy", "replicate", "hpZ", "step_s",
-              "tokens/s", "MFU", "peak GiB");
+  std::printf("%-14s %9s %6s %4s %10s %12s %7s %11s\n", "strategy", "replicate", "hpZ", "tp",
+              "step_s", "tokens/s", "MFU", "peak GiB");
   for (const auto& [c, p] : fitting) {
     const train::ParallelismConfig& par = c.job.parallelism;
     std::printf(
-        "%-14s %9d %6s %10.4f %12.0f %6.1f%% %11.3f\n", to_string(par.strategy).c_str(),
+        "%-14s %9d %6s %4d %10.4f %12.0f %6.1f%% %11.3f\n", to_string(par.strategy).c_str(),
         par.replicate,
         par.reshard_after_forward > 1 ? std::to_string(par.reshard_after_forward).c_str() : "-",
-        p.step_s, p.tokens_per_s, 100 * p.mfu, p.memory.total_bytes / 1073741824.0);
+        par.tp, p.step_s, p.tokens_per_s, 100 * p.mfu, p.memory.total_bytes / 1073741824.0);
   }
 }
 
@@ -274,12 +314,6 @@ class PlanCli : public TorchProgramCli {
       return;
     }
     if (f_.job.parallelism.no_fsdp) f_.world = 1;
-    TORCH_CHECK(f_.job.parallelism.tp == 1, "--tp ", f_.job.parallelism.tp,
-                ": fsdp-plan does not model tensor parallelism yet (its all-reduces and the split "
-                "compute); fsdp-estimate predicts its memory");
-    TORCH_CHECK(!f_.job.parallelism.sequence_parallel,
-                "--sequence-parallel: fsdp-plan does not model tensor parallelism yet, and "
-                "sequence parallelism needs --tp N > 1; fsdp-estimate predicts its memory");
     TORCH_CHECK(!f_.hardware.empty(), "--hardware FILE is required (or --calibrate to make one)");
     hw_ = load_hardware(f_.hardware);
     if (f_.sweep) {

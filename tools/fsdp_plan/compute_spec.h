@@ -16,9 +16,13 @@ namespace fsdp::tools {
 // Work outside matmuls and attention is taken as three passes over every activation the unit
 // saves for backward: the op that makes it writes it, the next op reads it, and the elementwise
 // chains around them (norms, rotary embeddings, gating, residual adds) touch it about once more
-// (a count of Llama's and GPT-2's ops, not a fit to timings). Throws naming the sizes when the
-// family reports no width or heads.
+// (a count of Llama's and GPT-2's ops, not a fit to timings). Under tensor parallelism over tp
+// ranks it is one rank's part: the family's plan's slices of the layers (the memory spec's), its
+// tp-th of the heads, the head's rows under a vocabulary split, and model_forward_flops the whole
+// model's. Throws naming the sizes when the family reports no width or heads, or the heads do
+// not divide by tp.
 ModelComputeSpec compute_spec(const models::ModelSpec& spec, int64_t micro_batch, int64_t seq_len,
-                              at::ScalarType compute_dtype);
+                              at::ScalarType compute_dtype, int tp = 1,
+                              bool sequence_parallel = false);
 
 }  // namespace fsdp::tools

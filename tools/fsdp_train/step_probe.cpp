@@ -36,7 +36,8 @@ constexpr int64_t RankStepStats::*kGatheredFields[] = {
     &RankStepStats::all_reduce_bytes, &RankStepStats::peak_rss_bytes,
     &RankStepStats::sent_bytes,       &RankStepStats::peak_alloc_bytes,
     &RankStepStats::activation_bytes, &RankStepStats::broadcast_bytes,
-    &RankStepStats::reduce_bytes};
+    &RankStepStats::reduce_bytes,     &RankStepStats::tp_all_gather_calls,
+    &RankStepStats::tp_reduce_scatter_calls, &RankStepStats::tp_all_reduce_calls};
 constexpr int64_t kGatheredCount = std::size(kGatheredFields);
 
 // A "<key> <number>" line of a /proc/self file (status: kB, io: bytes), or 0 if absent.
@@ -116,6 +117,9 @@ RankStepStats measure_rank(const Run& run, const StepProbe& probe) {
     mine.all_reduce_bytes = counters.all_reduce.payload_bytes + tp.all_reduce.payload_bytes;
     mine.broadcast_bytes = counters.broadcast.payload_bytes;
     mine.reduce_bytes = counters.reduce.payload_bytes;
+    mine.tp_all_gather_calls = tp.all_gather.calls;
+    mine.tp_reduce_scatter_calls = tp.reduce_scatter.calls;
+    mine.tp_all_reduce_calls = tp.all_reduce.calls;
   }
   return mine;
 }

@@ -250,13 +250,15 @@ StepRecord record_step(Run& run, int64_t step, double loss, double norm, const S
   const double step_s = probe.seconds_so_far();
   run.elapsed += step_s;
   run.tokens_done += double(tokens);
-  return StepRecord{step + 1,
+  StepRecord record{step + 1,
                     loss,
                     norm,
                     tokens / step_s,
                     step_s,
                     run.monitor->stats().exposed_comm_s(),
                     gather_stats(mine, run.group.get())};
+  if (run.tp_mesh) record.tp_comm_s = run.tp_mesh->counters().waited_s;
+  return record;
 }
 
 // The units' parameters as this rank holds them, in backward order (the last unit first), then

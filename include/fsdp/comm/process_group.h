@@ -96,6 +96,9 @@ struct CommCounters {
   CollectiveCounters all_reduce;
   CollectiveCounters broadcast;
   CollectiveCounters reduce;
+  // Seconds callers spent blocked on this group's collectives, where they report it (the tensor-
+  // parallel layers do, see add_waited).
+  double waited_s = 0;
 };
 
 class ProcessGroup {
@@ -137,6 +140,11 @@ class ProcessGroup {
   virtual CommCounters counters() const {
     std::lock_guard<std::mutex> lock(counters_mutex_);
     return counters_;
+  }
+  // A caller that blocks on this group's collective inside its compute (a tensor-parallel layer)
+  // reports the time here, for fsdp-train's tp_comm_s. Virtual like counters().
+  virtual void add_waited(double seconds) {
+    update_counters([&](CommCounters& c) { c.waited_s += seconds; });
   }
   virtual void reset_counters() {
     std::lock_guard<std::mutex> lock(counters_mutex_);

@@ -25,6 +25,11 @@ struct RankStepStats {
   // whole_tensor: the broadcasts of parameters and the reduces of gradients to their owners.
   int64_t broadcast_bytes = 0;
   int64_t reduce_bytes = 0;
+  // Under --tp: the collectives the tensor-parallel group ran in the step, by kind (their bytes
+  // are counted above with FSDP's); clipping's all-reduce over the group is one of them.
+  int64_t tp_all_gather_calls = 0;
+  int64_t tp_reduce_scatter_calls = 0;
+  int64_t tp_all_reduce_calls = 0;
   // What the process has measured of itself (Linux; 0 elsewhere): its peak resident memory so
   // far (VmHWM), and the bytes it wrote during the step, to sockets and files alike
   // (/proc/self/io wchar: the bytes every collective sent, plus the small metrics writes).
@@ -55,6 +60,9 @@ struct StepRecord {
   int64_t skipped_steps = 0;
   std::optional<double> loss_scale;  // fp16: the scale this step's loss was multiplied by
   int64_t units = 0;                 // FSDP units, the root included (0 under --no-fsdp)
+  // Under --tp: rank 0's time blocked in the tensor-parallel group's collectives in the step
+  // (inside its layers' forward and backward; not in exposed_comm_s).
+  std::optional<double> tp_comm_s;
 };
 
 }  // namespace fsdp::train

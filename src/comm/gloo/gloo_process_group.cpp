@@ -8,6 +8,8 @@
 //   every pair of the context on a timeout, which is why the base breaks the group for good.
 // - reduce_scatter_tensor is our own ring over send/recv, because c10d's gloo reduce-scatter is
 //   an all-reduce in disguise (twice the traffic). It never writes the caller's input.
+// - all_reduce of 64 KiB and more is our own ring too ([Note: gloo's all-reduce as a ring of our
+//   own]); smaller ones, latency-bound, stay c10d's.
 #include "gloo_process_group.h"
 
 #include <fsdp/util/error.h>
@@ -32,6 +34,9 @@ namespace {
 // c10d send/recv tags must be non-negative ints; wrapping long before INT_MAX is safe because
 // only one op is in flight per group and each op uses at most W-1 consecutive tags.
 constexpr int kTagWrap = 1 << 30;
+
+// From this size up, all_reduce is our ring ([Note: gloo's all-reduce as a ring of our own]).
+constexpr int64_t kRingAllReduceMinBytes = int64_t{64} << 10;
 
 bool mentions_timeout(const std::string& message) {
   std::string lower = message;
@@ -102,6 +107,10 @@ class GlooProcessGroup final : public QueuedProcessGroup {
   }
 
   void run_all_reduce(const OpContext& op, const at::Tensor& tensor, ReduceOp reduce_op) override {
+    if (tensor.nbytes() >= kRingAllReduceMinBytes && tensor.is_floating_point()) {
+      ring_all_reduce(op, tensor.view(-1), reduce_op);
+      return;
+    }
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;  // gloo has no AVG; we divide below.
@@ -176,6 +185,58 @@ class GlooProcessGroup final : public QueuedProcessGroup {
     const int tag = p2p_tag_;
     p2p_tag_ = (p2p_tag_ + 1) % kTagWrap;
     return tag;
+  }
+
+  // One ring step: sends `send` to rank r+1 while receiving `recv` from rank r-1 (each skipped
+  // when empty: both ends derive the same sizes).
+  void exchange(const OpContext& op, const at::Tensor& send, const at::Tensor& recv) {
+    const int right = (rank() + 1) % size();
+    const int left = (rank() + size() - 1) % size();
+    const int tag = next_tag();
+    std::vector<at::Tensor> send_tensors{send};
+    std::vector<at::Tensor> recv_tensors{recv};
+    c10::intrusive_ptr<c10d::Work> send_work, recv_work;
+    if (send.numel() > 0) send_work = issue_c10d([&] { return pg_->send(send_tensors, right, tag); });
+    if (recv.numel() > 0) recv_work = issue_c10d([&] { return pg_->recv(recv_tensors, left, tag); });
+    if (send_work) wait_c10d(send_work, op, right);
+    if (recv_work) wait_c10d(recv_work, op, left);
+  }
+
+  // [Note: gloo's all-reduce as a ring of our own]
+  // c10d's gloo all-reduce of 1 MiB over two ranks of this 2-core machine takes either about
+  // 0.9 ms or 3-4 ms per call, varying from run to run (fsdp-comm-bench, bench/RESULTS.md),
+  // while a ring over c10d's send and recv moves the same bytes in a steady 0.8 ms. Tensor
+  // parallelism waits for an all-reduce inside every layer, and HSDP and no_shard reduce
+  // gradients with one, so from kRingAllReduceMinBytes up the all-reduce is a ring: a
+  // reduce-scatter of W chunks (chunk c: elements [c N / W, (c + 1) N / W)) in the schedule of
+  // ring_reduce_scatter below, each chunk summed from rank c + 1 around to its owner c and kept
+  // in place, then a ring all-gather of the owners' chunks straight into the tensor. Every rank
+  // ends with the owner's bits of every chunk. Each rank sends 2 (W-1)/W of the tensor, as
+  // gloo's ring does. BFloat16 and Half add each hop in float32 and round once.
+  void ring_all_reduce(const OpContext& op, const at::Tensor& flat, ReduceOp reduce_op) {
+    const int w = size();
+    const int64_t n = flat.numel();
+    auto chunk = [&](int c) {
+      c = (c % w + w) % w;
+      return flat.narrow(0, c * n / w, (c + 1) * n / w - c * n / w);
+    };
+    const bool widen = flat.scalar_type() == at::kBFloat16 || flat.scalar_type() == at::kHalf;
+    at::Tensor landing = at::empty({(n + w - 1) / w}, flat.options());
+    for (int s = 0; s < w - 1; ++s) {
+      const at::Tensor mine = chunk(rank() - s - 2);
+      const at::Tensor got = landing.narrow(0, 0, mine.numel());
+      exchange(op, chunk(rank() - s - 1), got);
+      const bool last = s == w - 2;
+      if (widen) {
+        at::Tensor sum = got.to(at::kFloat).add_(mine.to(at::kFloat));
+        if (last && reduce_op == ReduceOp::kAvg) sum.div_(w);
+        mine.copy_(sum);
+      } else {
+        mine.add_(got);
+        if (last && reduce_op == ReduceOp::kAvg) mine.div_(w);
+      }
+    }
+    for (int s = 0; s < w - 1; ++s) exchange(op, chunk(rank() - s), chunk(rank() - s - 1));
   }
 
   // Ring reduce-scatter over W ranks, in W-1 steps. At step s rank r sends chunk (r-s-1) mod W,
