@@ -138,19 +138,21 @@ def save_safetensors(path, tensors):
 class CausalSelfAttention(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.n_head = c["n_head"]
+        self.head_dim = c["n_embd"] // c["n_head"]
         self.c_attn = nn.Linear(c["n_embd"], 3 * c["n_embd"])
         self.c_proj = nn.Linear(c["n_embd"], c["n_embd"])
 
     def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.c_attn(x).split(d, dim=2)
+        b, t, _ = x.shape
+        # Thirds, not widths of x: under tensor parallelism c_attn's output is this rank's
+        # [q_r, k_r, v_r] (tensor_parallel.interleave_packed), and the heads are heads / tp.
+        q, k, v = self.c_attn(x).chunk(3, dim=2)
 
         def heads(z):
-            return z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2)
+            return z.view(b, t, -1, self.head_dim).transpose(1, 2)
 
         y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, d))
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, -1))
 
 
 class MLP(nn.Module):
@@ -669,8 +671,9 @@ def train(rank, world, args):
                 if args.replicate > 1 else init_device_mesh(device.type, (world,)))
         if args.tp > 1:  # --tp N: the layers split over "tp" first, FSDP over "dp"
             world_mesh = tensor_parallel.mesh_2d(device.type, world, args.tp)
-            tensor_parallel.parallelize_layers(model.model.layers, world_mesh["tp"],
-                                               args.sequence_parallel)
+            layers = (model.model.layers if config.get("model_type") == "llama"
+                      else model.transformer.h)
+            tensor_parallel.parallelize_layers(layers, world_mesh["tp"], args.sequence_parallel)
             vocab_split = tensor_parallel.parallelize_root(model, world_mesh["tp"],
                                                            args.sequence_parallel)
             mesh = world_mesh["dp"]
@@ -835,6 +838,8 @@ def train(rank, world, args):
         final = {}
         for name, p in model.named_parameters():
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            if args.tp > 1:  # GPT-2's c_attn rows back in [q; k; v] order
+                full = tensor_parallel.global_rows(name, full, args.tp)
             kv = to_hf(name, full.detach().to(torch.float32), config)
             if kv is not None:
                 final[kv[0]] = kv[1]
