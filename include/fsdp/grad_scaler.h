@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace torch::optim {
 class Optimizer;
@@ -66,7 +67,9 @@ class ShardedGradScaler {
   at::Tensor scale(const at::Tensor& loss) const;
 
   // Divides the gradient of every parameter of optimizer (this rank's shards) by the scale and
-  // checks them for inf and nan; collective over the mesh. Returns whether any rank found one.
+  // checks them for inf and nan; collective over the mesh, and over the tensor-parallel group of
+  // any parameter parallelize_module split (each rank of it holds another slice). Returns
+  // whether any rank found one.
   // Once per step, after the last backward. Throws if called twice before update().
   bool unscale_(torch::optim::Optimizer& optimizer);
 
@@ -91,7 +94,8 @@ class ShardedGradScaler {
   void load_state(const GradScalerState& state);
 
  private:
-  bool all_ranks_found_inf(at::Tensor found_inf) const;
+  bool all_ranks_found_inf(at::Tensor found_inf,
+                           const std::vector<ProcessGroup*>& tensor_parallel_groups) const;
 
   std::optional<DeviceMesh> mesh_;
   GradScalerOptions options_;

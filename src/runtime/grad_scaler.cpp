@@ -5,15 +5,18 @@
 // _amp_foreach_non_finite_check_and_unscale_ multiplies by the float32 reciprocal of the scale
 // (taken in float64, as GradScaler does) and raises found_inf on inf or nan;
 // _amp_update_scale_ applies backoff or growth. The only addition is the all-reduce that makes
-// every rank's found_inf the sum over the mesh, without which a rank whose shard overflowed would
-// skip a step the others take and the replicas would drift apart.
+// every rank's found_inf the sum over the mesh (and over the tensor-parallel groups of split
+// parameters, whose ranks hold different slices), without which a rank whose shard overflowed
+// would skip a step the others take and the replicas would drift apart.
 #include <fsdp/grad_scaler.h>
+#include <fsdp/tensor_parallel.h>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -55,6 +58,21 @@ std::map<std::pair<std::string, at::ScalarType>, std::vector<at::Tensor>> grads_
   return groups;
 }
 
+// The distinct tensor-parallel groups of optimizer's split parameters, in first-seen order
+// (every rank of a group meets them in the same order: the same model, the same plan).
+std::vector<ProcessGroup*> tensor_parallel_groups(torch::optim::Optimizer& optimizer) {
+  std::vector<ProcessGroup*> groups;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      const TensorParallelPlacement* placement = tensor_parallel_placement(p);
+      if (placement == nullptr) continue;
+      ProcessGroup* g = placement->group.get();
+      if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+    }
+  }
+  return groups;
+}
+
 }  // namespace
 
 ShardedGradScaler::ShardedGradScaler(std::optional<DeviceMesh> mesh,
@@ -72,9 +90,12 @@ at::Tensor ShardedGradScaler::scale(const at::Tensor& loss) const {
   return loss * scale_.to(loss.device());
 }
 
-bool ShardedGradScaler::all_ranks_found_inf(at::Tensor found_inf) const {
+bool ShardedGradScaler::all_ranks_found_inf(
+    at::Tensor found_inf, const std::vector<ProcessGroup*>& tensor_parallel_groups) const {
+  const CollectiveLabel label("grad_scaler found_inf");
+  // Over the slices first: then each shard group's ranks sum flags that cover their tp groups.
+  for (ProcessGroup* tp : tensor_parallel_groups) tp->all_reduce(found_inf, ReduceOp::kSum)->wait();
   if (mesh_) {
-    const CollectiveLabel label("grad_scaler found_inf");
     // Sum over the shard group, then across replicas: a flag on any rank reaches all of them.
     if (mesh_->shard_size() > 1) mesh_->shard_group().all_reduce(found_inf, ReduceOp::kSum)->wait();
     if (ProcessGroup* replicas = mesh_->replicate_group()) {
@@ -97,7 +118,7 @@ bool ShardedGradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     at::_amp_foreach_non_finite_check_and_unscale_(grads, found_here, inv_scale.to(device));
     if (device != found_inf.device()) found_inf.add_(found_here.to(found_inf.device()));
   }
-  found_inf_ = all_ranks_found_inf(found_inf);
+  found_inf_ = all_ranks_found_inf(found_inf, tensor_parallel_groups(optimizer));
   stepped_ = false;
   return *found_inf_;
 }

@@ -146,6 +146,37 @@ TEST(Fp16Train, W1AndW2AgreeWithinFp16Rounding) {
   EXPECT_GE(backed_off, 1);
 }
 
+// Under --tp 2 each rank of a tp group holds other slices of the split layers, so an overflow in
+// one rank's slice must skip the step on its tp peers too (the scaler sums found_inf over the
+// tp group of split parameters; with dp = 1 there is no FSDP group to carry it). Then the whole
+// scaler run against one process: the same scales and skips, losses within fp16 rounding.
+TEST(Fp16Train, UnderTensorParallelismAnOverflowOnOneRankSkipsTheStepEverywhere) {
+  const std::string dir = test::temp_dir("fp16_tp");
+  const auto lines = run_metrics("env FSDP_TRAIN_OVERFLOW_AT=3:1 " +
+                                     train(2, "--tp 2 --param-dtype fp16 --steps 4 --export " +
+                                                  dir + "/skipped.safetensors"),
+                                 dir + "/skipped.jsonl");
+  ASSERT_EQ(lines.size(), 4u);
+  const CommandResult three = run_command(
+      train(2, "--tp 2 --param-dtype fp16 --steps 3 --export " + dir + "/three.safetensors"));
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  EXPECT_EQ(test::read_bytes(dir + "/skipped.safetensors"),
+            test::read_bytes(dir + "/three.safetensors"));
+  EXPECT_EQ(lines[3]["skipped_steps"].get<int64_t>(), lines[2]["skipped_steps"].get<int64_t>() + 1);
+
+  const std::string flags = "--param-dtype fp16 --steps 20 --growth-interval 5";
+  const auto one = run_metrics(train(1, flags), dir + "/one.jsonl");
+  const auto tp = run_metrics(train(2, flags + " --tp 2"), dir + "/tp.jsonl");
+  ASSERT_EQ(one.size(), 20u);
+  ASSERT_EQ(tp.size(), 20u);
+  for (size_t s = 0; s < one.size(); ++s) {
+    EXPECT_EQ(one[s]["loss_scale"], tp[s]["loss_scale"]) << "step " << s + 1;
+    EXPECT_EQ(one[s]["skipped_steps"], tp[s]["skipped_steps"]) << "step " << s + 1;
+    expect_within_fp16_rounding(one[s]["loss"], tp[s]["loss"], "step " + std::to_string(s + 1));
+  }
+  EXPECT_GE(tp.back()["skipped_steps"].get<int64_t>(), 1);  // backoff took part
+}
+
 TEST(Fp16Train, TheScaleAndGrowthTrackerSurviveAResumeAtAnyWorldSize) {
   const std::string dir = test::temp_dir("fp16_resume");
   // At a scale that never overflows at W = 2 or 4 (the loss runs in float32, so the default

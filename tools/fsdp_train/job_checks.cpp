@@ -36,7 +36,6 @@ void check_tensor_parallel(const JobConfig& o, int world) {
   refuse(p.strategy != ShardingStrategy::kFullShard && p.strategy != ShardingStrategy::kShardGradOp,
          "--strategy " + std::string(to_string(p.strategy)));
   refuse(p.wrap_policy.min_params.has_value(), "--wrap-policy min-params");
-  refuse(p.param_dtype == at::kHalf, "--param-dtype fp16 (its gradient scaler)");
   refuse(p.offload, "--offload");
   refuse(p.device != DeviceKind::kCpu, "--device cuda");
   refuse(o.checkpoint.format == checkpoint::CheckpointFormat::kDcpHf,
