@@ -6,8 +6,10 @@
 #
 #   cmake --build build --target fsdp-train && bash bench/tp_equality.sh gpt2 [steps] [extra flags]
 #
-# Layouts: tp 2 over W = 2 and dp 2 x tp 2 over W = 4, each with and without
-# --sequence-parallel, then dp 2 x tp 2 with --activation-checkpoint. Extra flags (for example
+# Layouts: FSDP alone over W = 2, tp 2 over W = 2 with and without --sequence-parallel, FSDP
+# alone over W = 4, dp 2 x tp 2 over W = 4 with and without it, and with
+# --activation-checkpoint. FSDP alone is the yardstick: how far any other order of the same sums
+# carries the run from one process's. Extra flags (for example
 # --param-dtype bf16, or --vocab-size 50304 so that GPT-2's vocabulary splits) go to every run,
 # the reference's included. Prints a markdown table: the largest relative difference of the
 # losses and of the grad norms over the steps, and the largest of any parameter element
@@ -28,8 +30,8 @@ echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); model $model, $steps steps,
 
 echo "| layout | losses | grad norms | parameters (worst tensor) |"
 echo "|---|---|---|---|"
-for layout in "2 --tp 2" "2 --tp 2 --sequence-parallel" "4 --tp 2" "4 --tp 2 --sequence-parallel" \
-  "4 --tp 2 --activation-checkpoint"; do
+for layout in "2" "2 --tp 2" "2 --tp 2 --sequence-parallel" "4" "4 --tp 2" \
+  "4 --tp 2 --sequence-parallel" "4 --tp 2 --activation-checkpoint"; do
   read -r nproc flags <<<"$layout"
   name="$(echo "$nproc $flags" | tr -d ' -')"
   ./build/fsdp-train --nproc "$nproc" $flags $job --metrics "$out/$name.jsonl" \

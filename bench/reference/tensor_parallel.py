@@ -3,7 +3,8 @@ parallelize_module with ColwiseParallel / RowwiseParallel on each Llama decoder 
 "tp" dimension of a (W / N, N) mesh, then fully_shard over "dp", as torchtitan composes them
 and fsdp-train --tp does: the embedding table split over the vocabulary (RowwiseParallel), the
 head too (ColwiseParallel into Shard(-1) logits) with the loss under loss_parallel() (when the
-vocabulary divides by N; else both stay replicated). With sequence parallelism (fsdp-train
+vocabulary divides by N; else both stay replicated here, while fsdp-train splits them unevenly:
+no parity case uses such a vocabulary). With sequence parallelism (fsdp-train
 --sequence-parallel), torchtitan's layer plan: the norms under SequenceParallel, attention's and
 the MLP's inputs gathered by PrepareModuleInput, o and down reduce-scattering into sequence
 shards; the embeddings' output in sequence shards, the final norm under SequenceParallel and the

@@ -139,11 +139,13 @@ using TensorParallelPlan = std::vector<std::pair<std::string, ParallelStyle>>;
 // least one module, each match must be not yet parallelized or sharded by fully_shard and, for
 // the column and row styles, a torch::nn::Linear whose split dimension (out for colwise, in for
 // rowwise) divides by the mesh's size; otherwise throws naming the entry, the layer and the
-// sizes. Not collective: every rank of tp_mesh slices its own part. tp_mesh must be 1-D. Then,
-// for every module under module that gathers its input from sequence shards, the column layers
-// under it leave their input gradients to that gather (see ColwiseParallel): such a module must
-// pass its input through fsdp::tensor_parallel_input, and every use of it inside the module
-// must be a column layer's.
+// sizes. An Embedding's vocabulary (RowwiseParallel) and a column split without packed blocks
+// need not divide: they split as torch.chunk and DTensor's Shard do ([Note: an uneven
+// vocabulary], tensor_parallel_range), each rank holding at least one row. Not collective: every
+// rank of tp_mesh slices its own part. tp_mesh must be 1-D. Then, for every module under module
+// that gathers its input from sequence shards, the column layers under it leave their input
+// gradients to that gather (see ColwiseParallel): such a module must pass its input through
+// fsdp::tensor_parallel_input, and every use of it inside the module must be a column layer's.
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
                         const TensorParallelPlan& plan);
 
@@ -165,13 +167,13 @@ at::Tensor embedding(torch::nn::Embedding& table, const at::Tensor& ids);
 // (ColwiseParallel), so that their loss is vocab_parallel_cross_entropy's.
 bool splits_vocabulary(const torch::nn::Module& head);
 
-// The cross-entropy of each row of logits [N, V / T] (this rank's vocabulary columns as head's
-// ColwiseParallel split them: r*V/T..) against targets [N] (global ids), computed in float32 as
-// at::cross_entropy_loss without reduction computes it over the whole vocabulary, without
-// gathering the logits: float32 [N], 0 where the target is ignore_index. Forward: one
-// all-gather of the rows' maxima and one all-reduce of the sums of exponentials with the target
-// logits; backward: local (the softmax less the one-hot target). Throws naming the sizes if the
-// shapes do not match.
+// The cross-entropy of each row of logits [N, V_r] (this rank's vocabulary columns as head's
+// ColwiseParallel split them: tensor_parallel_range(V, T, r)) against targets [N] (global ids),
+// computed in float32 as at::cross_entropy_loss without reduction computes it over the whole
+// vocabulary, without gathering the logits: float32 [N], 0 where the target is ignore_index.
+// Forward: one all-gather of the rows' maxima and one all-reduce of the sums of exponentials with
+// the target logits; backward: local (the softmax less the one-hot target). Throws naming the sizes
+// if the shapes do not match.
 at::Tensor vocab_parallel_cross_entropy(const torch::nn::Module& head, const at::Tensor& logits,
                                         const at::Tensor& targets, int64_t ignore_index = -100);
 
@@ -198,6 +200,21 @@ struct TensorParallelPlacement {
 // The placement of param (a parameter of a parallelized layer, possibly sharded by FSDP since),
 // or nullptr if tensor parallelism does not split it (replicated on the group, or no TP at all).
 const TensorParallelPlacement* tensor_parallel_placement(const at::Tensor& param);
+
+// [Note: an uneven vocabulary]
+// GPT-2's 50,257 tokens do not divide by an even tp. Rather than keep the embeddings and the head
+// whole on every rank (a third of GPT-2 small's parameters), a dimension of n that does not
+// divide by the group's size T splits as torch.chunk and DTensor's Shard(d) split it: ceil(n / T)
+// elements to each rank in order, the last ranks fewer. Only splits whose neighbours do not care
+// may be uneven: a table's rows (each rank looks up the ids it holds) and a column layer without
+// packed blocks (its outputs are the logits, whose loss takes each rank's columns where they
+// start). A row layer's input features and packed blocks must divide.
+struct TensorParallelRange {
+  int64_t begin = 0;
+  int64_t length = 0;
+};
+// Rank rank's part of a dimension of n elements split over size ranks (see the note above).
+TensorParallelRange tensor_parallel_range(int64_t n, int size, int rank);
 
 // The part of `full` (a tensor of placement.global_shape) that rank `rank` of the placement's
 // group holds, as a view of full whose split dimension is two: [packed blocks, this rank's part

@@ -158,7 +158,9 @@ ModelMemorySpec root_memory(const ParamTable& params, const RootSplit& split,
   const ParamSpec* table = params.find(root.vocabulary_names.at(0));
   TORCH_INTERNAL_ASSERT(table != nullptr && table->shape.size() == 2, "the vocabulary's table");
   const int64_t vocab = table->shape[0], width = table->shape[1];
-  const int64_t columns = split.vocab_split ? vocab / split.tp : vocab;
+  // Rank 0's part under a vocabulary split, the largest when it is uneven.
+  const int64_t columns =
+      split.vocab_split ? tensor_parallel_range(vocab, split.tp, 0).length : vocab;
   const LossMemory loss = split.vocab_split
                               ? vocab_parallel_loss_memory(split.tokens, columns, element_size)
                               : loss_memory(split.tokens, columns, element_size);
@@ -167,7 +169,7 @@ ModelMemorySpec root_memory(const ParamTable& params, const RootSplit& split,
     std::vector<int64_t> shape = p.shape;
     const auto& names = root.vocabulary_names;
     if (split.vocab_split && std::find(names.begin(), names.end(), p.name) != names.end())
-      shape[0] /= split.tp;
+      shape[0] = columns;
     spec.root_param_shapes.push_back(std::move(shape));
   }
   spec.root_saved_before_bytes = root.saved_before;

@@ -10,8 +10,12 @@
 namespace fsdp::models {
 
 // Whether a vocabulary of vocab entries splits over tp ranks: the root plans below split the
-// table and the head then, and the families' memory specs count them so.
-inline bool vocabulary_splits(int64_t vocab, int tp) { return tp > 1 && vocab % tp == 0; }
+// table and the head then, and the families' memory specs count them so. It need not divide:
+// rank r holds tensor_parallel_range(vocab, tp, r) ([Note: an uneven vocabulary]), as long as
+// every rank gets some.
+inline bool vocabulary_splits(int64_t vocab, int tp) {
+  return tp > 1 && tensor_parallel_range(vocab, tp, tp - 1).length >= 1;
+}
 
 // Paths, relative to the root, of the modules its plan styles; positions "" when the model has
 // no positional embedding.

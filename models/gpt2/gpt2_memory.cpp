@@ -57,7 +57,7 @@ ModelMemorySpec gpt2_memory_spec(const GPT2Config& c, int64_t micro_batch, int64
   const int64_t logsumexp = micro_batch * h * seq_len * 4;  // float for every compute dtype
   // ln_f has a weight and a bias; both embeddings' outputs are scattered (wpe's [1, T, d]).
   const RootSplit root{tp, sequence_parallel, vocabulary_splits(v, tp), btd,
-                       bt, 2 * d * e,         seq_len * d * e, 2};
+                       bt, 2 * d * e,         seq_len * d * e,          2};
   // The root: wte (= lm_head when tied), wpe, ln_f. Before the blocks it keeps the position ids
   // and the embeddings' sum; after them ln_f's statistics and its (gathered) output.
   ModelMemorySpec spec = root_memory(params, root,

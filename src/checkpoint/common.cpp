@@ -213,7 +213,9 @@ void set_tensor_parallel(LocalParam& lp, const TensorParallelPlacement& placemen
   tp.padded = lp.sharded ? lp.padded_rows : tp.slice_shape[0];
   lp.global_shape = placement.global_shape;
   if (placement.dim == 0 && placement.packed == 1) {  // a row range of the global tensor
-    lp.offset = tp.rank * tp.slice_shape[0] + tp.offset;
+    lp.offset =
+        tensor_parallel_range(placement.global_shape[0], placement.group->size(), tp.rank).begin +
+        tp.offset;  // uneven splits too ([Note: an uneven vocabulary])
     lp.rows = tp.rows;
     lp.padded_rows = tp.padded;
     lp.sharded = true;

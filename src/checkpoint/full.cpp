@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -57,21 +58,29 @@ std::vector<int64_t> file_shape(const LocalParam& lp, bool transposed) {
 }
 
 // gather_full's general case: every rank's padded rows in one all-gather, then rank 0 places
-// the distinct row ranges of writers.
+// the distinct row ranges of writers. Ranks may hold different numbers of rows (the tensor-
+// parallel slices of an uneven vocabulary, [Note: an uneven vocabulary]): each sends its rows
+// padded to the most any rank holds.
 at::Tensor gather_rows_to_rank0(const LocalParam& lp, const std::vector<detail::RowRange>& writers,
                                 const std::vector<int64_t>& layouts, size_t index, size_t count,
                                 ProcessGroup& group) {
-  const at::Tensor local = lp.param.detach();
+  const at::Tensor local = lp.param.detach().contiguous().view({lp.padded_rows, lp.row_numel});
   const int world = group.size(), rank = group.rank();
+  int64_t most = 0;
+  bool equal = true;
   for (int r = 0; r < world; ++r) {
     const int64_t rows = layouts[(static_cast<size_t>(r) * count + index) * 3 + 2];
-    TORCH_CHECK(rows == lp.padded_rows, "parameter '", lp.name, "' has ", lp.padded_rows,
-                " local rows on rank ", rank, " but ", rows, " on rank ", r);
+    most = std::max(most, rows);
+    equal = equal && rows == lp.padded_rows;
   }
-  at::Tensor gathered = at::empty({world, lp.padded_rows, lp.row_numel}, local.options());
-  group.all_gather_into_tensor(gathered, local.contiguous())->wait();
+  const at::Tensor sent =
+      most == lp.padded_rows
+          ? local
+          : at::cat({local, at::zeros({most - lp.padded_rows, lp.row_numel}, local.options())});
+  at::Tensor gathered = at::empty({world, most, lp.row_numel}, local.options());
+  group.all_gather_into_tensor(gathered, sent)->wait();
   if (rank != 0) return at::Tensor();
-  bool in_order = writers.size() == static_cast<size_t>(world);
+  bool in_order = equal && writers.size() == static_cast<size_t>(world);
   for (size_t r = 0; in_order && r < writers.size(); ++r)
     in_order = writers[r].rank == static_cast<int>(r);
   if (in_order) {  // plain sharding: the chunks in order

@@ -275,7 +275,7 @@ class Timelines : public detail::StepObserver {
     const int world = o_.memory().world_size();
     if (o_.clip_grad_norm()) {
       busy(d_.bytes_s(4.0 * shard_numel));  // the norm: one read of the gradients
-      if (o_.tensor_parallel() > 1) {  // the split gradients' squares, over the tp group first
+      if (o_.tensor_parallel() > 1) {       // the split gradients' squares, over the tp group first
         wait_until(tp_lane_.run(t_, collective_s(h_, "all_reduce", 8, o_.tensor_parallel())),
                    false);
       }

@@ -14,6 +14,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -42,7 +43,9 @@ bool matches(const std::string& pattern, const std::string& path) {
 void slice_in_place(at::Tensor& param, int64_t dim, int64_t packed, const detail::TpSite& site) {
   const std::vector<int64_t> global = param.sizes().vec();
   std::vector<int64_t> local = global;
-  local[dim] = global[dim] / site.group->size();
+  local[dim] =
+      packed *
+      tensor_parallel_range(global[dim] / packed, site.group->size(), site.group->rank()).length;
   TensorParallelPlacement placement{site.group, dim, packed, global};
   at::NoGradGuard no_grad;
   param.set_data(
@@ -68,13 +71,16 @@ void attach_style(torch::nn::Module& module, const std::string& path, const Para
 }
 
 // The split dimension of weight divides into the style's packed blocks and each block by the
-// group's size.
+// group's size, or, for a table's rows and a column split without packed blocks, leaves every
+// rank at least one ([Note: an uneven vocabulary]).
 void check_divides(const at::Tensor& weight, int64_t dim, const ParallelStyle& style,
                    const std::string& path, const detail::TpSite& site, bool table) {
   const int64_t split = weight.size(dim), packed = style.packed(), size = site.group->size();
   const bool colwise = style.kind() == ParallelStyle::Kind::kColwise;
   TORCH_CHECK(packed >= 1 && split % packed == 0, "parallelize_module: layer '", path, "' has ",
               split, " output features, not ", packed, " equal packed blocks");
+  const bool may_be_uneven = packed == 1 && (table || colwise);
+  if (may_be_uneven && tensor_parallel_range(split, size, size - 1).length >= 1) return;
   TORCH_CHECK(split / packed % size == 0, "parallelize_module: ", style.name(), " splits layer '",
               path, "' along its ",
               table     ? "vocabulary"
@@ -123,6 +129,12 @@ void parallelize_split(torch::nn::Module& module, const std::string& path,
   at::Tensor* bias = params.find("bias");
   if (bias != nullptr && bias->defined() && colwise) slice_in_place(*bias, 0, style.packed(), site);
   attach_style(module, path, style, site);
+  // Where this rank's rows (a table's) or output columns start: the vocabulary lookup and the
+  // parallel loss need it when the split is uneven.
+  detail::tp_layer_of(module)->first =
+      tensor_parallel_range(tensor_parallel_placement(*weight)->global_shape[dim],
+                            site.group->size(), site.group->rank())
+          .begin;
 }
 
 void parallelize_whole(torch::nn::Module& module, const std::string& path,
@@ -162,6 +174,14 @@ void link_sequence_gather(torch::nn::Module& module) {
 
 }  // namespace
 
+TensorParallelRange tensor_parallel_range(int64_t n, int size, int rank) {
+  TORCH_CHECK(n >= 0 && size >= 1 && rank >= 0 && rank < size, "tensor_parallel_range: rank ", rank,
+              " of ", size, " over ", n, " elements");
+  const int64_t part = (n + size - 1) / size;
+  const int64_t begin = std::min(n, rank * part);
+  return {begin, std::min(part, n - begin)};
+}
+
 at::Tensor tensor_parallel_slice_view(const at::Tensor& full,
                                       const TensorParallelPlacement& placement, int rank) {
   const int64_t dim = placement.dim, packed = placement.packed;
@@ -171,8 +191,9 @@ at::Tensor tensor_parallel_slice_view(const at::Tensor& full,
   std::vector<int64_t> blocks = placement.global_shape;  // [.., packed, dim / packed, ..]
   blocks[dim] /= packed;
   blocks.insert(blocks.begin() + dim, packed);
-  const int64_t part = blocks[dim + 1] / placement.group->size();
-  return full.view(blocks).narrow(dim + 1, rank * part, part);
+  const TensorParallelRange part =
+      tensor_parallel_range(blocks[dim + 1], placement.group->size(), rank);
+  return full.view(blocks).narrow(dim + 1, part.begin, part.length);
 }
 
 std::string ParallelStyle::name() const {

@@ -43,10 +43,10 @@ at::Tensor global_maxima(const at::Tensor& logits, const detail::TpSite& site) {
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& targets, const c10::IValue& site_value,
-                            int64_t ignore_index) {
+                            int64_t ignore_index, int64_t first) {
     ctx->saved_data["site"] = site_value;
     const detail::TpSite& site = detail::site_of(ctx);
-    const int64_t columns = logits.size(1), first = site.group->rank() * columns;
+    const int64_t columns = logits.size(1);
     const at::Tensor shifted = logits - global_maxima(logits, site).unsqueeze(1);
     const at::Tensor local = targets - first;
     const at::Tensor kept = targets != ignore_index;
@@ -67,7 +67,7 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     const at::Tensor g = grads[0] * kept;
     at::Tensor grad = softmax * g.unsqueeze(1);
     grad.scatter_add_(1, index, (-(g * here)).unsqueeze(1));
-    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -85,13 +85,13 @@ at::Tensor vocab_parallel_cross_entropy(const torch::nn::Module& head, const at:
               "vocab_parallel_cross_entropy: the head '", head.name(),
               "' does not split its logits over the vocabulary (no ColwiseParallel style)");
   TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && logits.size(0) == targets.size(0),
-              "vocab_parallel_cross_entropy expects logits [N, V / T] and targets [N], got logits ",
+              "vocab_parallel_cross_entropy expects logits [N, V_r] and targets [N], got logits ",
               logits.sizes(), " and targets ", targets.sizes());
   // Reduced-precision logits in float32, as at::cross_entropy_loss's callers upcast them.
   const at::Tensor wide =
       c10::isReducedFloatingType(logits.scalar_type()) ? logits.to(at::kFloat) : logits;
   return VocabParallelCrossEntropy::apply(wide, targets, detail::site_capsule(tp->site),
-                                          ignore_index);
+                                          ignore_index, tp->first);
 }
 
 }  // namespace fsdp

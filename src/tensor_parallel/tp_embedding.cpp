@@ -16,7 +16,7 @@ namespace {
 
 at::Tensor vocabulary_parallel_lookup(const detail::TpLayer& tp, const at::Tensor& table,
                                       const at::Tensor& ids) {
-  const int64_t rows = table.size(0), first = tp.site.group->rank() * rows;
+  const int64_t rows = table.size(0), first = tp.first;  // [Note: an uneven vocabulary]
   const at::Tensor outside = (ids < first).logical_or(ids >= first + rows);
   const at::Tensor partial = at::embedding(table, (ids - first).masked_fill(outside, 0))
                                  .masked_fill(outside.unsqueeze(-1), 0);

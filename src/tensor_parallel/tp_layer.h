@@ -22,6 +22,9 @@ struct TpLayer {
   // PrepareModuleInput from sequence shards: what its gather's backward receives (kPartial when
   // the module holds column layers).
   GradientKind gather_gradient = GradientKind::kReplicated;
+  // The column and row styles: the first index of this rank's slice of the split dimension of the
+  // full weight (a table's first row, a column layer's first output): tensor_parallel_range's.
+  int64_t first = 0;
 };
 
 // The style parallelize_module gave module, or nullptr.

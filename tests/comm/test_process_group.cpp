@@ -193,9 +193,10 @@ TEST(ProcessGroupTest, LargeAllReduceIsTheSameSumOnEveryRank) {
               }
               pg->all_reduce(t, op)->wait();
               // bf16: W roundings (W - 1 hops and the average), each within 2^-8 of the largest.
-              const double tol = dtype == at::kDouble  ? 1e-12
-                                 : dtype == at::kFloat ? 1e-5
-                                                       : world / 256.0 * want.abs().max().item<double>();
+              const double tol = dtype == at::kDouble ? 1e-12
+                                 : dtype == at::kFloat
+                                     ? 1e-5
+                                     : world / 256.0 * want.abs().max().item<double>();
               const double error = (t.to(at::kDouble) - want).abs().max().item<double>();
               EXPECT_LE(error, tol);
               at::Tensor all = at::empty({world * numel}, dtype);

@@ -552,12 +552,13 @@ Case tensor_parallel_case(const std::string& name, int world, const std::string&
 }
 
 TEST(Fsdp2ParityTensorParallel, DpByTpMatchesFsdp2WithParallelizeModule) {
-  run_cases({tensor_parallel_case("llama_dp2_tp2", 4, "", false),
-             tensor_parallel_case("llama_tp2", 2, "", false),
-             tensor_parallel_case("llama_dp2_tp2_bf16", 4, " --param-dtype bf16", true),
-             tensor_parallel_case("llama_dp2_tp2_sp", 4, " --sequence-parallel", false, 1e-4),
-             tensor_parallel_case("gpt2_dp2_tp2", 4, "", false, -1, "tiny"),
-             tensor_parallel_case("gpt2_dp2_tp2_sp", 4, " --sequence-parallel", false, -1, "tiny")});
+  run_cases(
+      {tensor_parallel_case("llama_dp2_tp2", 4, "", false),
+       tensor_parallel_case("llama_tp2", 2, "", false),
+       tensor_parallel_case("llama_dp2_tp2_bf16", 4, " --param-dtype bf16", true),
+       tensor_parallel_case("llama_dp2_tp2_sp", 4, " --sequence-parallel", false, 1e-4),
+       tensor_parallel_case("gpt2_dp2_tp2", 4, "", false, -1, "tiny"),
+       tensor_parallel_case("gpt2_dp2_tp2_sp", 4, " --sequence-parallel", false, -1, "tiny")});
 }
 
 // The same comparisons with our ranks on the mpi backend, as an mpirun job (builds with MPI).

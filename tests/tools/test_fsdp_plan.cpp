@@ -292,9 +292,9 @@ TEST(FsdpPlanAccounting, FlopsAreTorchsCountAndBytesAreTheRuntimes) {
     const nlohmann::json measured = trained_step("llama-debug", extra);
     ASSERT_EQ(measured["ranks"].size(), 2u);
     for (int rank = 0; rank < 2; ++rank) {
-      for (const char* key : {"param_bytes", "grad_bytes", "optim_bytes", "all_gather_bytes",
-                              "reduce_scatter_bytes", "tp_all_gather_calls",
-                              "tp_reduce_scatter_calls"}) {
+      for (const char* key :
+           {"param_bytes", "grad_bytes", "optim_bytes", "all_gather_bytes", "reduce_scatter_bytes",
+            "tp_all_gather_calls", "tp_reduce_scatter_calls"}) {
         EXPECT_EQ(plan["ranks"][rank][key], measured["ranks"][rank][key])
             << "rank " << rank << ": " << key;
       }

@@ -152,10 +152,10 @@ TEST(Fp16Train, W1AndW2AgreeWithinFp16Rounding) {
 // scaler run against one process: the same scales and skips, losses within fp16 rounding.
 TEST(Fp16Train, UnderTensorParallelismAnOverflowOnOneRankSkipsTheStepEverywhere) {
   const std::string dir = test::temp_dir("fp16_tp");
-  const auto lines = run_metrics("env FSDP_TRAIN_OVERFLOW_AT=3:1 " +
-                                     train(2, "--tp 2 --param-dtype fp16 --steps 4 --export " +
-                                                  dir + "/skipped.safetensors"),
-                                 dir + "/skipped.jsonl");
+  const auto lines = run_metrics(
+      "env FSDP_TRAIN_OVERFLOW_AT=3:1 " +
+          train(2, "--tp 2 --param-dtype fp16 --steps 4 --export " + dir + "/skipped.safetensors"),
+      dir + "/skipped.jsonl");
   ASSERT_EQ(lines.size(), 4u);
   const CommandResult three = run_command(
       train(2, "--tp 2 --param-dtype fp16 --steps 3 --export " + dir + "/three.safetensors"));

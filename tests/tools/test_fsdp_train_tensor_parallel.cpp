@@ -8,6 +8,7 @@
 //   each continuing the reference's losses; --init-from a single-process export and --export
 //   again gives the same weights;
 // - a Qwen3 config.json (q/k norms, tied head) at dp 2 x tp 2 with sequence parallelism, likewise;
+// - GPT-2 tiny with a vocabulary of 257, split 129 / 128 over tp 2, in both of the above;
 // - the settings tensor parallelism does not run yet are refused by name.
 #include "support/checkpoint_util.h"
 #include "support/test_support.h"
@@ -32,8 +33,14 @@ using test::read_json_lines;
 using test::run_command;
 using ::testing::HasSubstr;
 
+// GPT-2 tiny with 257 tokens: a vocabulary that does not divide by tp 2, split 129 and 128
+// ([Note: an uneven vocabulary]).
+const char* const kUnevenVocab = "tiny --vocab-size 257";
+
 std::string model_case_name(const std::string& model) {
-  return model == "tiny" ? "gpt2_tiny" : "llama_tiny";
+  return model == kUnevenVocab ? "gpt2_tiny_uneven_vocabulary"
+         : model == "tiny"     ? "gpt2_tiny"
+                               : "llama_tiny";
 }
 
 class FsdpTrainTensorParallel : public ::testing::TestWithParam<std::string> {};
@@ -41,7 +48,7 @@ class FsdpTrainTensorParallel : public ::testing::TestWithParam<std::string> {};
 TEST_P(FsdpTrainTensorParallel, MatchesTheSingleProcessReference) {
   const std::string common =
       "--model " + GetParam() + " --steps 5 --global-batch 8 --seq-len 16 --quiet --seed 5";
-  const std::string base = test::temp_path("fsdp_train_tp_" + GetParam());
+  const std::string base = test::temp_path("fsdp_train_tp_" + model_case_name(GetParam()));
   const CommandResult ref = run_command(fsdp_train_binary() + " --no-fsdp " + common +
                                         " --metrics " + base + "_ref.jsonl");
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
@@ -76,7 +83,8 @@ TEST_P(FsdpTrainTensorParallel, MatchesTheSingleProcessReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, FsdpTrainTensorParallel, ::testing::Values("llama-tiny", "tiny"),
+INSTANTIATE_TEST_SUITE_P(Models, FsdpTrainTensorParallel,
+                         ::testing::Values("llama-tiny", "tiny", kUnevenVocab),
                          [](const auto& info) { return model_case_name(info.param); });
 
 // A Hugging Face Qwen3 directory (per-head q/k norms, ReplicateParallel; the head tied to the
@@ -181,7 +189,7 @@ TEST_P(FsdpTrainTensorParallelCheckpoint, SavesResumesAndExportsGlobalTensors) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, FsdpTrainTensorParallelCheckpoint,
-                         ::testing::Values("llama-tiny", "tiny"),
+                         ::testing::Values("llama-tiny", "tiny", kUnevenVocab),
                          [](const auto& info) { return model_case_name(info.param); });
 
 TEST(FsdpTrainTensorParallelErrors, SettingsItCannotRunAreNamed) {

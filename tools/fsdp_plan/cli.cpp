@@ -154,9 +154,9 @@ nlohmann::json plan_json(const fsdp::StepTimePlan& p, const Flags& f,
 void print_plan(const fsdp::StepTimePlan& p, const Flags& f, const fsdp::HardwareSpec& hw) {
   const fsdp::MemoryEstimate& m = p.memory;
   const train::ParallelismConfig& par = f.job.parallelism;
-  const std::string tp = par.tp > 1 ? " x tp " + std::to_string(par.tp) +
-                                          (par.sequence_parallel ? " with SP" : "")
-                                    : "";
+  const std::string tp =
+      par.tp > 1 ? " x tp " + std::to_string(par.tp) + (par.sequence_parallel ? " with SP" : "")
+                 : "";
   std::printf("%s on %d rank(s) of %s, %s%s, prefetch %d\n", f.job.model.name.c_str(), f.world,
               hw.name.c_str(), par.no_fsdp ? "no FSDP" : to_string(par.strategy).c_str(),
               tp.c_str(), par.prefetch);
@@ -165,7 +165,8 @@ void print_plan(const fsdp::StepTimePlan& p, const Flags& f, const fsdp::Hardwar
   std::printf("  compute         %9.4f s  (optimizer and clipping %.4f s)\n", p.compute_s,
               p.optimizer_s);
   std::printf("  exposed comm    %9.4f s  of %.4f s of collectives\n", p.exposed_comm_s, p.comm_s);
-  if (par.tp > 1) std::printf("  tp collectives  %9.4f s  (waited for inside the units' compute)\n", p.tp_comm_s);
+  if (par.tp > 1)
+    std::printf("  tp collectives  %9.4f s  (waited for inside the units' compute)\n", p.tp_comm_s);
   std::printf("  tokens/s        %9.0f     (%.0f per rank)\n", p.tokens_per_s,
               p.tokens_per_s / f.world);
   std::printf("  MFU             %9.1f %%\n", 100 * p.mfu);
@@ -185,43 +186,57 @@ bool splits_over(const Flags& f, int tp) {
   }
 }
 
-// Every strategy (and hpZ group, HSDP replica count) at the flags' world size, and with each
-// tensor-parallel size T that divides it, stays within a node (tp runs over the fastest link)
-// and splits the model: full_shard (and its hpZ groups) and shard_grad_op over W / T.
-std::vector<Flags> sweep_configurations(const Flags& f, const fsdp::HardwareSpec& hw) {
+// The flags with one configuration's parallelism.
+Flags configuration(const Flags& f, ShardingStrategy strategy, int replicate, int raf, int tp) {
+  Flags c = f;
+  c.job.parallelism.strategy = strategy;
+  c.job.parallelism.replicate = replicate;
+  c.job.parallelism.reshard_after_forward = raf;
+  c.job.parallelism.tp = tp;
+  c.job.parallelism.sequence_parallel = tp > 1 && f.job.parallelism.sequence_parallel;
+  return c;
+}
+
+// Every strategy (and hpZ group, HSDP replica count) at the flags' world size, FSDP alone.
+std::vector<Flags> fsdp_configurations(const Flags& f) {
   std::vector<Flags> out;
-  auto add = [&](ShardingStrategy strategy, int replicate, int raf, int tp) {
-    Flags c = f;
-    c.job.parallelism.strategy = strategy;
-    c.job.parallelism.replicate = replicate;
-    c.job.parallelism.reshard_after_forward = raf;
-    c.job.parallelism.tp = tp;
-    c.job.parallelism.sequence_parallel = tp > 1 && f.job.parallelism.sequence_parallel;
-    out.push_back(c);
-  };
   for (int replicate = 1; replicate <= f.world; ++replicate) {
     if (f.world % replicate != 0) continue;
     const int shard = f.world / replicate;
     const ShardingStrategy strategy =
         replicate == 1 ? ShardingStrategy::kFullShard : ShardingStrategy::kHybridShard;
-    if (replicate < f.world) add(strategy, replicate, 1, 1);
+    if (replicate < f.world) out.push_back(configuration(f, strategy, replicate, 1, 1));
     for (int n = 2; n < shard; ++n) {
-      if (shard % n == 0) add(strategy, replicate, n, 1);
+      if (shard % n == 0) out.push_back(configuration(f, strategy, replicate, n, 1));
     }
   }
-  add(ShardingStrategy::kShardGradOp, 1, 1, 1);
-  add(ShardingStrategy::kNoShard, 1, 1, 1);
+  out.push_back(configuration(f, ShardingStrategy::kShardGradOp, 1, 1, 1));
+  out.push_back(configuration(f, ShardingStrategy::kNoShard, 1, 1, 1));
+  return out;
+}
+
+// With each tensor-parallel size T that divides the world size, stays within a node (tp runs
+// over the fastest link) and splits the model: full_shard (and its hpZ groups) and
+// shard_grad_op over W / T.
+std::vector<Flags> tensor_parallel_configurations(const Flags& f, const fsdp::HardwareSpec& hw) {
+  std::vector<Flags> out;
   const int node = hw.cpu_cores > 0 ? f.world : hw.devices_per_node;
   for (int tp = 2; tp <= std::min(f.world, node); ++tp) {
     const bool sp_splits = !f.job.parallelism.sequence_parallel || f.job.training.seq_len % tp == 0;
     if (f.world % tp != 0 || !sp_splits || !splits_over(f, tp)) continue;
     const int data = f.world / tp;
-    if (data > 1) add(ShardingStrategy::kFullShard, 1, 1, tp);
+    if (data > 1) out.push_back(configuration(f, ShardingStrategy::kFullShard, 1, 1, tp));
     for (int n = 2; n < data; ++n) {
-      if (data % n == 0) add(ShardingStrategy::kFullShard, 1, n, tp);
+      if (data % n == 0) out.push_back(configuration(f, ShardingStrategy::kFullShard, 1, n, tp));
     }
-    add(ShardingStrategy::kShardGradOp, 1, 1, tp);
+    out.push_back(configuration(f, ShardingStrategy::kShardGradOp, 1, 1, tp));
   }
+  return out;
+}
+
+std::vector<Flags> sweep_configurations(const Flags& f, const fsdp::HardwareSpec& hw) {
+  std::vector<Flags> out = fsdp_configurations(f);
+  for (Flags& c : tensor_parallel_configurations(f, hw)) out.push_back(std::move(c));
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include "fsdp_plan/compute_spec.h"
 
 #include <c10/util/Exception.h>
+#include <fsdp/tensor_parallel.h>
 
 #include <numeric>
 
@@ -37,8 +38,8 @@ ModelComputeSpec rank_compute_spec(const models::ModelSpec& spec, int64_t micro_
       spec.memory_spec(micro_batch, seq_len, compute_dtype, false, tp, sp);
   const int64_t width = size_named(spec, {"n_embd", "hidden_size"});
   const int64_t heads = size_named(spec, {"n_head", "num_attention_heads"});
-  TORCH_CHECK(heads > 0 && width % heads == 0 && heads % tp == 0, "fsdp-plan: model '",
-              spec.name(), "' has width ", width, " and ", heads, " heads (tp ", tp, ")");
+  TORCH_CHECK(heads > 0 && width % heads == 0 && heads % tp == 0, "fsdp-plan: model '", spec.name(),
+              "' has width ", width, " and ", heads, " heads (tp ", tp, ")");
   ModelComputeSpec c;
   c.tokens = micro_batch * seq_len;
   for (const auto& unit : memory.units) {
@@ -52,10 +53,11 @@ ModelComputeSpec rank_compute_spec(const models::ModelSpec& spec, int64_t micro_
     u.other_bytes = 3 * unit.saved_bytes;
     c.units.push_back(u);
   }
-  // The head: [vocab, width], or this rank's rows of it under a vocabulary split.
+  // The head: [vocab, width], or rank 0's rows of it under a vocabulary split (the most).
   const int64_t vocab = spec.vocab_size();
+  const int64_t rows = tp > 1 ? tensor_parallel_range(vocab, tp, 0).length : vocab;
   for (const auto& shape : memory.root_param_shapes) {
-    if (shape.size() == 2 && (shape[0] == vocab || shape[0] * tp == vocab)) {
+    if (shape.size() == 2 && (shape[0] == vocab || shape[0] == rows)) {
       c.root_head.matmuls.push_back({c.tokens, shape[1], shape[0]});
       break;  // tied or not, the head multiplies once
     }
@@ -73,8 +75,8 @@ ModelComputeSpec compute_spec(const models::ModelSpec& spec, int64_t micro_batch
   ModelComputeSpec c =
       rank_compute_spec(spec, micro_batch, seq_len, compute_dtype, tp, sequence_parallel);
   if (tp > 1) {  // the whole model's FLOPs, for MFU
-    const ModelComputeSpec whole = rank_compute_spec(spec, micro_batch, seq_len, compute_dtype, 1,
-                                                     false);
+    const ModelComputeSpec whole =
+        rank_compute_spec(spec, micro_batch, seq_len, compute_dtype, 1, false);
     c.model_forward_flops = forward_flops(whole);
   }
   return c;

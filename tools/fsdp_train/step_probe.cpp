@@ -29,15 +29,22 @@ int64_t optimizer_bytes(torch::optim::AdamW& optimizer) {
 }
 
 // The RankStepStats fields every rank sends, named once for packing and unpacking.
-constexpr int64_t RankStepStats::*kGatheredFields[] = {
-    &RankStepStats::param_bytes,      &RankStepStats::grad_bytes,
-    &RankStepStats::optim_bytes,      &RankStepStats::peak_unsharded_bytes,
-    &RankStepStats::all_gather_bytes, &RankStepStats::reduce_scatter_bytes,
-    &RankStepStats::all_reduce_bytes, &RankStepStats::peak_rss_bytes,
-    &RankStepStats::sent_bytes,       &RankStepStats::peak_alloc_bytes,
-    &RankStepStats::activation_bytes, &RankStepStats::broadcast_bytes,
-    &RankStepStats::reduce_bytes,     &RankStepStats::tp_all_gather_calls,
-    &RankStepStats::tp_reduce_scatter_calls, &RankStepStats::tp_all_reduce_calls};
+constexpr int64_t RankStepStats::*kGatheredFields[] = {&RankStepStats::param_bytes,
+                                                       &RankStepStats::grad_bytes,
+                                                       &RankStepStats::optim_bytes,
+                                                       &RankStepStats::peak_unsharded_bytes,
+                                                       &RankStepStats::all_gather_bytes,
+                                                       &RankStepStats::reduce_scatter_bytes,
+                                                       &RankStepStats::all_reduce_bytes,
+                                                       &RankStepStats::peak_rss_bytes,
+                                                       &RankStepStats::sent_bytes,
+                                                       &RankStepStats::peak_alloc_bytes,
+                                                       &RankStepStats::activation_bytes,
+                                                       &RankStepStats::broadcast_bytes,
+                                                       &RankStepStats::reduce_bytes,
+                                                       &RankStepStats::tp_all_gather_calls,
+                                                       &RankStepStats::tp_reduce_scatter_calls,
+                                                       &RankStepStats::tp_all_reduce_calls};
 constexpr int64_t kGatheredCount = std::size(kGatheredFields);
 
 // A "<key> <number>" line of a /proc/self file (status: kB, io: bytes), or 0 if absent.

@@ -196,8 +196,10 @@ class GlooProcessGroup final : public QueuedProcessGroup {
     std::vector<at::Tensor> send_tensors{send};
     std::vector<at::Tensor> recv_tensors{recv};
     c10::intrusive_ptr<c10d::Work> send_work, recv_work;
-    if (send.numel() > 0) send_work = issue_c10d([&] { return pg_->send(send_tensors, right, tag); });
-    if (recv.numel() > 0) recv_work = issue_c10d([&] { return pg_->recv(recv_tensors, left, tag); });
+    if (send.numel() > 0)
+      send_work = issue_c10d([&] { return pg_->send(send_tensors, right, tag); });
+    if (recv.numel() > 0)
+      recv_work = issue_c10d([&] { return pg_->recv(recv_tensors, left, tag); });
     if (send_work) wait_c10d(send_work, op, right);
     if (recv_work) wait_c10d(recv_work, op, left);
   }
