@@ -254,20 +254,11 @@ class GlooProcessGroup final : public QueuedProcessGroup {
     const int64_t n = output.numel();
     auto chunk = [&](int64_t c) { return input.narrow(0, c * n, n); };
     const bool widen = input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf;
-    const int right = (rank() + 1) % size();
-    const int left = (rank() + size() - 1) % size();
-
     at::Tensor send_buf = chunk((rank() + size() - 1) % size());  // read only, never written
     at::Tensor partial = at::empty({n}, input.options());
     at::Tensor recv_buf = at::empty({n}, input.options());
     for (int step = 0; step < size() - 1; ++step) {
-      const int tag = next_tag();
-      std::vector<at::Tensor> send_tensors{send_buf};
-      std::vector<at::Tensor> recv_tensors{recv_buf};
-      auto send_work = issue_c10d([&] { return pg_->send(send_tensors, right, tag); });
-      auto recv_work = issue_c10d([&] { return pg_->recv(recv_tensors, left, tag); });
-      wait_c10d(send_work, op, right);
-      wait_c10d(recv_work, op, left);
+      exchange(op, send_buf, recv_buf);
 
       const int64_t received = ((rank() - step - 2) % size() + size()) % size();
       const bool last = step == size() - 2;
