@@ -1,5 +1,6 @@
 // The mpi backend's algorithm by message size (src/comm/mpi/mpi_algorithm.h): Open MPI's own
-// non-blocking collectives below a threshold, our ring (mpi_ring.h) from it. Each collective runs
+// non-blocking collectives below a threshold, our ring (mpi_ring.h) from it, for the all-gather,
+// reduce-scatter, all-reduce, broadcast and reduce. Each collective runs
 // just below and just above its threshold, at W = 2, 3 and 4, against references that involve no
 // MPI: the float64 sum, and the gloo backend's results. Part of test_mpi_backend's binary, which
 // ctest runs under mpirun once per FSDP_MPI_ALGO (auto, ring, native), so every size also runs
@@ -149,12 +150,77 @@ TEST(MpiAlgorithm, AllGatherAroundItsThresholdMovesEveryByte) {
   }
 }
 
+// From rank 0 and from the last rank (whose chain wraps around): every rank ends with root's bytes;
+// the counts are those of the all-gather's test, plus one below a segment and an empty tensor.
+TEST(MpiAlgorithm, BroadcastAroundItsThresholdFromTheFirstAndLastRoot) {
+  for (int w = 2; w <= world().mpi->size(); ++w) {
+    const Groups g = first_ranks(w);
+    if (!g.mpi) continue;
+    for (const auto dtype : {at::kFloat, at::kBFloat16, at::kChar}) {
+      auto counts = counts_around_threshold(MpiRingCollective::kBroadcast, w, dtype);
+      counts.push_back(1000);
+      counts.push_back(0);
+      for (const int64_t n : counts) {
+        for (const int root : {0, w - 1}) {
+          const uint64_t seed = 13 * w + root + n % 11;
+          const at::Tensor want = input_of(root, n, dtype, seed);
+          at::Tensor t = g.mpi->rank() == root ? want.clone() : at::zeros({n}, dtype);
+          g.mpi->broadcast(t, root)->wait();
+          EXPECT_TRUE(at::equal(t, want))
+              << "broadcast from root " << root << " " << name_of(w, dtype, ReduceOp::kSum, n);
+        }
+      }
+    }
+  }
+}
+
+// root gets the sum within one rounding per addition of the float64 sum; as a ring, the bits of
+// the all-reduce of the same size (the same reduce-scatter); the other ranks' tensors are not
+// written by either algorithm. n as in the all-reduce's test.
+TEST(MpiAlgorithm, ReduceAroundItsThresholdToTheFirstAndLastRoot) {
+  for (int w = 2; w <= world().mpi->size(); ++w) {
+    const Groups g = first_ranks(w);
+    if (!g.mpi) continue;
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (const auto op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        auto counts = counts_around_threshold(MpiRingCollective::kReduce, w, dtype);
+        counts.push_back(counts.back() + 1);
+        counts.push_back(w - 1);
+        for (const int64_t n : counts) {
+          for (const int root : {0, w - 1}) {
+            const uint64_t seed = 17 * w + root + static_cast<int>(op) + n % 7;
+            const std::string what =
+                "reduce to root " + std::to_string(root) + " " + name_of(w, dtype, op, n);
+            const at::Tensor in = input_of(g.mpi->rank(), n, dtype, seed);
+            at::Tensor by_reduce = in.clone();
+            at::Tensor by_all_reduce = in.clone();
+            g.mpi->reduce(by_reduce, root, op)->wait();
+            g.mpi->all_reduce(by_all_reduce, op)->wait();
+            if (g.mpi->rank() != root) {
+              EXPECT_TRUE(at::equal(by_reduce, in)) << what << ": a non-root tensor was written";
+              continue;
+            }
+            at::Tensor want = sum_in_double(w, n, dtype, seed);
+            if (op == ReduceOp::kAvg) want /= w;
+            expect_close_to(by_reduce, want, tolerance(dtype, w), what);
+            if (is_ring(MpiRingCollective::kReduce, in, w) &&
+                is_ring(MpiRingCollective::kAllReduce, in, w)) {
+              EXPECT_TRUE(at::equal(by_reduce, by_all_reduce)) << what;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // The threshold splits the sizes under auto; ring and native take every size.
 TEST(MpiAlgorithm, TheChoiceFollowsTheSizeUnlessTheEnvironmentNamesOne) {
   const char* value = std::getenv("FSDP_MPI_ALGO");
   const std::string policy = value ? value : "auto";
-  for (const auto c : {MpiRingCollective::kAllGather, MpiRingCollective::kReduceScatter,
-                       MpiRingCollective::kAllReduce}) {
+  for (const auto c :
+       {MpiRingCollective::kAllGather, MpiRingCollective::kReduceScatter,
+        MpiRingCollective::kAllReduce, MpiRingCollective::kBroadcast, MpiRingCollective::kReduce}) {
     for (int w = 2; w <= 4; ++w) {
       const int64_t from = detail::mpi_ring_from_bytes(c, w);
       const MpiAlgorithm below = detail::mpi_algorithm_for(c, from - 1, w);

@@ -31,10 +31,22 @@ namespace {
 //   ring was within the noise of it from 256 KiB up. The ring from 1 MiB is a bet on all-gathers
 //   between hosts, where libnbc's took 1.1-2.2x gloo's time at 1-16 MiB on the 1g link and the
 //   ring 0.6-1.1x (bench/RESULTS.md, "Over the shaped link (1g)": one run).
+// - reduce: the ring (ring_reduce: the all-reduce's reduce-scatter, then each chunk to root)
+//   takes half libnbc's time on one host from 256 KiB (56 against 85 us; 124 against 256 ms at
+//   256 MiB), libnbc wins below; so the ring from 256 KiB. Over the 1g link both stay within
+//   gloo's time at every size, libnbc closer to the wire from 16 MiB (0.63-0.73 of gloo's time
+//   against the ring's 0.87-0.94);
+// - broadcast: the ring (a pipeline down the chain from root) and libnbc take the same time on
+//   one host idle and over the link at every size (both at the wire's speed over it), but under
+//   load libnbc's large broadcasts took 1.3-2x gloo's time on one host and its posted-at-once
+//   segments are what survive load ([Note: ring segments]); so the ring from 1 MiB.
+// (bench/RESULTS.md, "MPI at every size, second part": an idle machine, W = 2.)
 // The same thresholds at every W: measured at W = 2 only (W = 4 means four ranks on two cores).
 constexpr int64_t kRingAllGatherFromBytes = int64_t{1} << 20;
 constexpr int64_t kRingReduceScatterFromBytes = int64_t{64} << 10;
 constexpr int64_t kRingAllReduceFromBytes = int64_t{256} << 10;
+constexpr int64_t kRingBroadcastFromBytes = int64_t{1} << 20;
+constexpr int64_t kRingReduceFromBytes = int64_t{256} << 10;
 
 enum class Policy { kAuto, kNative, kRing };
 
@@ -75,6 +87,10 @@ int64_t mpi_ring_from_bytes(MpiRingCollective collective, int world_size) {
       return kRingReduceScatterFromBytes;
     case MpiRingCollective::kAllReduce:
       return kRingAllReduceFromBytes;
+    case MpiRingCollective::kBroadcast:
+      return kRingBroadcastFromBytes;
+    case MpiRingCollective::kReduce:
+      return kRingReduceFromBytes;
   }
   TORCH_INTERNAL_ASSERT(false, "unknown collective");
 }

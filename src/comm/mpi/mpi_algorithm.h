@@ -8,15 +8,15 @@
 namespace fsdp::detail {
 
 enum class MpiAlgorithm {
-  kNative,  // MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Iallreduce (Open MPI's libnbc)
+  kNative,  // MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Iallreduce, ... (Open MPI's libnbc)
   kRing,    // mpi_ring.h
 };
 
-// The collectives that have a ring; broadcast, reduce and barrier are always native.
-enum class MpiRingCollective { kAllGather, kReduceScatter, kAllReduce };
+// The collectives that have a ring; the barrier is always native.
+enum class MpiRingCollective { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kReduce };
 
 // The algorithm for collective when its larger buffer (the all-gather's output, the
-// reduce-scatter's input, the all-reduce's tensor) holds bytes bytes, in a group of world_size
+// reduce-scatter's input, the tensor of the others) holds bytes bytes, in a group of world_size
 // ranks. The same on every rank for the same call, since every rank passes the same numbers.
 // FSDP_MPI_ALGO overrides the choice for benchmarking: auto (the default: by size), native or
 // ring (every size); any other value throws, naming the choices.

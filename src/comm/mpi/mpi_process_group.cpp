@@ -263,6 +263,10 @@ class MpiProcessGroup final : public QueuedProcessGroup {
   }
 
   void run_broadcast(const OpContext& op, const at::Tensor& tensor, int root) override {
+    if (ring_for(MpiRingCollective::kBroadcast, tensor)) {
+      ring_broadcast(ring_link(op), tensor, root);
+      return;
+    }
     MPI_Request request = MPI_REQUEST_NULL;
     FSDP_MPI_CHECK(
         MPI_Ibcast(tensor.data_ptr(), byte_count(op, tensor), MPI_BYTE, root, comm_, &request),
@@ -272,6 +276,10 @@ class MpiProcessGroup final : public QueuedProcessGroup {
 
   void run_reduce(const OpContext& op, const at::Tensor& tensor, int root,
                   ReduceOp reduce_op) override {
+    if (ring_for(MpiRingCollective::kReduce, tensor)) {
+      ring_reduce(ring_link(op), tensor, root, reduce_op);
+      return;
+    }
     const Reduction sum = sum_of(tensor.scalar_type(), context(op));
     const bool is_root = root == rank();
     MPI_Request request = MPI_REQUEST_NULL;

@@ -88,6 +88,9 @@ class RingSteps {
     TORCH_INTERNAL_ASSERT(link.size >= 2, "a ring needs two ranks, got ", link.size);
   }
 
+  int rank() const { return link_.rank; }
+  int size() const { return link_.size; }
+
   // send goes right; the left's chunk lands in into (its own element count).
   void copy(const at::Tensor& send, const at::Tensor& into) {
     const int64_t count = into.numel();
@@ -167,6 +170,81 @@ void gather_chunks(RingSteps& ring, const at::Tensor& flat, int rank, int w) {
   }
 }
 
+// The reduce-scatter half of ring_all_reduce, over flat's uneven chunks: at step s rank r adds
+// its own chunk r - s - 2 of flat ("mine") to the left's partial sum of that chunk, keeps the sum
+// in partial_for(s, mine) and sends it at step s + 1. Returns the last partial: chunk r of flat
+// reduced over every rank. flat itself is written only where partial_for returns its chunks.
+using PartialFor = std::function<at::Tensor(int step, const at::Tensor& mine)>;
+at::Tensor reduce_chunks(RingSteps& ring, const at::Tensor& flat, ReduceOp reduce_op,
+                         const PartialFor& partial_for) {
+  const int w = ring.size();
+  const int rank = ring.rank();
+  at::Tensor send = chunk(flat, mod(rank - 1, w), w);
+  for (int s = 0; s < w - 1; ++s) {
+    const at::Tensor mine = chunk(flat, mod(rank - s - 2, w), w);
+    const at::Tensor partial = partial_for(s, mine);
+    const int divide_by = s == w - 2 && reduce_op == ReduceOp::kAvg ? w : 1;
+    ring.reduce(send, partial.numel(), [&](int64_t offset, int64_t length, const at::Tensor& got) {
+      add_hop(partial.narrow(0, offset, length), got, mine.narrow(0, offset, length), divide_by);
+    });
+    send = partial;
+  }
+  return send;
+}
+
+// A flat tensor moved whole between two ranks, in the ring's segments, every message posted at
+// once ([Note: ring segments]); both ends cut it the same way from its element count and dtype.
+class Segments {
+ public:
+  explicit Segments(const at::Tensor& flat)
+      : flat_(flat),
+        item_(static_cast<int64_t>(flat.element_size())),
+        segment_(std::max<int64_t>(1, kRingSegmentBytes / item_)),
+        count_((flat.numel() + segment_ - 1) / segment_) {}
+
+  int64_t count() const { return count_; }
+
+  // Posts segment k's message to (from) peer into *request.
+  void post_send(const RingLink& link, int64_t k, int peer, MPI_Request* request) const {
+    FSDP_MPI_CHECK(MPI_Isend(at(k), bytes(k), MPI_BYTE, peer, kRingTag, link.comm, request),
+                   link.context);
+  }
+  void post_receive(const RingLink& link, int64_t k, int peer, MPI_Request* request) const {
+    FSDP_MPI_CHECK(MPI_Irecv(at(k), bytes(k), MPI_BYTE, peer, kRingTag, link.comm, request),
+                   link.context);
+  }
+
+  // Posts every segment's message to (from) peer, appending the requests and their peer.
+  void post_all(const RingLink& link, bool send, int peer, std::vector<MPI_Request>& requests,
+                std::vector<int>& peers) const {
+    for (int64_t k = 0; k < count_; ++k) {
+      requests.push_back(MPI_REQUEST_NULL);
+      peers.push_back(peer);
+      if (send) {
+        post_send(link, k, peer, &requests.back());
+      } else {
+        post_receive(link, k, peer, &requests.back());
+      }
+    }
+  }
+
+ private:
+  char* at(int64_t k) const { return bytes_of(flat_) + k * segment_ * item_; }
+  int bytes(int64_t k) const {
+    return static_cast<int>(std::min(segment_, flat_.numel() - k * segment_) * item_);
+  }
+
+  const at::Tensor flat_;
+  const int64_t item_;
+  const int64_t segment_;  // elements
+  const int64_t count_;
+};
+
+void wait_for(const RingLink& link, std::vector<MPI_Request>& requests,
+              const std::vector<int>& peers) {
+  link.wait_all(requests.data(), peers.data(), static_cast<int>(requests.size()));
+}
+
 }  // namespace
 
 // At step s rank r sends its partial sum of chunk r - s - 1 (at s = 0 its own input chunk) and
@@ -194,24 +272,64 @@ void ring_reduce_scatter(const RingLink& link, const at::Tensor& output, const a
 // The same schedule as ring_reduce_scatter, with every chunk's partial sum kept in the chunk
 // itself: rank r's own contribution to chunk c is needed only at the step that adds it.
 void ring_all_reduce(const RingLink& link, const at::Tensor& tensor, ReduceOp reduce_op) {
-  const int w = link.size;
   RingSteps ring(link, tensor.scalar_type());
-  for (int s = 0; s < w - 1; ++s) {
-    const at::Tensor partial = chunk(tensor, mod(link.rank - s - 2, w), w);
-    const int divide_by = s == w - 2 && reduce_op == ReduceOp::kAvg ? w : 1;
-    ring.reduce(chunk(tensor, mod(link.rank - s - 1, w), w), partial.numel(),
-                [&](int64_t offset, int64_t length, const at::Tensor& got) {
-                  const at::Tensor mine = partial.narrow(0, offset, length);
-                  add_hop(mine, got, mine, divide_by);
-                });
-  }
-  gather_chunks(ring, tensor, link.rank, w);
+  reduce_chunks(ring, tensor, reduce_op, [](int, const at::Tensor& mine) { return mine; });
+  gather_chunks(ring, tensor, link.rank, link.size);
 }
 
 void ring_all_gather(const RingLink& link, const at::Tensor& output, const at::Tensor& input) {
   chunk(output, link.rank, link.size).copy_(input);
   RingSteps ring(link, input.scalar_type());
   gather_chunks(ring, output, link.rank, link.size);
+}
+
+// A rank's place in the chain is its distance from root; segment k leaves a rank as soon as it
+// has arrived, so the chain's ranks forward at once instead of after the whole tensor.
+void ring_broadcast(const RingLink& link, const at::Tensor& tensor, int root) {
+  const int w = link.size;
+  const int place = mod(link.rank - root, w);
+  const int left = mod(link.rank - 1, w);
+  const int right = mod(link.rank + 1, w);
+  const Segments segments(tensor);
+  const int64_t n = segments.count();
+  std::vector<MPI_Request> sends(place < w - 1 ? n : 0, MPI_REQUEST_NULL);
+  if (place == 0) {
+    for (int64_t k = 0; k < n; ++k) segments.post_send(link, k, right, &sends[k]);
+  } else {
+    std::vector<MPI_Request> receives;
+    std::vector<int> lefts;
+    segments.post_all(link, /*send=*/false, left, receives, lefts);
+    for (int64_t k = 0; k < n; ++k) {
+      link.wait_all(&receives[k], &left, 1);
+      if (!sends.empty()) segments.post_send(link, k, right, &sends[k]);
+    }
+  }
+  wait_for(link, sends, std::vector<int>(sends.size(), right));
+}
+
+void ring_reduce(const RingLink& link, const at::Tensor& tensor, int root, ReduceOp reduce_op) {
+  const int w = link.size;
+  const bool is_root = link.rank == root;
+  RingSteps ring(link, tensor.scalar_type());
+  std::array<at::Tensor, 2> scratch;
+  if (!is_root) {
+    for (auto& t : scratch) t = at::empty({(tensor.numel() + w - 1) / w}, tensor.options());
+  }
+  const at::Tensor reduced =
+      reduce_chunks(ring, tensor, reduce_op, [&](int s, const at::Tensor& mine) {
+        return is_root ? mine : scratch[s % 2].narrow(0, 0, mine.numel());
+      });
+  std::vector<MPI_Request> requests;
+  std::vector<int> peers;
+  if (!is_root) {
+    Segments(reduced).post_all(link, /*send=*/true, root, requests, peers);
+  } else {
+    for (int q = 0; q < w; ++q) {
+      if (q != root)
+        Segments(chunk(tensor, q, w)).post_all(link, /*send=*/false, q, requests, peers);
+    }
+  }
+  wait_for(link, requests, peers);
 }
 
 }  // namespace fsdp::detail

@@ -49,4 +49,15 @@ void ring_all_reduce(const RingLink& link, const at::Tensor& tensor, ReduceOp re
 // output (size x n elements) gets every rank's input (n elements) in rank order.
 void ring_all_gather(const RingLink& link, const at::Tensor& output, const at::Tensor& input);
 
+// tensor gets root's tensor: a pipeline along the ring from root (root, root + 1, ...), each rank
+// forwarding a segment to its right as soon as it has arrived from its left; the last rank
+// (root - 1) only receives. Bytes are moved as they are, any dtype.
+void ring_broadcast(const RingLink& link, const at::Tensor& tensor, int root);
+
+// root's tensor gets the reduction over every rank: ring_all_reduce's reduce-scatter (so root's
+// result has the bits ring_all_reduce would give), then each rank sends its reduced chunk to
+// root. The other ranks' tensors are not written: their partial sums go to two scratch buffers
+// of a chunk each.
+void ring_reduce(const RingLink& link, const at::Tensor& tensor, int root, ReduceOp reduce_op);
+
 }  // namespace fsdp::detail
