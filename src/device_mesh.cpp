@@ -82,6 +82,7 @@ CommCounters DeviceMesh::counters() const {
     add(total.broadcast, c.broadcast);
     add(total.reduce, c.reduce);
     total.waited_s += c.waited_s;
+    total.busy_s += c.busy_s;
   }
   return total;
 }

@@ -51,6 +51,7 @@ nlohmann::json to_json(const StepRecord& r) {
                          {"tokens_per_s", r.tokens_per_s},
                          {"step_s", r.step_s},
                          {"exposed_comm_s", r.exposed_comm_s},
+                         {"comm_s", r.comm_s},
                          {"lr", r.lr},
                          {"skipped_steps", r.skipped_steps},
                          {"units", r.units},

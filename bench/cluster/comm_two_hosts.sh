@@ -9,15 +9,17 @@
 # PROFILE defaults to 1g, MAX_BYTES to 256M. The cluster is made, used and removed (it must not
 # be up already). gloo's ranks start from torchrun's variables on each host, the mpi backend's
 # under one mpirun across the hosts (lib.sh's mpirun_across). Needs root. Environment:
-# MPI_ALGOS (default "native auto"), COLLECTIVES (default all_gather,reduce_scatter,all_reduce),
-# PYTHON (as lib.sh).
+# MPI_ALGOS (default "native auto"; "" runs gloo alone), COLLECTIVES (default
+# all_gather,reduce_scatter,all_reduce), KEEP_DIR (copy fsdp-comm-bench's JSON, with its
+# alpha-beta fits, there: gloo.json is what a hardware file's collectives take), PYTHON (as
+# lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=bench/cluster/lib.sh
 . bench/cluster/lib.sh
 profile="${1:-1g}"
 max_bytes="${2:-256M}"
-algos="${MPI_ALGOS:-native auto}"
+algos="${MPI_ALGOS-native auto}"
 scratch_dir_removed_on_exit
 say() { echo "== $*" >&2; }
 flags=(--collectives "${COLLECTIVES:-all_gather,reduce_scatter,all_reduce}" --max-bytes "$max_bytes"
@@ -37,6 +39,7 @@ for algo in $algos; do
 done
 say "load $(cut -d' ' -f1-3 /proc/loadavg)"
 bash "$cluster" down
+if [ -n "${KEEP_DIR:-}" ]; then mkdir -p "$KEEP_DIR" && cp "$out"/*.json "$KEEP_DIR"/; fi
 
 "$PYTHON" - "$out" "$profile" $algos <<'PY'
 import json, os, sys

@@ -8,7 +8,8 @@
 #                                 0..N-1 on host 0), the remote
 #                                 daemon started by mpi_agent.sh, every MPI byte on the veth
 #
-# Environment: FSDP_TRAIN_BIN (default build/fsdp-train), PYTHON (default .venv/bin/python3).
+# Environment: FSDP_TRAIN_BIN (default build/fsdp-train), PYTHON (default .venv/bin/python3),
+# MPIRUN_FLAGS (more mpirun options for mpirun_across, split at spaces).
 readonly cluster="bench/cluster/cluster.sh"
 readonly host0=10.77.0.1
 readonly host1=10.77.0.2
@@ -56,7 +57,7 @@ mpirun_across() {  # NPERHOST CMD...
   on 0 env -u MASTER_ADDR -u MASTER_PORT mpirun --allow-run-as-root --hostfile "$hostfile" -np $((2 * n)) --bind-to none \
     --mca plm_rsh_agent "$PWD/bench/cluster/mpi_agent.sh" \
     --mca oob_tcp_if_include "$subnet" --mca btl_tcp_if_include "$subnet" \
-    --mca btl tcp,vader,self \
+    --mca btl tcp,vader,self ${MPIRUN_FLAGS:-} \
     -x PATH ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} "$@" || rc=$?
   rm -f "$hostfile"
   return "$rc"

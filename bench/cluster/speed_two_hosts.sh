@@ -15,14 +15,17 @@
 # no LOCAL_WORLD_SIZE), so each uses one intra-op thread, as each rank of FSDP2 does (its
 # cpu_count // W): the two hosts share this machine's cores. Reported: the median step time over
 # steps 3..N of both runs, tokens/s from it, our exposed communication, the bytes each run sent
-# on the link per step (the veth's counters), and the ratio of tokens/s ours / FSDP2.
+# on the link per step (the veth's counters), our collectives' time (comm_s: each process group's
+# collectives from start to end, summed over groups) and the share of it exposed, and the ratio of
+# tokens/s ours / FSDP2.
 #
 # PER_HOST=2 runs 2 ranks on each host (W = 4) as HSDP: each host's two ranks shard the model,
 # the hosts replicate it (fsdp-train --strategy hybrid_shard --replicate 2, FSDP2 --replicate 2:
 # both meshes are (2 replicas, 2 shards), ranks 0-1 on host 0), so the reduce-scatters and
 # all-gathers stay in a host and only the all-reduce across replicas crosses the link.
 #
-# Needs root. Environment: FSDP_TRAIN_BIN, PYTHON (as lib.sh), PER_HOST (1 or 2; default 1).
+# Needs root. Environment: FSDP_TRAIN_BIN, PYTHON (as lib.sh), PER_HOST (1 or 2; default 1),
+# OURS_FLAGS (more fsdp-train flags for our side only, e.g. "--prefetch 2"; FSDP2 runs as it is).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=bench/cluster/lib.sh
@@ -37,6 +40,8 @@ case "$per_host" in
   2) ours_strategy=(--strategy hybrid_shard --replicate 2) theirs_strategy=(--replicate 2) ;;
   *) echo "speed_two_hosts.sh: PER_HOST must be 1 or 2, got '$per_host'" >&2; exit 2 ;;
 esac
+read -r -a ours_extra <<< "${OURS_FLAGS:-}"
+ours_strategy+=("${ours_extra[@]}")
 world=$((2 * per_host))
 scratch_dir_removed_on_exit
 shape=(--model "$model" --global-batch 8 --seq-len 128 --seed 1234 --quiet)
@@ -124,19 +129,25 @@ def summary(side, profile):
     step_s = statistics.median(x["step_s"] for x in rows)
     link = [int(open(os.path.join(out, f"{side}_{profile}_{r}.link")).read()) for r in "ab"]
     exposed = statistics.median(x.get("exposed_comm_s", 0.0) for x in rows)
-    return dict(step_s=step_s, tps=8 * 128 / step_s, link=statistics.mean(link), exposed=exposed)
+    comm = statistics.median(x.get("comm_s", 0.0) for x in rows)
+    return dict(step_s=step_s, tps=8 * 128 / step_s, link=statistics.mean(link), exposed=exposed,
+                comm=comm)
 
 print(f"model {model}, 8 x 128 tokens per step, {layout}, medians over steps "
       f"3..{steps} of two runs per side")
-print("| link | side | step time (s) | tokens/s | host 0 sent on the link per step (MiB) | exposed comm (s) |")
-print("|---|---|---|---|---|---|")
+print("| link | side | step time (s) | tokens/s | host 0 sent on the link per step (MiB) | exposed comm (s) | comm (s) | exposed / comm |")
+print("|---|---|---|---|---|---|---|---|")
 ratios = []
 for p in profiles:
     s = {side: summary(side, p) for side in ("ours", "fsdp2")}
     for side, name in (("ours", "fsdp-train"), ("fsdp2", "FSDP2")):
         x = s[side]
-        exposed = f"{x['exposed']:.3f}" if side == "ours" else "n/a"
-        print(f"| {p} | {name} | {x['step_s']:.3f} | {x['tps']:.0f} | {x['link'] / 2**20:.1f} | {exposed} |")
+        if side == "ours":
+            share = f"{x['exposed'] / x['comm']:.2f}" if x["comm"] > 0 else "n/a"
+            comm = f"{x['exposed']:.3f} | {x['comm']:.3f} | {share}"
+        else:
+            comm = "n/a | n/a | n/a"
+        print(f"| {p} | {name} | {x['step_s']:.3f} | {x['tps']:.0f} | {x['link'] / 2**20:.1f} | {comm} |")
     ratios.append((p, s["ours"]["tps"] / s["fsdp2"]["tps"]))
 for p, r in ratios:
     print(f"{p}: tokens/s ours / FSDP2 {r:.3f}")

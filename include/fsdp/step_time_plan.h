@@ -86,6 +86,11 @@ struct HardwareSpec {
   // Measured fits (fsdp-comm-bench --output's "fit"), by group size, then collective name
   // ("all_gather", "reduce_scatter", "all_reduce"); sizes are nccl-tests' (see bench.h).
   std::map<int, std::map<std::string, AlphaBeta>> collectives;
+  // The same, measured over a group whose ranks are on different nodes (fsdp-comm-bench across
+  // hosts): what a collective of a group that spans nodes takes ([Note: which groups cross
+  // nodes], src/estimate/step_time_plan.cpp). Without one such a group is a ring over inter_node
+  // on a GPU node, and takes collectives' fit on a CPU host, as a group within it.
+  std::map<int, std::map<std::string, AlphaBeta>> inter_node_collectives;
 
   // Parses a hardware file's text; origin names it in errors. Throws naming a missing or bad
   // field and the file.

@@ -230,6 +230,11 @@ bool QueuedProcessGroup::next_op(PendingOp& op, std::string& broken) {
 
 void QueuedProcessGroup::run_op(PendingOp& op) {
   op.work->start();
+  const auto start = Clock::now();
+  const auto add_busy = [&] {
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    update_counters([&](CommCounters& c) { c.busy_s += seconds; });
+  };
   try {
     op.body(OpContext{op.name, Clock::now() + timeout_});
   } catch (const std::exception& e) {
@@ -243,9 +248,11 @@ void QueuedProcessGroup::run_op(PendingOp& op) {
       std::lock_guard<std::mutex> lock(queue_mutex_);
       broken_error_ = message;
     }
+    add_busy();
     op.work->finish(error_at(message));
     return;
   }
+  add_busy();
   op.work->finish(nullptr);
 }
 

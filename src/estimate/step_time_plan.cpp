@@ -86,6 +86,27 @@ void parse_compute(HardwareSpec& h, const json& c, const std::string& where) {
   h.parallel_efficiency = optional_number(c, "parallel_efficiency", where + " compute", 1);
 }
 
+// j[key] (optional): fsdp-comm-bench's fits by group size, then collective name.
+std::map<int, std::map<std::string, AlphaBeta>> fits_by_group(const json& j, const std::string& key,
+                                                              const std::string& where) {
+  std::map<int, std::map<std::string, AlphaBeta>> by_group;
+  if (!j.contains(key)) return by_group;
+  for (const auto& [size, fits] : j[key].items()) {
+    int group = 0;
+    try {
+      group = std::stoi(size);
+    } catch (const std::exception&) {
+      group = 0;
+    }
+    TORCH_CHECK(group >= 2, "hardware file ", where, ": ", key,
+                " are keyed by group size (2, 4, ...), got '", size, "'");
+    for (const auto& [name, fit] : fits.items()) {
+      by_group[group][name] = alpha_beta(fit, where + " " + key + "." + size + "." + name);
+    }
+  }
+  return by_group;
+}
+
 void parse_links(HardwareSpec& h, const json& j, const std::string& where) {
   const json& links = field(j, "links", where);
   h.intra_node =
@@ -93,20 +114,8 @@ void parse_links(HardwareSpec& h, const json& j, const std::string& where) {
   h.inter_node = links.contains("inter_node")
                      ? alpha_beta(links["inter_node"], where + " links.inter_node")
                      : h.intra_node;
-  if (!j.contains("collectives")) return;
-  for (const auto& [size, fits] : j["collectives"].items()) {
-    int group = 0;
-    try {
-      group = std::stoi(size);
-    } catch (const std::exception&) {
-      group = 0;
-    }
-    TORCH_CHECK(group >= 2, "hardware file ", where,
-                ": collectives are keyed by group size (2, 4, ...), got '", size, "'");
-    for (const auto& [name, fit] : fits.items()) {
-      h.collectives[group][name] = alpha_beta(fit, where + " collectives." + size + "." + name);
-    }
-  }
+  h.collectives = fits_by_group(j, "collectives", where);
+  h.inter_node_collectives = fits_by_group(j, "inter_node_collectives", where);
 }
 
 // ---- Compute and communication costs ----
@@ -183,17 +192,37 @@ class Device {
   double share_ = 1;  // of the device's rates this rank gets
 };
 
-// Time of one collective of nccl-tests' size over group ranks: the measured fit when the file
-// has one for this collective and group size, else a ring over the slowest link it crosses.
-double collective_s(const HardwareSpec& h, const std::string& name, double bytes, int group) {
+// [Note: which groups cross nodes]
+// Ranks fill nodes in order (ranks 0 .. devices_per_node - 1 on the first), as torchrun and
+// mpirun place them, and every group is a run of ranks at a fixed stride: the tp group
+// consecutive ranks, FSDP's shard group (and hpZ's piece of it) every tp-th rank, HSDP's
+// replicate group every (shard size x tp)-th. A group spans nodes when the ranks from its first
+// to its last do not fit in one node: group x stride of them for the tp and shard groups, the
+// whole job for the replicate group (one rank from each shard group), however few ranks it has.
+// Before this was written down the planner asked "group > devices_per_node" of every group,
+// which put an HSDP replicate group of 2 across 2 GPU nodes of 8 on NVLink.
+bool spans_nodes(const HardwareSpec& h, int64_t ranks_covered) {
+  return ranks_covered > h.devices_per_node;
+}
+
+// The measured fit for this collective and group size in fits, if there is one.
+const AlphaBeta* fit_for(const std::map<int, std::map<std::string, AlphaBeta>>& fits,
+                         const std::string& name, int group) {
+  const auto by_size = fits.find(group);
+  if (by_size == fits.end()) return nullptr;
+  const auto fit = by_size->second.find(name);
+  return fit == by_size->second.end() ? nullptr : &fit->second;
+}
+
+// Time of one collective of nccl-tests' size over group ranks, which span nodes or not: the
+// measured fit when the file has one for this collective, group size and placement, else a ring
+// over the slowest link it crosses (see HardwareSpec::inter_node_collectives for CPU hosts).
+double collective_s(const HardwareSpec& h, const std::string& name, double bytes, int group,
+                    bool crosses_nodes) {
   if (group <= 1) return 0;
-  const auto by_size = h.collectives.find(group);
-  if (by_size != h.collectives.end()) {
-    const auto fit = by_size->second.find(name);
-    if (fit != by_size->second.end())
-      return fit->second.alpha_s + fit->second.beta_s_per_byte * bytes;
-  }
-  const bool crosses_nodes = h.cpu_cores == 0 && group > h.devices_per_node;
+  const AlphaBeta* fit = crosses_nodes ? fit_for(h.inter_node_collectives, name, group) : nullptr;
+  if (!fit && (!crosses_nodes || h.cpu_cores > 0)) fit = fit_for(h.collectives, name, group);
+  if (fit) return fit->alpha_s + fit->beta_s_per_byte * bytes;
   const AlphaBeta& link = crosses_nodes ? h.inter_node : h.intra_node;
   const double passes = name == "all_reduce" ? 2.0 : 1.0;  // reduce-scatter then all-gather
   return passes * ((group - 1) * link.alpha_s +
@@ -224,7 +253,7 @@ class Timelines : public detail::StepObserver {
                     int64_t cast_bytes) override {
     busy(d_.bytes_s(2.0 * cast_bytes));  // the cast copy of the shards, made before issuing
     Lane& lane = from_piece ? piece_lane_ : shard_lane_;
-    gather_end_[unit] = lane.run(t_, collective_s(h_, "all_gather", output_bytes, group_size));
+    gather_end_[unit] = lane.run(t_, fsdp_collective("all_gather", output_bytes, group_size));
   }
   void wait_gather(int unit, int64_t unsharded_bytes) override {
     wait_until(gather_end_.at(unit));
@@ -235,14 +264,14 @@ class Timelines : public detail::StepObserver {
                        int group_size) override {
     busy(d_.bytes_s(full_bytes + input_bytes));  // packing the gradients
     const char* name = kind == ReductionKind::kAllReduce ? "all_reduce" : "reduce_scatter";
-    reductions_.push_back(shard_lane_.run(t_, collective_s(h_, name, input_bytes, group_size)));
+    reductions_.push_back(shard_lane_.run(t_, fsdp_collective(name, input_bytes, group_size)));
   }
   void finish_reduction(int unit, int64_t output_bytes, int replicas) override {
     wait_until(reductions_.front());
     reductions_.pop_front();
     if (replicas > 1) {  // HSDP: the reduced shard across replicas, waited for later
-      all_reduce_end_[unit] =
-          replicate_lane_.run(t_, collective_s(h_, "all_reduce", output_bytes, replicas));
+      all_reduce_end_[unit] = replicate_lane_.run(
+          t_, collective_s(h_, "all_reduce", output_bytes, replicas, spans_nodes(h_, job_ranks())));
       return;
     }
     assign_gradients(output_bytes);
@@ -262,7 +291,8 @@ class Timelines : public detail::StepObserver {
     const int tp = o_.tensor_parallel();
     auto run = [&](const char* name, const TensorParallelTraffic& t) {
       if (t.calls == 0) return;
-      const double s = t.calls * collective_s(h_, name, double(t.bytes) / t.calls, tp);
+      const double s =
+          t.calls * collective_s(h_, name, double(t.bytes) / t.calls, tp, spans_nodes(h_, tp));
       t_ += s;
       tp_comm_s_ += s;
     };
@@ -276,16 +306,17 @@ class Timelines : public detail::StepObserver {
     if (o_.clip_grad_norm()) {
       busy(d_.bytes_s(4.0 * shard_numel));  // the norm: one read of the gradients
       if (o_.tensor_parallel() > 1) {       // the split gradients' squares, over the tp group first
-        wait_until(tp_lane_.run(t_, collective_s(h_, "all_reduce", 8, o_.tensor_parallel())),
+        const int tp = o_.tensor_parallel();
+        wait_until(tp_lane_.run(t_, collective_s(h_, "all_reduce", 8, tp, spans_nodes(h_, tp))),
                    false);
       }
       if (world > 1) {
-        wait_until(shard_lane_.run(t_, collective_s(h_, "all_reduce", 4, world)), false);
+        wait_until(shard_lane_.run(t_, fsdp_collective("all_reduce", 4, world)), false);
       }
       busy(d_.bytes_s(8.0 * shard_numel));  // scaling them in place
     }
     if (o_.all_reduce_loss() && world > 1) {
-      wait_until(shard_lane_.run(t_, collective_s(h_, "all_reduce", 8, world)), false);
+      wait_until(shard_lane_.run(t_, fsdp_collective("all_reduce", 8, world)), false);
     }
     busy(d_.adamw_s(shard_numel));
     optimizer_s_ = t_ - start;
@@ -299,6 +330,15 @@ class Timelines : public detail::StepObserver {
   double comm_s() const { return shard_lane_.busy_s + piece_lane_.busy_s + replicate_lane_.busy_s; }
 
  private:
+  // Every rank of the job: the data-parallel world times the tp size.
+  int64_t job_ranks() const { return int64_t{o_.memory().world_size()} * o_.tensor_parallel(); }
+  // A collective of a group of FSDP's data-parallel ranks (the shard group, hpZ's piece, the
+  // world), group ranks every tp-th rank ([Note: which groups cross nodes]).
+  double fsdp_collective(const char* name, double bytes, int group) const {
+    return collective_s(h_, name, bytes, group,
+                        spans_nodes(h_, int64_t{group} * o_.tensor_parallel()));
+  }
+
   // One process group's progress thread: collectives in issue order, one at a time.
   struct Lane {
     double free_at = 0;

@@ -147,6 +147,64 @@ TEST(StepTimePlan, OneRankCommunicatesNothing) {
   EXPECT_NEAR(p.mfu, 1.0, 1e-9);
 }
 
+// HSDP over 4 ranks, 2 replicas of 2 shards, on toy nodes of 2 whose links within a node are
+// free: only the all-reduces across replicas cost, one per unit of its 4,000-byte reduced shard
+// (a 2-rank ring all-reduce sends all of it: 4,000 beta), so comm_s is 8,000 beta. The replicate
+// group has 2 ranks, no more than a node, but its ranks are on different nodes ([Note: which
+// groups cross nodes]); with all 4 ranks on one node nothing crosses.
+TEST(StepTimePlan, HsdpsReplicateGroupCrossesNodesWhateverItsSize) {
+  const auto [memory, compute] = toy_model();
+  StepTimeOptions options;
+  options
+      .memory(MemoryEstimateOptions()
+                  .world_size(4)
+                  .strategy(ShardingStrategy::kHybridShard)
+                  .replicate(2))
+      .clip_grad_norm(false)
+      .all_reduce_loss(false);
+  for (const int per_node : {2, 4}) {
+    nlohmann::json file = toy_hardware(0.0);
+    file["devices_per_node"] = per_node;
+    file["links"]["inter_node"] = {{"alpha_s", 0.0}, {"beta_s_per_byte", 1e-4}};
+    const HardwareSpec hw = HardwareSpec::from_json(file.dump(), "toy");
+    const StepTimePlan p = plan_step_time(memory, compute, options, hw);
+    EXPECT_NEAR(p.comm_s, per_node == 2 ? 8000 * 1e-4 : 0.0, 1e-9) << per_node << " per node";
+  }
+}
+
+// A CPU cluster's file: collectives measured within a host, inter_node_collectives across hosts
+// (fsdp-comm-bench over the link). HSDP over 2 hosts of 2 ranks takes the gathers and
+// reduce-scatters (in a host) from the first and the all-reduces across replicas from the
+// second: 5 gathers, 3 reduce-scatters, 3 all-reduces (the toy's root has no parameters, but its
+// collectives are issued and cost their alpha). Without the second, a group across hosts takes
+// the first's fit, as on one host.
+TEST(StepTimePlan, ACpuClustersGroupsAcrossHostsTakeTheFitsMeasuredAcrossThem) {
+  const auto [memory, compute] = toy_model();
+  StepTimeOptions options;
+  options
+      .memory(MemoryEstimateOptions()
+                  .world_size(4)
+                  .strategy(ShardingStrategy::kHybridShard)
+                  .replicate(2))
+      .clip_grad_norm(false)
+      .all_reduce_loss(false);
+  nlohmann::json file = toy_hardware(0.0);
+  file["cpu_cores"] = 4;
+  file["devices_per_node"] = 2;
+  auto fit = [](double alpha) {
+    return nlohmann::json{{"alpha_s", alpha}, {"beta_s_per_byte", 0}};
+  };
+  file["collectives"]["2"] = {
+      {"all_gather", fit(0.01)}, {"reduce_scatter", fit(0.02)}, {"all_reduce", fit(0.03)}};
+  const StepTimePlan within =
+      plan_step_time(memory, compute, options, HardwareSpec::from_json(file.dump(), "toy"));
+  EXPECT_NEAR(within.comm_s, 5 * 0.01 + 3 * 0.02 + 3 * 0.03, 1e-9);
+  file["inter_node_collectives"]["2"] = {{"all_reduce", fit(0.5)}};
+  const StepTimePlan across =
+      plan_step_time(memory, compute, options, HardwareSpec::from_json(file.dump(), "toy"));
+  EXPECT_NEAR(across.comm_s, 5 * 0.01 + 3 * 0.02 + 3 * 0.5, 1e-9);
+}
+
 TEST(StepTimePlan, MemoryIsTheEstimatorsForTheSameWalk) {
   const auto [memory, compute] = toy_model();
   const HardwareSpec hw = HardwareSpec::from_json(toy_hardware(1e-9).dump(), "toy");

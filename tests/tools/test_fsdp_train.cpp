@@ -111,6 +111,10 @@ TEST(FsdpTrain, TraceAndExposedCommunication) {
     ASSERT_TRUE(line.contains("exposed_comm_s"));
     EXPECT_GE(line["exposed_comm_s"].get<double>(), 0.0);
     EXPECT_LE(line["exposed_comm_s"].get<double>(), line["step_s"].get<double>());
+    // One process group (W = 2, full shard) runs one collective at a time: its busy time is
+    // within the step.
+    EXPECT_GT(line["comm_s"].get<double>(), 0.0);
+    EXPECT_LE(line["comm_s"].get<double>(), line["step_s"].get<double>());
   }
   for (int rank = 0; rank < 2; ++rank) {
     std::ifstream in(dir + "/rank" + std::to_string(rank) + ".json");

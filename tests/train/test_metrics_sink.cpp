@@ -58,7 +58,8 @@ TEST(MetricsSink, JsonLinesHoldEveryFieldOfEachStep) {
   EXPECT_FALSE(lines[0].contains("val_loss"));
   EXPECT_DOUBLE_EQ(lines[1]["val_loss"].get<double>(), 3.0);
   EXPECT_FALSE(lines[1].contains("loss_scale"));
-  for (const char* key : {"grad_norm", "tokens_per_s", "step_s", "exposed_comm_s", "skipped_steps"})
+  for (const char* key :
+       {"grad_norm", "tokens_per_s", "step_s", "exposed_comm_s", "comm_s", "skipped_steps"})
     EXPECT_TRUE(lines[0].contains(key)) << key;
   EXPECT_EQ(nlohmann::json::parse(to_json_line(record(1))), lines[0]);
 }

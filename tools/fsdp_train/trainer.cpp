@@ -257,6 +257,7 @@ StepRecord record_step(Run& run, int64_t step, double loss, double norm, const S
                     step_s,
                     run.monitor->stats().exposed_comm_s(),
                     gather_stats(mine, run.group.get())};
+  if (run.mesh) record.comm_s = run.mesh->counters().busy_s;
   if (run.tp_mesh) record.tp_comm_s = run.tp_mesh->counters().waited_s;
   return record;
 }

@@ -99,6 +99,10 @@ struct CommCounters {
   // Seconds callers spent blocked on this group's collectives, where they report it (the tensor-
   // parallel layers do, see add_waited).
   double waited_s = 0;
+  // Seconds this group spent running collectives, each from its start to its end on the group's
+  // progress thread (gloo and mpi; 0 on nccl, whose collectives run on streams). Groups of one
+  // rank run nothing and add nothing.
+  double busy_s = 0;
 };
 
 class ProcessGroup {

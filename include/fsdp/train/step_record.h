@@ -63,6 +63,11 @@ struct StepRecord {
   // Under --tp: rank 0's time blocked in the tensor-parallel group's collectives in the step
   // (inside its layers' forward and backward; not in exposed_comm_s).
   std::optional<double> tp_comm_s;
+  // Rank 0's seconds of collectives in the step: each FSDP process group's busy_s (its
+  // collectives from start to end), summed over the groups, so that two groups' collectives at
+  // the same time count twice, as fsdp-plan's comm_s does. The trainer's own all-reduces (loss,
+  // clipping) are in it; the tensor-parallel group's are not.
+  double comm_s = 0;
 };
 
 }  // namespace fsdp::train
