@@ -20,9 +20,11 @@
 // that wait is the exposed communication (fsdp-train's exposed_comm_s). The gradient-norm
 // all-reduce of clipping, the trainer's all-reduce of the loss and AdamW end the step (those
 // two scalar all-reduces block, but are not FSDP's, so they are not counted as exposed).
-// On a CPU host a collective's transfers are copies on the same cores that compute: the part of
-// the collectives that ran hidden under compute (their time less the exposed time) is added to
-// the compute thread's, times comm_cpu_fraction. What the planner does not model: kernel launch
+// On a CPU host a collective's transfers within the host are copies on the same cores that
+// compute: the part of those collectives that ran hidden under compute (their time less their
+// share of the exposed time) is added to the compute thread's, times comm_cpu_fraction; a
+// collective between hosts is the network's and takes none ([Note: hidden collectives take CPU
+// within a node]). What the planner does not model: kernel launch
 // and framework overhead, and stragglers. Under tensor parallelism each rank computes its slices
 // and waits for its tp group's collectives inside its units' compute (StepTimeOptions::
 // tensor_parallel). bench/RESULTS.md compares predictions with measurements.
@@ -44,6 +46,15 @@ namespace fsdp {
 struct AlphaBeta {
   double alpha_s = 0;
   double beta_s_per_byte = 0;
+};
+
+// One collective's measured time by size, from fsdp-comm-bench --output's "fit": its alpha-beta
+// line and, where the file has them, the points it was fitted to. With points the time is read
+// off them ([Note: a collective's measured points], src/estimate/step_time_plan.cpp).
+struct CollectiveFit {
+  AlphaBeta line;
+  std::vector<std::pair<double, double>> measured;  // (bytes, seconds), by increasing bytes
+  double seconds(double bytes) const;
 };
 
 // A machine, as a hardware file (JSON, see bench/hardware/ and docs/planning.md) describes it.
@@ -85,12 +96,12 @@ struct HardwareSpec {
   AlphaBeta intra_node, inter_node;
   // Measured fits (fsdp-comm-bench --output's "fit"), by group size, then collective name
   // ("all_gather", "reduce_scatter", "all_reduce"); sizes are nccl-tests' (see bench.h).
-  std::map<int, std::map<std::string, AlphaBeta>> collectives;
+  std::map<int, std::map<std::string, CollectiveFit>> collectives;
   // The same, measured over a group whose ranks are on different nodes (fsdp-comm-bench across
   // hosts): what a collective of a group that spans nodes takes ([Note: which groups cross
   // nodes], src/estimate/step_time_plan.cpp). Without one such a group is a ring over inter_node
   // on a GPU node, and takes collectives' fit on a CPU host, as a group within it.
-  std::map<int, std::map<std::string, AlphaBeta>> inter_node_collectives;
+  std::map<int, std::map<std::string, CollectiveFit>> inter_node_collectives;
 
   // Parses a hardware file's text; origin names it in errors. Throws naming a missing or bad
   // field and the file.

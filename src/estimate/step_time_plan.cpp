@@ -86,10 +86,30 @@ void parse_compute(HardwareSpec& h, const json& c, const std::string& where) {
   h.parallel_efficiency = optional_number(c, "parallel_efficiency", where + " compute", 1);
 }
 
+// A fit of fsdp-comm-bench's: alpha_s, beta_s_per_byte and, optionally, "measured": [[bytes,
+// seconds], ...].
+CollectiveFit collective_fit(const json& j, const std::string& where) {
+  CollectiveFit fit{alpha_beta(j, where), {}};
+  if (!j.contains("measured")) return fit;
+  const json& points = j["measured"];
+  TORCH_CHECK(points.is_array() && !points.empty(), "hardware file ", where,
+              ".measured must be a non-empty array of [bytes, seconds]");
+  for (const json& p : points) {
+    TORCH_CHECK(p.is_array() && p.size() == 2 && p[0].is_number() && p[1].is_number() &&
+                    p[0].get<double>() > 0 && p[1].get<double>() > 0,
+                "hardware file ", where, ".measured: each point must be [bytes, seconds], both ",
+                "positive, got ", p.dump());
+    fit.measured.emplace_back(p[0].get<double>(), p[1].get<double>());
+  }
+  std::sort(fit.measured.begin(), fit.measured.end());
+  return fit;
+}
+
 // j[key] (optional): fsdp-comm-bench's fits by group size, then collective name.
-std::map<int, std::map<std::string, AlphaBeta>> fits_by_group(const json& j, const std::string& key,
-                                                              const std::string& where) {
-  std::map<int, std::map<std::string, AlphaBeta>> by_group;
+std::map<int, std::map<std::string, CollectiveFit>> fits_by_group(const json& j,
+                                                                  const std::string& key,
+                                                                  const std::string& where) {
+  std::map<int, std::map<std::string, CollectiveFit>> by_group;
   if (!j.contains(key)) return by_group;
   for (const auto& [size, fits] : j[key].items()) {
     int group = 0;
@@ -101,7 +121,7 @@ std::map<int, std::map<std::string, AlphaBeta>> fits_by_group(const json& j, con
     TORCH_CHECK(group >= 2, "hardware file ", where, ": ", key,
                 " are keyed by group size (2, 4, ...), got '", size, "'");
     for (const auto& [name, fit] : fits.items()) {
-      by_group[group][name] = alpha_beta(fit, where + " " + key + "." + size + "." + name);
+      by_group[group][name] = collective_fit(fit, where + " " + key + "." + size + "." + name);
     }
   }
   return by_group;
@@ -192,6 +212,30 @@ class Device {
   double share_ = 1;  // of the device's rates this rank gets
 };
 
+}  // namespace
+
+// [Note: a collective's measured points]
+// One alpha-beta line over 1 KiB to 64 MiB fits neither end where the curve bends: over the
+// shaped link of bench/cluster, tbf's 128 KiB burst lets small messages through at memory speed
+// and large ones at the wire's, and the line fitted on relative error (fsdp-comm-bench's)
+// priced a 28 MB all-gather at 0.13 s that took 0.19 s, in the bench and in training alike. So
+// where the file has the measured points, a size between two of them takes the straight line
+// between them, a size beyond the largest takes its time per byte, and one below the smallest
+// its time; the line prices only what has no points.
+double CollectiveFit::seconds(double bytes) const {
+  if (measured.empty()) return line.alpha_s + line.beta_s_per_byte * bytes;
+  if (bytes <= measured.front().first) return measured.front().second;
+  if (bytes >= measured.back().first) {
+    return measured.back().second * bytes / measured.back().first;
+  }
+  const auto hi = std::upper_bound(measured.begin(), measured.end(), std::make_pair(bytes, 0.0));
+  const auto lo = hi - 1;
+  const double t = (bytes - lo->first) / (hi->first - lo->first);
+  return lo->second + t * (hi->second - lo->second);
+}
+
+namespace {
+
 // [Note: which groups cross nodes]
 // Ranks fill nodes in order (ranks 0 .. devices_per_node - 1 on the first), as torchrun and
 // mpirun place them, and every group is a run of ranks at a fixed stride: the tp group
@@ -200,14 +244,17 @@ class Device {
 // to its last do not fit in one node: group x stride of them for the tp and shard groups, the
 // whole job for the replicate group (one rank from each shard group), however few ranks it has.
 // Before this was written down the planner asked "group > devices_per_node" of every group,
-// which put an HSDP replicate group of 2 across 2 GPU nodes of 8 on NVLink.
+// which put an HSDP replicate group of 2 across 2 GPU nodes of 8 on NVLink. A CPU host's file
+// without inter_node_collectives describes one host that every rank of the job shares (as
+// fsdp-plan --calibrate writes it), so nothing there spans nodes.
 bool spans_nodes(const HardwareSpec& h, int64_t ranks_covered) {
+  if (h.cpu_cores > 0 && h.inter_node_collectives.empty()) return false;
   return ranks_covered > h.devices_per_node;
 }
 
 // The measured fit for this collective and group size in fits, if there is one.
-const AlphaBeta* fit_for(const std::map<int, std::map<std::string, AlphaBeta>>& fits,
-                         const std::string& name, int group) {
+const CollectiveFit* fit_for(const std::map<int, std::map<std::string, CollectiveFit>>& fits,
+                             const std::string& name, int group) {
   const auto by_size = fits.find(group);
   if (by_size == fits.end()) return nullptr;
   const auto fit = by_size->second.find(name);
@@ -220,9 +267,10 @@ const AlphaBeta* fit_for(const std::map<int, std::map<std::string, AlphaBeta>>& 
 double collective_s(const HardwareSpec& h, const std::string& name, double bytes, int group,
                     bool crosses_nodes) {
   if (group <= 1) return 0;
-  const AlphaBeta* fit = crosses_nodes ? fit_for(h.inter_node_collectives, name, group) : nullptr;
+  const CollectiveFit* fit =
+      crosses_nodes ? fit_for(h.inter_node_collectives, name, group) : nullptr;
   if (!fit && (!crosses_nodes || h.cpu_cores > 0)) fit = fit_for(h.collectives, name, group);
-  if (fit) return fit->alpha_s + fit->beta_s_per_byte * bytes;
+  if (fit) return fit->seconds(bytes);
   const AlphaBeta& link = crosses_nodes ? h.inter_node : h.intra_node;
   const double passes = name == "all_reduce" ? 2.0 : 1.0;  // reduce-scatter then all-gather
   return passes * ((group - 1) * link.alpha_s +
@@ -271,7 +319,7 @@ class Timelines : public detail::StepObserver {
     reductions_.pop_front();
     if (replicas > 1) {  // HSDP: the reduced shard across replicas, waited for later
       all_reduce_end_[unit] = replicate_lane_.run(
-          t_, collective_s(h_, "all_reduce", output_bytes, replicas, spans_nodes(h_, job_ranks())));
+          t_, priced("all_reduce", output_bytes, replicas, spans_nodes(h_, job_ranks())));
       return;
     }
     assign_gradients(output_bytes);
@@ -328,15 +376,22 @@ class Timelines : public detail::StepObserver {
   double optimizer_s() const { return optimizer_s_; }
   double tp_comm_s() const { return tp_comm_s_; }
   double comm_s() const { return shard_lane_.busy_s + piece_lane_.busy_s + replicate_lane_.busy_s; }
+  // The part of comm_s in collectives whose group stays within a node.
+  double within_node_comm_s() const { return within_node_comm_s_; }
 
  private:
   // Every rank of the job: the data-parallel world times the tp size.
   int64_t job_ranks() const { return int64_t{o_.memory().world_size()} * o_.tensor_parallel(); }
   // A collective of a group of FSDP's data-parallel ranks (the shard group, hpZ's piece, the
   // world), group ranks every tp-th rank ([Note: which groups cross nodes]).
-  double fsdp_collective(const char* name, double bytes, int group) const {
-    return collective_s(h_, name, bytes, group,
-                        spans_nodes(h_, int64_t{group} * o_.tensor_parallel()));
+  double fsdp_collective(const char* name, double bytes, int group) {
+    return priced(name, bytes, group, spans_nodes(h_, int64_t{group} * o_.tensor_parallel()));
+  }
+  // An FSDP collective's time; one within a node also counts towards within_node_comm_s.
+  double priced(const char* name, double bytes, int group, bool crosses_nodes) {
+    const double s = collective_s(h_, name, bytes, group, crosses_nodes);
+    if (!crosses_nodes) within_node_comm_s_ += s;
+    return s;
   }
 
   // One process group's progress thread: collectives in issue order, one at a time.
@@ -388,6 +443,7 @@ class Timelines : public detail::StepObserver {
   const HardwareSpec& h_;
   const Device& d_;
   double t_ = 0, busy_s_ = 0, exposed_s_ = 0, optimizer_s_ = 0, tp_comm_s_ = 0;
+  double within_node_comm_s_ = 0;
   Lane shard_lane_, piece_lane_, replicate_lane_, tp_lane_;
   std::map<int, double> gather_end_;
   std::map<int, double> all_reduce_end_;  // HSDP: when each unit's all-reduce across replicas ends
@@ -442,6 +498,22 @@ HardwareSpec HardwareSpec::from_json(const std::string& text, const std::string&
   return h;
 }
 
+// [Note: hidden collectives take CPU within a node]
+// On a CPU host a collective within the host moves its bytes by CPU copies on the cores that
+// compute, so the part of it hidden under compute still slows that compute, by comm_cpu_fraction
+// of its time. A collective between hosts is paced by the network: the wire, not the cores, sets
+// its time, and the kernel's share of sending (a copy at memory speed of what the wire carries at
+// a tenth of it, or less) is left out; compute beside it slowed gloo's collectives over the 1g
+// link of bench/cluster by 3-7% (two matmul loops on the two cores). Charging the whole of
+// GPT-2's hidden collectives at W = 2 over two hosts as CPU put the step 15% above the measured
+// one (bench/RESULTS.md, "The planner on the shaped link"). The exposed time is shared between
+// collectives within and across nodes in proportion to their time.
+double cpu_taken_by_hidden_collectives(const HardwareSpec& h, const Timelines& t) {
+  if (t.comm_s() <= 0) return 0;
+  const double within = t.within_node_comm_s();
+  return h.comm_cpu_fraction * std::max(0.0, within - t.exposed_s() * within / t.comm_s());
+}
+
 StepTimePlan plan_step_time(const ModelMemorySpec& memory, const ModelComputeSpec& compute,
                             const StepTimeOptions& options, const HardwareSpec& hardware) {
   TORCH_CHECK(compute.units.size() == memory.units.size(), "plan_step_time: the compute spec has ",
@@ -463,9 +535,7 @@ StepTimePlan plan_step_time(const ModelMemorySpec& memory, const ModelComputeSpe
 
   StepTimePlan plan;
   plan.memory = detail::replay_step(memory, mo, &timelines);
-  // Hidden collectives still took CPU from compute on a host whose cores do both.
-  const double stolen =
-      hardware.comm_cpu_fraction * std::max(0.0, timelines.comm_s() - timelines.exposed_s());
+  const double stolen = cpu_taken_by_hidden_collectives(hardware, timelines);
   plan.step_s = timelines.now() + stolen;
   plan.compute_s = timelines.busy_s() + stolen;
   plan.exposed_comm_s = timelines.exposed_s();

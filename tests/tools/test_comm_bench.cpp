@@ -85,6 +85,12 @@ void check_report(const nlohmann::json& report, int w) {
     double worst = 0;
     for (const auto& [x, y] : xy) worst = std::max(worst, std::abs(alpha + beta * x - y) / y);
     EXPECT_NEAR(fit["max_rel_error"].get<double>(), worst, 1e-6 * worst + 1e-12);
+    // The points the line was fitted to travel with it, for fsdp-plan: the results' own.
+    ASSERT_EQ(fit["measured"].size(), xy.size());
+    for (size_t i = 0; i < xy.size(); ++i) {
+      EXPECT_EQ(fit["measured"][i][0].get<double>(), xy[i].first);
+      EXPECT_EQ(fit["measured"][i][1].get<double>(), xy[i].second);
+    }
   }
 }
 

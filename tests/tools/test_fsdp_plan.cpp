@@ -78,10 +78,13 @@ TEST(StepTimePlan, PrefetchHidesAllButTheFirstGatherOfEachPassAndTheLastReductio
 }
 
 // On a CPU host whose cores both compute and copy the collectives' bytes, the hidden part of
-// the collectives (6g of them, 3g exposed) slows compute by as much.
+// the collectives (6g of them, 3g exposed) slows compute by as much. Collectives between nodes
+// take no CPU ([Note: hidden collectives take CPU within a node]): with a rank per node the
+// step is the plain 6 + 3g.
 TEST(StepTimePlan, HiddenCollectivesTakeTheirTimeFromComputeOnACpuHost) {
   const auto [memory, compute] = toy_model();
   nlohmann::json file = toy_hardware(0.25 / 4000);
+  file["devices_per_node"] = 2;  // both ranks on the one host
   file["comm_cpu_fraction"] = 1.0;
   const HardwareSpec hw = HardwareSpec::from_json(file.dump(), "toy");
   StepTimeOptions options;
@@ -91,6 +94,10 @@ TEST(StepTimePlan, HiddenCollectivesTakeTheirTimeFromComputeOnACpuHost) {
   const StepTimePlan p = plan_step_time(memory, compute, options, hw);
   EXPECT_NEAR(p.step_s, 6.75 + 0.75, 1e-9);
   EXPECT_NEAR(p.exposed_comm_s, 0.75, 1e-9);
+  file["devices_per_node"] = 1;
+  const StepTimePlan apart =
+      plan_step_time(memory, compute, options, HardwareSpec::from_json(file.dump(), "toy"));
+  EXPECT_NEAR(apart.step_s, 6.75, 1e-9);
 }
 
 // Prefetch off: each gather is issued when its unit starts, and unit 0's backward gather queues
@@ -203,6 +210,31 @@ TEST(StepTimePlan, ACpuClustersGroupsAcrossHostsTakeTheFitsMeasuredAcrossThem) {
   const StepTimePlan across =
       plan_step_time(memory, compute, options, HardwareSpec::from_json(file.dump(), "toy"));
   EXPECT_NEAR(across.comm_s, 5 * 0.01 + 3 * 0.02 + 3 * 0.5, 1e-9);
+}
+
+// [Note: a collective's measured points]: between two points the straight line between them,
+// beyond the largest its time per byte, below the smallest its time; without points the line.
+TEST(PlanHardwareFile, ACollectivesMeasuredPointsPriceItAndTheLineOnlyWithoutThem) {
+  nlohmann::json file = toy_hardware(0.0);
+  file["collectives"]["2"]["all_gather"] = {
+      {"alpha_s", 1.0}, {"beta_s_per_byte", 0.0}, {"measured", {{1000, 0.001}, {3000, 0.005}}}};
+  file["collectives"]["2"]["reduce_scatter"] = {{"alpha_s", 1.0}, {"beta_s_per_byte", 0.5}};
+  const HardwareSpec hw = HardwareSpec::from_json(file.dump(), "toy");
+  const CollectiveFit& gather = hw.collectives.at(2).at("all_gather");
+  EXPECT_DOUBLE_EQ(gather.seconds(500), 0.001);
+  EXPECT_DOUBLE_EQ(gather.seconds(1000), 0.001);
+  EXPECT_DOUBLE_EQ(gather.seconds(2000), 0.003);
+  EXPECT_DOUBLE_EQ(gather.seconds(3000), 0.005);
+  EXPECT_DOUBLE_EQ(gather.seconds(6000), 0.010);
+  EXPECT_DOUBLE_EQ(hw.collectives.at(2).at("reduce_scatter").seconds(4), 3.0);
+  file["collectives"]["2"]["all_gather"]["measured"] = {{1000, -1}};
+  try {
+    HardwareSpec::from_json(file.dump(), "toy");
+    ADD_FAILURE() << "a negative time was taken";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("collectives.2.all_gather.measured"));
+    EXPECT_THAT(e.what(), HasSubstr("[1000,-1]"));
+  }
 }
 
 TEST(StepTimePlan, MemoryIsTheEstimatorsForTheSameWalk) {

@@ -194,14 +194,19 @@ nlohmann::json fit_alpha_beta(const std::vector<Measurement>& results) {
     const double beta = sxx > 0 ? sxy / sxx : 0;
     const double alpha = my - beta * mx;
     double worst = 0;
+    nlohmann::json measured = nlohmann::json::array();
     for (const auto* m : points) {
       const double predicted = alpha + beta * m->size_bytes;
       worst = std::max(worst, std::abs(predicted - m->time_s) / m->time_s);
+      measured.push_back({m->size_bytes, m->time_s});
     }
+    // The points too: fsdp-plan reads a time off them where the line bends ([Note: a
+    // collective's measured points], src/estimate/step_time_plan.cpp).
     fits[collective_name(c)] = {{"alpha_s", alpha},
                                 {"beta_s_per_byte", beta},
                                 {"points", points.size()},
-                                {"max_rel_error", worst}};
+                                {"max_rel_error", worst},
+                                {"measured", measured}};
   }
   return fits;
 }
