@@ -154,13 +154,8 @@ TEST(StepTimePlan, OneRankCommunicatesNothing) {
   EXPECT_NEAR(p.mfu, 1.0, 1e-9);
 }
 
-// HSDP over 4 ranks, 2 replicas of 2 shards, on toy nodes of 2 whose links within a node are
-// free: only the all-reduces across replicas cost, one per unit of its 4,000-byte reduced shard
-// (a 2-rank ring all-reduce sends all of it: 4,000 beta), so comm_s is 8,000 beta. The replicate
-// group has 2 ranks, no more than a node, but its ranks are on different nodes ([Note: which
-// groups cross nodes]); with all 4 ranks on one node nothing crosses.
-TEST(StepTimePlan, HsdpsReplicateGroupCrossesNodesWhateverItsSize) {
-  const auto [memory, compute] = toy_model();
+// HSDP over 4 ranks, 2 replicas of 2 shards; no clipping and no loss all-reduce.
+StepTimeOptions hsdp_over_four_ranks() {
   StepTimeOptions options;
   options
       .memory(MemoryEstimateOptions()
@@ -169,6 +164,17 @@ TEST(StepTimePlan, HsdpsReplicateGroupCrossesNodesWhateverItsSize) {
                   .replicate(2))
       .clip_grad_norm(false)
       .all_reduce_loss(false);
+  return options;
+}
+
+// HSDP over 4 ranks, 2 replicas of 2 shards, on toy nodes of 2 whose links within a node are
+// free: only the all-reduces across replicas cost, one per unit of its 4,000-byte reduced shard
+// (a 2-rank ring all-reduce sends all of it: 4,000 beta), so comm_s is 8,000 beta. The replicate
+// group has 2 ranks, no more than a node, but its ranks are on different nodes ([Note: which
+// groups cross nodes]); with all 4 ranks on one node nothing crosses.
+TEST(StepTimePlan, HsdpsReplicateGroupCrossesNodesWhateverItsSize) {
+  const auto [memory, compute] = toy_model();
+  const StepTimeOptions options = hsdp_over_four_ranks();
   for (const int per_node : {2, 4}) {
     nlohmann::json file = toy_hardware(0.0);
     file["devices_per_node"] = per_node;
@@ -187,14 +193,7 @@ TEST(StepTimePlan, HsdpsReplicateGroupCrossesNodesWhateverItsSize) {
 // the first's fit, as on one host.
 TEST(StepTimePlan, ACpuClustersGroupsAcrossHostsTakeTheFitsMeasuredAcrossThem) {
   const auto [memory, compute] = toy_model();
-  StepTimeOptions options;
-  options
-      .memory(MemoryEstimateOptions()
-                  .world_size(4)
-                  .strategy(ShardingStrategy::kHybridShard)
-                  .replicate(2))
-      .clip_grad_norm(false)
-      .all_reduce_loss(false);
+  const StepTimeOptions options = hsdp_over_four_ranks();
   nlohmann::json file = toy_hardware(0.0);
   file["cpu_cores"] = 4;
   file["devices_per_node"] = 2;
