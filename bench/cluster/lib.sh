@@ -50,14 +50,15 @@ torchrun_on() {  # HOST NPROC CMD...
 # the veth (on_both prints what crossed it). The hosts have names of their own (cluster.sh),
 # so no MASTER_ADDR is passed: rank 0 sends its host's name over MPI, as on a real cluster.
 mpirun_across() {  # NPERHOST CMD...
-  local n="$1" hostfile rc=0
+  local n="$1" hostfile rc=0 extra=()
   shift
+  read -r -a extra <<< "${MPIRUN_FLAGS:-}"
   hostfile="$(mktemp)"
   printf '%s slots=%s\n%s slots=%s\n' "$host0" "$n" "$host1" "$n" > "$hostfile"
   on 0 env -u MASTER_ADDR -u MASTER_PORT mpirun --allow-run-as-root --hostfile "$hostfile" -np $((2 * n)) --bind-to none \
     --mca plm_rsh_agent "$PWD/bench/cluster/mpi_agent.sh" \
     --mca oob_tcp_if_include "$subnet" --mca btl_tcp_if_include "$subnet" \
-    --mca btl tcp,vader,self ${MPIRUN_FLAGS:-} \
+    --mca btl tcp,vader,self "${extra[@]}" \
     -x PATH ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} "$@" || rc=$?
   rm -f "$hostfile"
   return "$rc"

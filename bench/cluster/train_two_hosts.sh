@@ -17,7 +17,9 @@
 # its host]), and every run against the single process (1e-5). Each two-host run prints the bytes each host sent on
 # the link, the proof that the collectives crossed it.
 #
-# Needs root. Environment: FSDP_TRAIN_BIN, PYTHON (as lib.sh).
+# Needs root. Environment: FSDP_TRAIN_BIN, PYTHON (as lib.sh), LOSS_PCT (drop that percentage of
+# the link's packets each way, cluster.sh up's --loss: TCP resends them, so every number must
+# stay bit-identical).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=bench/cluster/lib.sh
@@ -49,7 +51,7 @@ for r in 0 1; do
 done
 wait
 
-bash "$cluster" up "$profile"
+bash "$cluster" up "$profile" ${LOSS_PCT:+--loss "$LOSS_PCT"}
 torchrun_w2() { torchrun_on "$1" 1 "$bin" "${flags[@]}" --metrics "$out/torchrun_2x1.jsonl"; }
 torchrun_w4() { torchrun_on "$1" 2 "$bin" "${flags[@]}" --metrics "$out/torchrun_2x2.jsonl"; }
 say "two hosts: torchrun --nnodes 2 --nproc-per-node 1 (each host: bash $cluster exec H $torchrun --nnodes 2 --node-rank H --master-addr $host0 ...)"
@@ -64,6 +66,11 @@ say "two hosts: mpirun --hostfile ($host0, $host1) -np 2 --mca plm_rsh_agent ben
 on_both mpirun_w2 || echo "   FAILED" >&2
 say "two hosts: mpirun -np 4, 2 ranks per host"
 on_both mpirun_w4 || echo "   FAILED" >&2
+# TCP's retransmitted segments in each host's network namespace (its own /proc/net/snmp): what
+# LOSS_PCT made TCP resend.
+# shellcheck disable=SC2016  # an awk program
+retransmitted() { on "$1" awk '/^Tcp:/ { if (n++) print $13; }' /proc/net/snmp; }
+say "TCP segments retransmitted: host 0 $(retransmitted 0), host 1 $(retransmitted 1)"
 
 status=0
 say "two hosts against one host (bit-identical)"
