@@ -248,6 +248,8 @@ StepRecord record_step(Run& run, int64_t step, double loss, double norm, const S
                        int64_t tokens) {
   const RankStepStats mine = measure_rank(run, probe);
   const double step_s = probe.seconds_so_far();
+  // Read before gather_stats, whose own collectives come after the step's end.
+  const double comm_s = run.mesh ? run.mesh->counters().busy_s : 0.0;
   run.elapsed += step_s;
   run.tokens_done += double(tokens);
   StepRecord record{step + 1,
@@ -257,7 +259,7 @@ StepRecord record_step(Run& run, int64_t step, double loss, double norm, const S
                     step_s,
                     run.monitor->stats().exposed_comm_s(),
                     gather_stats(mine, run.group.get())};
-  if (run.mesh) record.comm_s = run.mesh->counters().busy_s;
+  record.comm_s = comm_s;
   if (run.tp_mesh) record.tp_comm_s = run.tp_mesh->counters().waited_s;
   return record;
 }
