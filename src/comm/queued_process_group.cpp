@@ -231,12 +231,9 @@ bool QueuedProcessGroup::next_op(PendingOp& op, std::string& broken) {
 void QueuedProcessGroup::run_op(PendingOp& op) {
   op.work->start();
   const auto start = Clock::now();
-  const auto add_busy = [&] {
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    update_counters([&](CommCounters& c) { c.busy_s += seconds; });
-  };
+  std::exception_ptr failure;
   try {
-    op.body(OpContext{op.name, Clock::now() + timeout_});
+    op.body(OpContext{op.name, start + timeout_});
   } catch (const std::exception& e) {
     std::string message = error_message(e);
     // The backends' own errors already carry the prefix; anything else (an ATen error, a
@@ -248,12 +245,11 @@ void QueuedProcessGroup::run_op(PendingOp& op) {
       std::lock_guard<std::mutex> lock(queue_mutex_);
       broken_error_ = message;
     }
-    add_busy();
-    op.work->finish(error_at(message));
-    return;
+    failure = error_at(message);
   }
-  add_busy();
-  op.work->finish(nullptr);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  update_counters([&](CommCounters& c) { c.busy_s += seconds; });
+  op.work->finish(failure);
 }
 
 void QueuedProcessGroup::progress_loop() {

@@ -336,11 +336,9 @@ class Timelines : public detail::StepObserver {
   // under it as under compute. fsdp-train's exposed_comm_s counts FSDP's waits only, so this
   // time is reported apart (tp_comm_s).
   void tensor_parallel(const TensorParallelBytes& traffic) override {
-    const int tp = o_.tensor_parallel();
     auto run = [&](const char* name, const TensorParallelTraffic& t) {
       if (t.calls == 0) return;
-      const double s =
-          t.calls * collective_s(h_, name, double(t.bytes) / t.calls, tp, spans_nodes(h_, tp));
+      const double s = t.calls * tp_collective(name, double(t.bytes) / t.calls);
       t_ += s;
       tp_comm_s_ += s;
     };
@@ -354,9 +352,7 @@ class Timelines : public detail::StepObserver {
     if (o_.clip_grad_norm()) {
       busy(d_.bytes_s(4.0 * shard_numel));  // the norm: one read of the gradients
       if (o_.tensor_parallel() > 1) {       // the split gradients' squares, over the tp group first
-        const int tp = o_.tensor_parallel();
-        wait_until(tp_lane_.run(t_, collective_s(h_, "all_reduce", 8, tp, spans_nodes(h_, tp))),
-                   false);
+        wait_until(tp_lane_.run(t_, tp_collective("all_reduce", 8)), false);
       }
       if (world > 1) {
         wait_until(shard_lane_.run(t_, fsdp_collective("all_reduce", 4, world)), false);
@@ -386,6 +382,11 @@ class Timelines : public detail::StepObserver {
   // world), group ranks every tp-th rank ([Note: which groups cross nodes]).
   double fsdp_collective(const char* name, double bytes, int group) {
     return priced(name, bytes, group, spans_nodes(h_, int64_t{group} * o_.tensor_parallel()));
+  }
+  // A collective of the tp group (consecutive ranks).
+  double tp_collective(const char* name, double bytes) const {
+    const int tp = o_.tensor_parallel();
+    return collective_s(h_, name, bytes, tp, spans_nodes(h_, tp));
   }
   // An FSDP collective's time; one within a node also counts towards within_node_comm_s.
   double priced(const char* name, double bytes, int group, bool crosses_nodes) {

@@ -72,126 +72,6 @@ void add_hop(const at::Tensor& dst, const at::Tensor& received, const at::Tensor
   if (divide_by > 1) out.div_(divide_by);
 }
 
-// The steps of a ring: each sends a chunk right while another arrives from the left.
-class RingSteps {
- public:
-  // What happens to a received segment: elements [offset, offset + length) of the chunk.
-  using Arrived = std::function<void(int64_t offset, int64_t length, const at::Tensor& landed)>;
-
-  RingSteps(const RingLink& link, at::ScalarType dtype)
-      : link_(link),
-        left_(mod(link.rank - 1, link.size)),
-        right_(mod(link.rank + 1, link.size)),
-        dtype_(dtype),
-        item_(static_cast<int64_t>(c10::elementSize(dtype))),
-        segment_(std::max<int64_t>(1, kRingSegmentBytes / item_)) {
-    TORCH_INTERNAL_ASSERT(link.size >= 2, "a ring needs two ranks, got ", link.size);
-  }
-
-  int rank() const { return link_.rank; }
-  int size() const { return link_.size; }
-
-  // send goes right; the left's chunk lands in into (its own element count).
-  void copy(const at::Tensor& send, const at::Tensor& into) {
-    const int64_t count = into.numel();
-    run(
-        send, count, segments(count),
-        [&](int64_t k) { return bytes_of(into) + k * segment_ * item_; }, nullptr);
-  }
-
-  // send goes right; received (count elements) is handed to arrived segment by segment, in order,
-  // from one of kRingSlots landing slots, which is reused once arrived returns.
-  void reduce(const at::Tensor& send, int64_t count, const Arrived& arrived) {
-    if (!slots_[0].defined()) {
-      for (auto& slot : slots_) slot = at::empty({segment_}, at::TensorOptions().dtype(dtype_));
-    }
-    run(
-        send, count, kRingSlots, [&](int64_t k) { return bytes_of(slots_[k % kRingSlots]); },
-        arrived);
-  }
-
- private:
-  using Landing = std::function<char*(int64_t k)>;
-
-  int64_t segments(int64_t count) const { return (count + segment_ - 1) / segment_; }
-  int64_t length(int64_t count, int64_t k) const {
-    return std::min(segment_, count - k * segment_);
-  }
-
-  void post_send(const at::Tensor& send, int64_t k, MPI_Request* request) {
-    FSDP_MPI_CHECK(MPI_Isend(bytes_of(send) + k * segment_ * item_,
-                             static_cast<int>(length(send.numel(), k) * item_), MPI_BYTE, right_,
-                             kRingTag, link_.comm, request),
-                   link_.context);
-  }
-  void post_receive(int64_t count, int64_t k, const Landing& landing, MPI_Request* request) {
-    FSDP_MPI_CHECK(MPI_Irecv(landing(k), static_cast<int>(length(count, k) * item_), MPI_BYTE,
-                             left_, kRingTag, link_.comm, request),
-                   link_.context);
-  }
-
-  // One step: every segment of send posted at once; at most `depth` receives posted at a time,
-  // receive k + depth once segment k has arrived. Returns when every message has completed, so
-  // the next step may overwrite what this one sent.
-  void run(const at::Tensor& send, int64_t count, int64_t depth, const Landing& landing,
-           const Arrived& arrived) {
-    const int64_t out = segments(send.numel());
-    const int64_t in = segments(count);
-    std::vector<MPI_Request> sends(out, MPI_REQUEST_NULL);
-    std::vector<MPI_Request> receives(in, MPI_REQUEST_NULL);
-    for (int64_t k = 0; k < out; ++k) post_send(send, k, &sends[k]);
-    for (int64_t k = 0; k < std::min(in, depth); ++k) post_receive(count, k, landing, &receives[k]);
-    for (int64_t k = 0; k < in; ++k) {
-      link_.wait_all(&receives[k], &left_, 1);
-      if (arrived)
-        arrived(k * segment_, length(count, k),
-                slots_[k % kRingSlots].narrow(0, 0, length(count, k)));
-      if (k + depth < in) post_receive(count, k + depth, landing, &receives[k + depth]);
-    }
-    const std::vector<int> rights(out, right_);
-    link_.wait_all(sends.data(), rights.data(), static_cast<int>(out));
-  }
-
-  const RingLink& link_;
-  const int left_;
-  const int right_;
-  const at::ScalarType dtype_;
-  const int64_t item_;
-  const int64_t segment_;  // elements
-  std::array<at::Tensor, kRingSlots>
-      slots_;  // where reduced segments land; made by the first reduce
-};
-
-// The all-gather half of a ring: rank r starts with chunk r of flat complete and ends with every
-// chunk, chunk r - s - 1 arriving at step s.
-void gather_chunks(RingSteps& ring, const at::Tensor& flat, int rank, int w) {
-  for (int s = 0; s < w - 1; ++s) {
-    ring.copy(chunk(flat, mod(rank - s, w), w), chunk(flat, mod(rank - s - 1, w), w));
-  }
-}
-
-// The reduce-scatter half of ring_all_reduce, over flat's uneven chunks: at step s rank r adds
-// its own chunk r - s - 2 of flat ("mine") to the left's partial sum of that chunk, keeps the sum
-// in partial_for(s, mine) and sends it at step s + 1. Returns the last partial: chunk r of flat
-// reduced over every rank. flat itself is written only where partial_for returns its chunks.
-using PartialFor = std::function<at::Tensor(int step, const at::Tensor& mine)>;
-at::Tensor reduce_chunks(RingSteps& ring, const at::Tensor& flat, ReduceOp reduce_op,
-                         const PartialFor& partial_for) {
-  const int w = ring.size();
-  const int rank = ring.rank();
-  at::Tensor send = chunk(flat, mod(rank - 1, w), w);
-  for (int s = 0; s < w - 1; ++s) {
-    const at::Tensor mine = chunk(flat, mod(rank - s - 2, w), w);
-    const at::Tensor partial = partial_for(s, mine);
-    const int divide_by = s == w - 2 && reduce_op == ReduceOp::kAvg ? w : 1;
-    ring.reduce(send, partial.numel(), [&](int64_t offset, int64_t length, const at::Tensor& got) {
-      add_hop(partial.narrow(0, offset, length), got, mine.narrow(0, offset, length), divide_by);
-    });
-    send = partial;
-  }
-  return send;
-}
-
 // A flat tensor moved whole between two ranks, in the ring's segments, every message posted at
 // once ([Note: ring segments]); both ends cut it the same way from its element count and dtype.
 class Segments {
@@ -245,6 +125,119 @@ void wait_for(const RingLink& link, std::vector<MPI_Request>& requests,
   link.wait_all(requests.data(), peers.data(), static_cast<int>(requests.size()));
 }
 
+// The steps of a ring: each sends a chunk right while another arrives from the left.
+class RingSteps {
+ public:
+  // What happens to a received segment: elements [offset, offset + length) of the chunk.
+  using Arrived = std::function<void(int64_t offset, int64_t length, const at::Tensor& landed)>;
+
+  RingSteps(const RingLink& link, at::ScalarType dtype)
+      : link_(link),
+        left_(mod(link.rank - 1, link.size)),
+        right_(mod(link.rank + 1, link.size)),
+        dtype_(dtype),
+        item_(static_cast<int64_t>(c10::elementSize(dtype))),
+        segment_(std::max<int64_t>(1, kRingSegmentBytes / item_)) {
+    TORCH_INTERNAL_ASSERT(link.size >= 2, "a ring needs two ranks, got ", link.size);
+  }
+
+  int rank() const { return link_.rank; }
+  int size() const { return link_.size; }
+
+  // send goes right; the left's chunk lands in into (its own element count).
+  void copy(const at::Tensor& send, const at::Tensor& into) {
+    const int64_t count = into.numel();
+    run(
+        send, count, segments(count),
+        [&](int64_t k) { return bytes_of(into) + k * segment_ * item_; }, nullptr);
+  }
+
+  // send goes right; received (count elements) is handed to arrived segment by segment, in order,
+  // from one of kRingSlots landing slots, which is reused once arrived returns.
+  void reduce(const at::Tensor& send, int64_t count, const Arrived& arrived) {
+    if (!slots_[0].defined()) {
+      for (auto& slot : slots_) slot = at::empty({segment_}, at::TensorOptions().dtype(dtype_));
+    }
+    run(
+        send, count, kRingSlots, [&](int64_t k) { return bytes_of(slots_[k % kRingSlots]); },
+        arrived);
+  }
+
+ private:
+  using Landing = std::function<char*(int64_t k)>;
+
+  int64_t segments(int64_t count) const { return (count + segment_ - 1) / segment_; }
+  int64_t length(int64_t count, int64_t k) const {
+    return std::min(segment_, count - k * segment_);
+  }
+
+  void post_receive(int64_t count, int64_t k, const Landing& landing, MPI_Request* request) {
+    FSDP_MPI_CHECK(MPI_Irecv(landing(k), static_cast<int>(length(count, k) * item_), MPI_BYTE,
+                             left_, kRingTag, link_.comm, request),
+                   link_.context);
+  }
+
+  // One step: every segment of send posted at once; at most `depth` receives posted at a time,
+  // receive k + depth once segment k has arrived. Returns when every message has completed, so
+  // the next step may overwrite what this one sent.
+  void run(const at::Tensor& send, int64_t count, int64_t depth, const Landing& landing,
+           const Arrived& arrived) {
+    const int64_t in = segments(count);
+    std::vector<MPI_Request> sends;
+    std::vector<int> rights;
+    Segments(send).post_all(link_, /*send=*/true, right_, sends, rights);
+    std::vector<MPI_Request> receives(in, MPI_REQUEST_NULL);
+    for (int64_t k = 0; k < std::min(in, depth); ++k) post_receive(count, k, landing, &receives[k]);
+    for (int64_t k = 0; k < in; ++k) {
+      link_.wait_all(&receives[k], &left_, 1);
+      if (arrived)
+        arrived(k * segment_, length(count, k),
+                slots_[k % kRingSlots].narrow(0, 0, length(count, k)));
+      if (k + depth < in) post_receive(count, k + depth, landing, &receives[k + depth]);
+    }
+    wait_for(link_, sends, rights);
+  }
+
+  const RingLink& link_;
+  const int left_;
+  const int right_;
+  const at::ScalarType dtype_;
+  const int64_t item_;
+  const int64_t segment_;  // elements
+  std::array<at::Tensor, kRingSlots>
+      slots_;  // where reduced segments land; made by the first reduce
+};
+
+// The all-gather half of a ring: rank r starts with chunk r of flat complete and ends with every
+// chunk, chunk r - s - 1 arriving at step s.
+void gather_chunks(RingSteps& ring, const at::Tensor& flat, int rank, int w) {
+  for (int s = 0; s < w - 1; ++s) {
+    ring.copy(chunk(flat, mod(rank - s, w), w), chunk(flat, mod(rank - s - 1, w), w));
+  }
+}
+
+// The reduce-scatter half of ring_all_reduce, over flat's uneven chunks: at step s rank r adds
+// its own chunk r - s - 2 of flat ("mine") to the left's partial sum of that chunk, keeps the sum
+// in partial_for(s, mine) and sends it at step s + 1. Returns the last partial: chunk r of flat
+// reduced over every rank. flat itself is written only where partial_for returns its chunks.
+using PartialFor = std::function<at::Tensor(int step, const at::Tensor& mine)>;
+at::Tensor reduce_chunks(RingSteps& ring, const at::Tensor& flat, ReduceOp reduce_op,
+                         const PartialFor& partial_for) {
+  const int w = ring.size();
+  const int rank = ring.rank();
+  at::Tensor send = chunk(flat, mod(rank - 1, w), w);
+  for (int s = 0; s < w - 1; ++s) {
+    const at::Tensor mine = chunk(flat, mod(rank - s - 2, w), w);
+    const at::Tensor partial = partial_for(s, mine);
+    const int divide_by = s == w - 2 && reduce_op == ReduceOp::kAvg ? w : 1;
+    ring.reduce(send, partial.numel(), [&](int64_t offset, int64_t length, const at::Tensor& got) {
+      add_hop(partial.narrow(0, offset, length), got, mine.narrow(0, offset, length), divide_by);
+    });
+    send = partial;
+  }
+  return send;
+}
+
 }  // namespace
 
 // At step s rank r sends its partial sum of chunk r - s - 1 (at s = 0 its own input chunk) and
@@ -292,19 +285,25 @@ void ring_broadcast(const RingLink& link, const at::Tensor& tensor, int root) {
   const int right = mod(link.rank + 1, w);
   const Segments segments(tensor);
   const int64_t n = segments.count();
-  std::vector<MPI_Request> sends(place < w - 1 ? n : 0, MPI_REQUEST_NULL);
+  std::vector<MPI_Request> sends;
+  std::vector<int> rights;
   if (place == 0) {
-    for (int64_t k = 0; k < n; ++k) segments.post_send(link, k, right, &sends[k]);
+    segments.post_all(link, /*send=*/true, right, sends, rights);
   } else {
+    const bool forwards = place < w - 1;
+    if (forwards) {
+      sends.assign(n, MPI_REQUEST_NULL);
+      rights.assign(n, right);
+    }
     std::vector<MPI_Request> receives;
     std::vector<int> lefts;
     segments.post_all(link, /*send=*/false, left, receives, lefts);
     for (int64_t k = 0; k < n; ++k) {
       link.wait_all(&receives[k], &left, 1);
-      if (!sends.empty()) segments.post_send(link, k, right, &sends[k]);
+      if (forwards) segments.post_send(link, k, right, &sends[k]);
     }
   }
-  wait_for(link, sends, std::vector<int>(sends.size(), right));
+  wait_for(link, sends, rights);
 }
 
 void ring_reduce(const RingLink& link, const at::Tensor& tensor, int root, ReduceOp reduce_op) {
