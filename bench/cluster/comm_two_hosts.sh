@@ -11,8 +11,10 @@
 # under one mpirun across the hosts (lib.sh's mpirun_across). Needs root. Environment:
 # MPI_ALGOS (default "native auto"; "" runs gloo alone), COLLECTIVES (default
 # all_gather,reduce_scatter,all_reduce), KEEP_DIR (copy fsdp-comm-bench's JSON, with its
-# alpha-beta fits, there: gloo.json is what a hardware file's collectives take), PYTHON (as
-# lib.sh).
+# alpha-beta fits, there: gloo.json is what a hardware file's collectives take), IN_HOST=N
+# (also fsdp-comm-bench with N ranks within each host, both hosts at once, kept as
+# in_host.json: as in HSDP's training, where both hosts' shard groups move their bytes at the
+# same moments, on cores that here the two hosts share), PYTHON (as lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=bench/cluster/lib.sh
@@ -37,6 +39,15 @@ for algo in $algos; do
   mpirun_across 1 -x FSDP_MPI_ALGO="$algo" build/fsdp-comm-bench "${flags[@]}" \
     --output "$out/mpi-$algo.json" >/dev/null
 done
+if [ -n "${IN_HOST:-}" ]; then
+  comm_in_host() {
+    on "$1" build/fsdp-comm-bench --nproc "$IN_HOST" --backend gloo "${flags[@]}" \
+      --output "$out/in_host_$1.json" >/dev/null
+  }
+  say "load $(cut -d' ' -f1-3 /proc/loadavg); fsdp-comm-bench --nproc $IN_HOST --backend gloo ${flags[*]} within each host, both at once"
+  on_both comm_in_host
+  cp "$out/in_host_0.json" "$out/in_host.json"
+fi
 say "load $(cut -d' ' -f1-3 /proc/loadavg)"
 bash "$cluster" down
 if [ -n "${KEEP_DIR:-}" ]; then mkdir -p "$KEEP_DIR" && cp "$out"/*.json "$KEEP_DIR"/; fi

@@ -9,7 +9,8 @@
 # size; 0 skips it) to 16M. Per profile the cluster is made, used and removed (it must not be up
 # already). Both sides train the same initial weights on the same batches (as
 # bench/fsdp2_side_by_side.sh: fsdp-train's --export and --dump-batches, read by
-# bench/reference/fsdp2_reference.py through fsdp2_rank.py), 8 x 128 tokens per step, W = 2,
+# bench/reference/fsdp2_reference.py through fsdp2_rank.py), GLOBAL_BATCH x 128 tokens per step
+# (GLOBAL_BATCH defaults to 8), W = 2,
 # one rank per host, alternately twice each (ours, FSDP2, ours, FSDP2). Both ranks of both sides
 # are started from the same variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
 # no LOCAL_WORLD_SIZE), so each uses one intra-op thread, as each rank of FSDP2 does (its
@@ -25,7 +26,9 @@
 # all-gathers stay in a host and only the all-reduce across replicas crosses the link.
 #
 # Needs root. Environment: FSDP_TRAIN_BIN, PYTHON (as lib.sh), PER_HOST (1 or 2; default 1),
-# OURS_FLAGS (more fsdp-train flags for our side only, e.g. "--prefetch 2"; FSDP2 runs as it is).
+# OURS_FLAGS (more fsdp-train flags for our side only, e.g. "--prefetch 2"; FSDP2 runs as it is),
+# GLOBAL_BATCH (sequences per step, both sides; a larger one gives compute more time than the
+# link's collectives take, where how much of them is hidden measures the overlap, not the link).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=bench/cluster/lib.sh
@@ -44,7 +47,8 @@ read -r -a ours_extra <<< "${OURS_FLAGS:-}"
 ours_strategy+=("${ours_extra[@]}")
 world=$((2 * per_host))
 scratch_dir_removed_on_exit
-shape=(--model "$model" --global-batch 8 --seq-len 128 --seed 1234 --quiet)
+global_batch="${GLOBAL_BATCH:-8}"
+shape=(--model "$model" --global-batch "$global_batch" --seq-len 128 --seed 1234 --quiet)
 say() { echo "== $*" >&2; }
 
 say "$bin --nproc 1 ${shape[*]} --steps 0 --export init/model.safetensors; --nproc 2 --steps $steps --dump-batches"
@@ -114,9 +118,10 @@ for profile in $profiles; do
   bash "$cluster" down
 done
 
-"$PYTHON" - "$out" "$model" "$steps" "$profiles" "$per_host" <<'PY'
+"$PYTHON" - "$out" "$model" "$steps" "$profiles" "$per_host" "$global_batch" <<'PY'
 import json, os, statistics, sys
 out, model, steps, profiles = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split()
+batch = int(sys.argv[6])
 per_host = int(sys.argv[5])
 layout = f"W = {2 * per_host} (2 hosts x {per_host} rank{'s, HSDP' if per_host > 1 else ''})"
 
@@ -130,10 +135,10 @@ def summary(side, profile):
     link = [int(open(os.path.join(out, f"{side}_{profile}_{r}.link")).read()) for r in "ab"]
     exposed = statistics.median(x.get("exposed_comm_s", 0.0) for x in rows)
     comm = statistics.median(x.get("comm_s", 0.0) for x in rows)
-    return dict(step_s=step_s, tps=8 * 128 / step_s, link=statistics.mean(link), exposed=exposed,
+    return dict(step_s=step_s, tps=batch * 128 / step_s, link=statistics.mean(link), exposed=exposed,
                 comm=comm)
 
-print(f"model {model}, 8 x 128 tokens per step, {layout}, medians over steps "
+print(f"model {model}, {batch} x 128 tokens per step, {layout}, medians over steps "
       f"3..{steps} of two runs per side")
 print("| link | side | step time (s) | tokens/s | host 0 sent on the link per step (MiB) | exposed comm (s) | comm (s) | exposed / comm |")
 print("|---|---|---|---|---|---|---|---|")
