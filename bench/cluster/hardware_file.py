@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A hardware file for fsdp-plan describing cluster.sh's two hosts.
 
-    python3 bench/cluster/hardware_file.py BASE.json ACROSS.json PER_HOST OUT.json [IN_HOST.json]
+    python3 bench/cluster/hardware_file.py BASE.json ACROSS.json PER_HOST OUT.json \\
+        [--in-host IN_HOST.json] [--network-cpu-fraction F]
 
 BASE.json: `fsdp-plan --calibrate --output BASE.json` on this machine (its compute, and its
 `collectives` measured within one host). ACROSS.json: fsdp-comm-bench's output with one rank per
@@ -11,12 +12,16 @@ the planner gives a group whose ranks span the hosts. PER_HOST: ranks per host, 
 `devices_per_node`. Both hosts share this machine's cores, so `cpu_cores` stays the machine's: the
 planner shares them among every rank of the job, as the hosts' ranks share them here.
 
-IN_HOST.json (`IN_HOST=PER_HOST comm_two_hosts.sh`'s in_host.json): fsdp-comm-bench with PER_HOST
+--in-host (`IN_HOST=PER_HOST comm_two_hosts.sh`'s in_host.json): fsdp-comm-bench with PER_HOST
 ranks within each host, both hosts at once; its fits replace BASE.json's `collectives` for groups
 of PER_HOST. BASE.json measured one such group alone on the machine, but in training both hosts'
 groups run their collectives at the same moments, on the cores that the two hosts share here
 (a cluster of separate machines would not share them).
+
+--network-cpu-fraction: the file's `network_cpu_fraction`, the compute speed lost beside a
+collective across the link (`bench/cluster/network_cpu.sh` prints it).
 """
+import argparse
 import json
 import sys
 
@@ -31,24 +36,36 @@ def fits_of(path):
     return bench["world_size"], fits
 
 
-def main(base_path, across_path, per_host, out_path, in_host_path=None):
-    hardware = json.load(open(base_path))
-    world, fits = fits_of(across_path)
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("base")
+    parser.add_argument("across")
+    parser.add_argument("per_host", type=int)
+    parser.add_argument("out")
+    parser.add_argument("--in-host")
+    parser.add_argument("--network-cpu-fraction", type=float)
+    args = parser.parse_args()
+    hardware = json.load(open(args.base))
+    world, fits = fits_of(args.across)
     hardware["inter_node_collectives"] = {str(world): fits}
-    if in_host_path:
-        group, in_host = fits_of(in_host_path)
-        if group != int(per_host):
-            sys.exit(f"hardware_file.py: {in_host_path} has groups of {group}, "
-                     f"not PER_HOST = {per_host}")
+    if args.in_host:
+        group, in_host = fits_of(args.in_host)
+        if group != args.per_host:
+            sys.exit(f"hardware_file.py: {args.in_host} has groups of {group}, "
+                     f"not PER_HOST = {args.per_host}")
         hardware.setdefault("collectives", {})[str(group)] = in_host
-    hardware["devices_per_node"] = int(per_host)
+    if args.network_cpu_fraction is not None:
+        if not 0 <= args.network_cpu_fraction <= 1:
+            sys.exit(f"hardware_file.py: --network-cpu-fraction must be in [0, 1], "
+                     f"got {args.network_cpu_fraction}")
+        hardware["network_cpu_fraction"] = args.network_cpu_fraction
+    hardware["devices_per_node"] = args.per_host
     hardware["name"] = f"{hardware.get('name', 'this machine')}, two hosts of cluster.sh"
-    with open(out_path, "w") as out:
+    with open(args.out, "w") as out:
         json.dump(hardware, out, indent=2, sort_keys=True)
         out.write("\n")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (5, 6):
-        sys.exit(__doc__)
-    main(*sys.argv[1:])
+    main()

@@ -92,6 +92,10 @@ struct HardwareSpec {
   // slows that compute down by about its own duration; 0 on a GPU, whose copies do not use the
   // cores that compute). (optional) defaults to 0.
   double comm_cpu_fraction = 0;
+  // Fraction of compute's speed lost while a collective between nodes runs beside it (CPU
+  // hosts: the kernel's TCP sends and receives run on the cores that compute;
+  // bench/cluster/network_cpu.sh measures it). (optional) defaults to 0.
+  double network_cpu_fraction = 0;
   // Per link, per direction: NVLink within a node, the network between nodes.
   AlphaBeta intra_node, inter_node;
   // Measured fits (fsdp-comm-bench --output's "fit"), by group size, then collective name

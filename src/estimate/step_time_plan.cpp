@@ -495,6 +495,9 @@ HardwareSpec HardwareSpec::from_json(const std::string& text, const std::string&
   h.comm_cpu_fraction = optional_number(j, "comm_cpu_fraction", where, 0);
   TORCH_CHECK(h.comm_cpu_fraction <= 1, "hardware file ", where,
               ": comm_cpu_fraction is a fraction, at most 1, got ", h.comm_cpu_fraction);
+  h.network_cpu_fraction = optional_number(j, "network_cpu_fraction", where, 0);
+  TORCH_CHECK(h.network_cpu_fraction <= 1, "hardware file ", where,
+              ": network_cpu_fraction is a fraction, at most 1, got ", h.network_cpu_fraction);
   parse_links(h, j, where);
   return h;
 }
@@ -502,17 +505,22 @@ HardwareSpec HardwareSpec::from_json(const std::string& text, const std::string&
 // [Note: hidden collectives take CPU within a node]
 // On a CPU host a collective within the host moves its bytes by CPU copies on the cores that
 // compute, so the part of it hidden under compute still slows that compute, by comm_cpu_fraction
-// of its time. A collective between hosts is paced by the network: the wire, not the cores, sets
-// its time, and the kernel's share of sending (a copy at memory speed of what the wire carries at
-// a tenth of it, or less) is left out; compute beside it slowed gloo's collectives over the 1g
-// link of bench/cluster by 3-7% (two matmul loops on the two cores). Charging the whole of
-// GPT-2's hidden collectives at W = 2 over two hosts as CPU put the step 15% above the measured
-// one (bench/RESULTS.md, "The planner on the shaped link"). The exposed time is shared between
-// collectives within and across nodes in proportion to their time.
+// of its time. A collective between hosts is paced by the network, and what it takes from the
+// cores is the kernel's: TCP's copies and protocol work for what the wire carries, a fraction of
+// a core while it runs (network_cpu_fraction, measured by bench/cluster/network_cpu.sh as the
+// speed a matmul loop loses beside gloo's collectives across the link). Charging the hidden
+// collectives between hosts at the within-host rate (the whole of their time) put GPT-2's step at
+// W = 2 over two hosts 15% above the measured one; charging them nothing put a compute-bound
+// batch 17% under it (bench/RESULTS.md, "The planner on the shaped link" and its third part).
+// The exposed time is shared between collectives within and across nodes in proportion to their
+// time.
 double cpu_taken_by_hidden_collectives(const HardwareSpec& h, const Timelines& t) {
   if (t.comm_s() <= 0) return 0;
+  const double hidden_share = 1 - t.exposed_s() / t.comm_s();
   const double within = t.within_node_comm_s();
-  return h.comm_cpu_fraction * std::max(0.0, within - t.exposed_s() * within / t.comm_s());
+  const double between = t.comm_s() - within;
+  return std::max(0.0, hidden_share) *
+         (h.comm_cpu_fraction * within + h.network_cpu_fraction * between);
 }
 
 StepTimePlan plan_step_time(const ModelMemorySpec& memory, const ModelComputeSpec& compute,

@@ -79,8 +79,8 @@ TEST(StepTimePlan, PrefetchHidesAllButTheFirstGatherOfEachPassAndTheLastReductio
 
 // On a CPU host whose cores both compute and copy the collectives' bytes, the hidden part of
 // the collectives (6g of them, 3g exposed) slows compute by as much. Collectives between nodes
-// take no CPU ([Note: hidden collectives take CPU within a node]): with a rank per node the
-// step is the plain 6 + 3g.
+// take network_cpu_fraction of their hidden time ([Note: hidden collectives take CPU within a
+// node]): with a rank per node the step is the plain 6 + 3g, and 6 + 3g + 0.4 * 3g at 0.4.
 TEST(StepTimePlan, HiddenCollectivesTakeTheirTimeFromComputeOnACpuHost) {
   const auto [memory, compute] = toy_model();
   nlohmann::json file = toy_hardware(0.25 / 4000);
@@ -98,6 +98,18 @@ TEST(StepTimePlan, HiddenCollectivesTakeTheirTimeFromComputeOnACpuHost) {
   const StepTimePlan apart =
       plan_step_time(memory, compute, options, HardwareSpec::from_json(file.dump(), "toy"));
   EXPECT_NEAR(apart.step_s, 6.75, 1e-9);
+  file["network_cpu_fraction"] = 0.4;
+  const StepTimePlan paced =
+      plan_step_time(memory, compute, options, HardwareSpec::from_json(file.dump(), "toy"));
+  EXPECT_NEAR(paced.step_s, 6.75 + 0.4 * 0.75, 1e-9);
+  EXPECT_NEAR(paced.exposed_comm_s, 0.75, 1e-9);
+  file["network_cpu_fraction"] = 1.5;
+  try {
+    HardwareSpec::from_json(file.dump(), "toy");
+    ADD_FAILURE() << "a fraction above 1 was taken";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("network_cpu_fraction is a fraction, at most 1, got 1.5"));
+  }
 }
 
 // Prefetch off: each gather is issued when its unit starts, and unit 0's backward gather queues

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # the functions run through on_both
+# How much compute a collective between the hosts takes from the cores: a single-threaded matmul
+# loop on each host of cluster.sh, alone and then while gloo's all-gathers and reduce-scatters
+# run across the link (fsdp-comm-bench, one rank per host), and the fraction of the loop's speed
+# lost meanwhile. That fraction is a hardware file's network_cpu_fraction (fsdp-plan: compute
+# beside a hidden collective between nodes runs that much slower; [Note: hidden collectives take
+# CPU within a node]).
+#
+#   bash scripts/run.sh build && bash bench/cluster/network_cpu.sh [PROFILE] [SECONDS] [BYTES]
+#
+# PROFILE defaults to 1g, SECONDS (each loop's length) to 20, BYTES (the collectives' size) to
+# 32M, about one GPT-2 block's gather. Both hosts share this machine's cores, as in training on
+# the cluster, so one loop a host is one a core. Needs root. Environment: PYTHON (as lib.sh).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=bench/cluster/lib.sh
+. bench/cluster/lib.sh
+profile="${1:-1g}"
+seconds="${2:-20}"
+bytes="${3:-32M}"
+scratch_dir_removed_on_exit
+say() { echo "== $*" >&2; }
+
+# matmul_loop HOST TAG: GFLOP/s of 768 x 768 by 768 x 3072 fp32 matmuls (a GPT-2 block's MLP
+# shape for 768 tokens) on one thread for $seconds, written to $out/TAG_HOST.
+matmul_loop() {
+  on "$1" "$PYTHON" - "$seconds" > "$out/$2_$1" <<'PY'
+import sys, time, torch
+torch.set_num_threads(1)
+a, b = torch.randn(768, 768), torch.randn(768, 3072)
+for _ in range(3):
+    a @ b
+count, start = 0, time.perf_counter()
+while time.perf_counter() - start < float(sys.argv[1]):
+    a @ b
+    count += 1
+print(2 * 768 * 768 * 3072 * count / (time.perf_counter() - start) / 1e9)
+PY
+}
+idle_loop() { matmul_loop "$1" idle; }
+# The collectives start first and outlast the loop: half its length and 2 s each, the loop
+# starting 3 s in.
+loaded_loop() {
+  on "$1" env RANK="$1" WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR="$host0" MASTER_PORT=29503 \
+    build/fsdp-comm-bench --backend gloo --collectives all_gather,reduce_scatter \
+    --min-bytes "$bytes" --max-bytes "$bytes" --iters 100000 --warmup 1 \
+    --time-budget-s $((seconds / 2 + 2)) --timeout-s 300 --output "$out/bench_$1.json" >/dev/null &
+  local bench=$!
+  sleep 3
+  matmul_loop "$1" loaded
+  wait "$bench"
+}
+
+bash "$cluster" up "$profile" | sed "s/^/   /" >&2
+say "one matmul loop a host, ${seconds} s, idle"
+on_both idle_loop
+say "the same while fsdp-comm-bench --backend gloo --collectives all_gather,reduce_scatter --min-bytes $bytes --max-bytes $bytes runs across the link"
+on_both loaded_loop
+bash "$cluster" down
+
+"$PYTHON" - "$out" "$profile" "$bytes" <<'PY'
+import sys
+out, profile, size = sys.argv[1:]
+print(f"{profile}: single-threaded matmul GFLOP/s per host, idle and beside gloo's {size} "
+      "all-gathers and reduce-scatters across the link")
+print("| host | idle | beside the collectives | speed lost (network_cpu_fraction) |")
+print("|---|---|---|---|")
+lost = []
+for h in (0, 1):
+    idle = float(open(f"{out}/idle_{h}").read())
+    loaded = float(open(f"{out}/loaded_{h}").read())
+    lost.append(1 - loaded / idle)
+    print(f"| {h} | {idle:.2f} | {loaded:.2f} | {lost[-1]:.3f} |")
+print(f"mean speed lost: {sum(lost) / 2:.3f}")
+PY
