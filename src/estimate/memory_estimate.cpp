@@ -11,9 +11,7 @@
 //             buffers are alive), free the buffer; compute (saved activations stay, a workspace
 //             comes and goes); reshard after forward (blocks) or not
 //             (shard_grad_op, the root, no-reshard accumulation).
-//   backward: the root's head first (the loss's gradients, then the root's pre-backward
-//             prefetches the last units, whose gathers run beside the head's backward, and its
-//             full gradients appear), then units in reverse: gather
+//   backward: the root's head first (its full gradients appear), then units in reverse: gather
 //             again if resharded, prefetch the previous unit, compute (a peak, then the saved
 //             activations are gone and the full gradients made), post-backward: count
 //             gradients + parameters (RankStats' peak point), reshard, then keep the full
@@ -440,17 +438,12 @@ class StepModel {
 
   void backward(bool sync, bool reshard_after_backward) {
     const int n = static_cast<int>(units_.size());
-    // The root's head: the loss's gradients (its peak) reach the root's output, whose
-    // pre-backward prefetches the last units, their gathers running beside the head's backward
-    // (see [Note: backward prefetch follows the order forwards finished]); then the root's full
-    // gradients (the tied embedding's among them), alive until its post-backward at the end.
-    const std::string head = "backward of root (head)";
-    r_.transient(root_backward_peak_ + concurrent_temporaries(), head);
-    for (int k = 1; k <= o_.prefetch() && n - k >= 0; ++k) issue(n - k);
+    // The root's head: the output's and loss's gradients, then the root's full gradients (the
+    // tied embedding's among them), alive until the root's post-backward at the end.
     obs_.compute(kRootUnit, ComputePhase::kRootHeadBackward);
+    r_.transient(root_backward_peak_ + concurrent_temporaries(), "backward of root (head)");
     r_.free(root_after_);
-    r_.alloc(root_.full_numel * compute_, head);
-    r_.transient(concurrent_temporaries(), head);
+    r_.alloc(root_.full_numel * compute_, "backward of root (head)");
     for (int i = n - 1; i >= 0; --i) {
       const std::string phase = "backward of " + units_[i].name;
       issue(i);

@@ -326,7 +326,6 @@ void ParamGroup::reset_for_step() {
   }
   last_forward_index_ = -1;
   forward_index_ = -1;
-  post_forward_index_ = -1;
 }
 
 void ParamGroup::finish_backward() {
@@ -353,14 +352,6 @@ void ParamGroup::prefetch_forward() {
   }
 }
 
-// [Note: backward prefetch follows the order forwards finished]
-// Backward runs the units in the reverse of the order their forwards finished, not of the order
-// they began: a unit that encloses others (the root around the blocks) begins first and
-// finishes last, and its backward (the head's, for a model's root) comes first. So a unit
-// prefetches the units just before it in the post-forward order: the root, whose pre-backward
-// runs before the head's backward, gathers the last block while the head computes (FSDP2's
-// order too). With the pre-forward order the root would prefetch nothing and the link would
-// idle for the head's whole backward.
 void ParamGroup::prefetch_backward() {
   if (!backward_prefetch_.empty()) {
     for (ParamGroup* unit : backward_prefetch_) {
@@ -369,11 +360,11 @@ void ParamGroup::prefetch_backward() {
     return;
   }
   const int count = tree().implicit_prefetch();
-  if (count == 0 || post_forward_index_ < 0) return;
-  const auto& order = tree().post_forward_order();
-  for (int k = 1; k <= count && post_forward_index_ - k >= 0; ++k) {
-    ParamGroup* unit = order[post_forward_index_ - k];
-    // Only units whose backward is still to come.
+  if (count == 0 || forward_index_ < 0) return;
+  const auto& order = tree().forward_order();
+  for (int k = 1; k <= count && forward_index_ - k >= 0; ++k) {
+    ParamGroup* unit = order[forward_index_ - k];
+    // Only units whose backward is still to come; the root gathers once, in forward.
     if (unit->training_state_ == TrainingState::kAwaitingBackward && unit->unshard_in_backward_) {
       unit->issue_unshard();
     }
@@ -408,10 +399,7 @@ void ParamGroup::post_forward(std::vector<at::Tensor>& outputs) {
     }
   }
   const bool training = at::GradMode::is_enabled();
-  if (training) {
-    register_pre_backward(*this, outputs);
-    post_forward_index_ = tree().record_post_forward(this);
-  }
+  if (training) register_pre_backward(*this, outputs);
   if (!training) {
     reshard();
   } else if (reshard_after_forward()) {

@@ -240,7 +240,6 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   std::vector<ParamGroup*> backward_prefetch_;
   int forward_index_ = -1;       // position in this step's forward order
   int last_forward_index_ = -1;  // position in the previous step's forward order
-  int post_forward_index_ = -1;  // last position in this step's post-forward order
   RuntimeObserver::Clock::time_point compute_begin_;
 
   bool is_top_ = true;    // no enclosing module is fully_shard'ed (set_path)

@@ -43,7 +43,6 @@ void RootState::begin_step() {
     last_forward_order_[i]->note_last_forward_index(static_cast<int>(i));
   }
   forward_order_.clear();
-  post_forward_order_.clear();
   end_of_backward_queued_ = false;
   streams_.begin_step();
 }
@@ -51,11 +50,6 @@ void RootState::begin_step() {
 int RootState::record_forward(ParamGroup* unit) {
   forward_order_.push_back(unit);
   return static_cast<int>(forward_order_.size()) - 1;
-}
-
-int RootState::record_post_forward(ParamGroup* unit) {
-  post_forward_order_.push_back(unit);
-  return static_cast<int>(post_forward_order_.size()) - 1;
 }
 
 bool RootState::step_in_progress() const {

@@ -68,11 +68,6 @@ class RootState : public std::enable_shared_from_this<RootState> {
   // Appends unit to this step's forward order and returns its position there.
   int record_forward(ParamGroup* unit);
   const std::vector<ParamGroup*>& forward_order() const { return forward_order_; }
-  // Appends unit to this step's post-forward order (the order forwards finished, which backward
-  // reverses) and returns its position there. See [Note: backward prefetch follows the order
-  // forwards finished].
-  int record_post_forward(ParamGroup* unit);
-  const std::vector<ParamGroup*>& post_forward_order() const { return post_forward_order_; }
   const std::vector<ParamGroup*>& last_forward_order() const { return last_forward_order_; }
   // From the root's forward to the end of its backward: settings must not change then, since
   // units act on them at different times.
@@ -100,7 +95,6 @@ class RootState : public std::enable_shared_from_this<RootState> {
   std::vector<ParamGroup*> units_;               // every unit under the root, pre-order
   std::vector<ParamGroup*> forward_order_;       // units in the order their forward ran this step
   std::vector<ParamGroup*> last_forward_order_;  // the same, for the previous step
-  std::vector<ParamGroup*> post_forward_order_;  // units in the order their forward finished
   std::deque<PendingReduce> pending_reduces_;
   // HSDP: reductions whose all-reduce across replicas is in flight, oldest first.
   std::deque<PendingReduce> pending_all_reduces_;

@@ -56,12 +56,6 @@ struct DeepNetImpl : torch::nn::Module {
       if (probe) probe();
       h = fsdp::forward(blocks[i], h);
     }
-    if (head_probe) {
-      // A copy of the last block's output whose gradient the head's backward computes: its hook
-      // runs after the root's pre-backward and before the last block's.
-      h = h.clone();
-      h.register_hook([this](const at::Tensor&) { head_probe(); });
-    }
     return head(h);
   }
   torch::nn::Linear head{nullptr};
@@ -69,7 +63,6 @@ struct DeepNetImpl : torch::nn::Module {
   std::vector<DeepBlock> blocks;
   int skip = -1;
   std::function<void()> probe;
-  std::function<void()> head_probe;  // called during the head's backward
 };
 TORCH_MODULE(DeepNet);
 
@@ -159,34 +152,6 @@ TEST(Prefetch, ForwardPrefetchIsInFlightWhileTheUnitBeforeRuns) {
         .backward();
     EXPECT_EQ(in_flight, kDepth - 1);
   });
-}
-
-// The root's pre-backward, which runs before the head's backward, prefetches the last blocks
-// (the units before it in the order forwards finished), so their gathers run beside the head's
-// backward; see [Note: backward prefetch follows the order forwards finished].
-TEST(Prefetch, TheRootsBackwardPrefetchesTheLastBlocks) {
-  for (int prefetch : {0, 1, 2}) {
-    run_ranks_in_threads(2, [prefetch](std::shared_ptr<ProcessGroup> group) {
-      DeviceMesh mesh(group);
-      TrainCase c = deep_case(prefetch);
-      DeepNet net(kWidth, kDepth);
-      c.shard(net.ptr(), mesh);
-      std::vector<FSDPModule> units;
-      for (auto& block : net->blocks) units.push_back(*fsdp_module_of(*block));
-      std::vector<bool> in_flight;
-      net->head_probe = [&] {
-        for (const FSDPModule& unit : units) in_flight.push_back(unit.gather_in_flight());
-      };
-      auto [x, y] = c.batch(0);
-      c.loss(net.ptr(), x.narrow(0, group->rank() * 4, 4), y.narrow(0, group->rank() * 4, 4))
-          .backward();
-      ASSERT_EQ(in_flight.size(), units.size());
-      for (int i = 0; i < kDepth; ++i) {
-        EXPECT_EQ(in_flight[i], i >= kDepth - prefetch)
-            << "block " << i << ", prefetch " << prefetch << ", rank " << group->rank();
-      }
-    });
-  }
 }
 
 TEST(Prefetch, ExplicitPrefetchAndAsyncUnshard) {
