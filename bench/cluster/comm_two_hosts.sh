@@ -23,14 +23,13 @@ profile="${1:-1g}"
 max_bytes="${2:-256M}"
 algos="${MPI_ALGOS-native auto}"
 scratch_dir_removed_on_exit
-say() { echo "== $*" >&2; }
 flags=(--collectives "${COLLECTIVES:-all_gather,reduce_scatter,all_reduce}" --max-bytes "$max_bytes"
        --iters 20 --time-budget-s 1 --timeout-s 300)
 
 bash "$cluster" up "$profile" | sed "s/^/   /" >&2
 comm_gloo() {
-  on "$1" env RANK="$1" WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR="$host0" MASTER_PORT=29502 \
-    build/fsdp-comm-bench --backend gloo "${flags[@]}" --output "$out/gloo.json" >/dev/null
+  rank_of_two_on "$1" 29502 build/fsdp-comm-bench --backend gloo "${flags[@]}" \
+    --output "$out/gloo.json" >/dev/null
 }
 say "load $(cut -d' ' -f1-3 /proc/loadavg); $profile: fsdp-comm-bench --backend gloo ${flags[*]}, one rank per host"
 on_both comm_gloo

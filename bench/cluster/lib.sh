@@ -3,6 +3,9 @@
 # fsdp-train (or any rank program) on them. Expects to be sourced from the repository root.
 #
 #   on HOST CMD...                runs CMD on host 0 or 1 (its namespace)
+#   rank_of_two_on HOST PORT CMD... CMD as rank HOST of 2, one rank per host, from torchrun's
+#                                 variables with the master on host 0 at PORT
+#   say MESSAGE...                a progress line on stderr
 #   torchrun_on HOST NPROC CMD... torchrun's static rendezvous, 2 nodes, the master on host 0
 #   mpirun_across NPERHOST CMD... one mpirun on host 0, NPERHOST ranks on each host (ranks
 #                                 0..N-1 on host 0), the remote
@@ -32,6 +35,14 @@ on() {
   shift
   bash "$cluster" exec "$h" "$@"
 }
+
+rank_of_two_on() {  # HOST PORT CMD...
+  local h="$1" port="$2"
+  shift 2
+  on "$h" env RANK="$h" WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR="$host0" MASTER_PORT="$port" "$@"
+}
+
+say() { echo "== $*" >&2; }
 
 torchrun_on() {  # HOST NPROC CMD...
   local h="$1" n="$2" address

@@ -22,7 +22,6 @@ timeout_s="${3:-30}"
 scratch_dir_removed_on_exit
 flags=(--model tiny --global-batch 8 --seq-len 32 --seed 11 --steps 12 --log-every 1 --quiet
        --timeout-s "$timeout_s")
-say() { echo "== $*" >&2; }
 
 gloo_rank() {  # HOST; needs $metrics
   torchrun_on "$1" 1 "$bin" "${flags[@]}" --metrics "$metrics"

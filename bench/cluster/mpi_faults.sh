@@ -25,7 +25,6 @@ faults="${3:-host rank link}"
 scratch_dir_removed_on_exit
 flags=(--model tiny --global-batch 8 --seq-len 32 --seed 11 --steps 1000000 --log-every 1
        --timeout-s "$timeout_s")
-say() { echo "== $*" >&2; }
 
 # Pids of host 1's processes named NAME (pgrep by exact name, within that namespace only).
 host1_pids() {

@@ -20,7 +20,6 @@ profile="${1:-1g}"
 seconds="${2:-20}"
 bytes="${3:-32M}"
 scratch_dir_removed_on_exit
-say() { echo "== $*" >&2; }
 
 # matmul_loop HOST TAG: GFLOP/s of 768 x 768 by 768 x 3072 fp32 matmuls (a GPT-2 block's MLP
 # shape for 768 tokens) on one thread for $seconds, written to $out/TAG_HOST.
@@ -42,8 +41,8 @@ idle_loop() { matmul_loop "$1" idle; }
 # The collectives start first and outlast the loop: half its length and 2 s each, the loop
 # starting 3 s in.
 loaded_loop() {
-  on "$1" env RANK="$1" WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR="$host0" MASTER_PORT=29503 \
-    build/fsdp-comm-bench --backend gloo --collectives all_gather,reduce_scatter \
+  rank_of_two_on "$1" 29503 build/fsdp-comm-bench --backend gloo \
+    --collectives all_gather,reduce_scatter \
     --min-bytes "$bytes" --max-bytes "$bytes" --iters 100000 --warmup 1 \
     --time-budget-s $((seconds / 2 + 2)) --timeout-s 300 --output "$out/bench_$1.json" >/dev/null &
   local bench=$!

@@ -49,7 +49,6 @@ world=$((2 * per_host))
 scratch_dir_removed_on_exit
 global_batch="${GLOBAL_BATCH:-8}"
 shape=(--model "$model" --global-batch "$global_batch" --seq-len 128 --seed 1234 --quiet)
-say() { echo "== $*" >&2; }
 
 say "$bin --nproc 1 ${shape[*]} --steps 0 --export init/model.safetensors; --nproc 2 --steps $steps --dump-batches"
 mkdir -p "$out/init"
@@ -106,8 +105,7 @@ for profile in $profiles; do
     bench_flags=(--collectives "all_gather,reduce_scatter,all_reduce" --max-bytes "$max_bytes"
                  --iters 20 --time-budget-s 1 --timeout-s 120)
     comm_gloo() {
-      # shellcheck disable=SC2046
-      on "$1" env RANK="$1" WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR="$host0" MASTER_PORT=29502 build/fsdp-comm-bench --backend gloo "${bench_flags[@]}" \
+      rank_of_two_on "$1" 29502 build/fsdp-comm-bench --backend gloo "${bench_flags[@]}" \
         --output "$out/comm_gloo_$profile.json" >/dev/null
     }
     say "$profile: fsdp-comm-bench --backend gloo ${bench_flags[*]}, one rank per host"

@@ -30,7 +30,6 @@ scratch_dir_removed_on_exit
 flags=(--model tiny --global-batch 8 --seq-len 32 --seed 11 --steps "$steps" --log-every 1 --quiet
        --timeout-s 60)
 mpirun_here=(env -u MASTER_ADDR -u MASTER_PORT mpirun --allow-run-as-root --oversubscribe)
-say() { echo "== $*" >&2; }
 
 say "one host"
 "$bin" --nproc 2 "${flags[@]}" --metrics "$out/one_host_w2.jsonl"
