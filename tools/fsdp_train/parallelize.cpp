@@ -17,9 +17,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
-#include <numeric>
 #include <unordered_set>
-#include <vector>
 
 namespace fsdp::train {
 namespace {
@@ -47,26 +45,11 @@ void build_tensor_parallel_mesh(Run& run) {
   run.data_world = named.size("dp");
 }
 
-// [Note: the step's bookkeeping has a group of its own]
-// A process group runs its collectives one at a time, in issue order. The root's all-gather for
-// the next step is issued during the optimizer step ([Note: an optimizer step in two halves]);
-// on a 1-D mesh the mesh's group is the world, so the metrics' all-gather after the step would
-// wait behind it, outside the step's measured time: the step would look shorter by what it
-// hid there, and the gather would hide nothing. On a group of its own the metrics' all-gather
-// takes a millisecond beside it, and the gather is waited for where the next forward needs it,
-// inside the next step.
-std::shared_ptr<ProcessGroup> stats_group_of(ProcessGroup& world) {
-  std::vector<int> everyone(world.size());
-  std::iota(everyone.begin(), everyone.end(), 0);
-  return world.split(everyone, "fsdp-train/stats");
-}
-
 void build_mesh(Run& run) {
   run.device = device_of(run);
   run.data_rank = run.rank;
   run.data_world = run.world;
   if (!run.group) return;
-  run.stats_group = stats_group_of(*run.group);
   if (run.o.parallelism.tp > 1) return build_tensor_parallel_mesh(run);
   const int replicate = run.o.parallelism.strategy == ShardingStrategy::kNoShard ? run.world
                         : run.o.parallelism.strategy == ShardingStrategy::kHybridShard

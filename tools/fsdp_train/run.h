@@ -36,10 +36,6 @@ struct Run {
 
   const JobConfig& o;
   std::shared_ptr<ProcessGroup> group;  // null: the --no-fsdp reference
-  // The per-step metrics' all-gather: a group of its own, so that it never queues behind the
-  // root's all-gather for the next step on the mesh's group ([Note: the step's bookkeeping
-  // has a group of its own] in parallelize.cpp). Null with group.
-  std::shared_ptr<ProcessGroup> stats_group;
   int world = 1;
   int rank = 0;
   // The data-parallel rank and size: what the global batch is split over (rank and world, but

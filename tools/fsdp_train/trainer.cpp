@@ -264,7 +264,7 @@ StepRecord record_step(Run& run, int64_t step, double loss, double norm, const S
                     tokens / step_s,
                     step_s,
                     run.monitor->stats().exposed_comm_s(),
-                    gather_stats(mine, run.stats_group.get())};
+                    gather_stats(mine, run.group.get())};
   record.comm_s = comm_s;
   if (run.tp_mesh) record.tp_comm_s = run.tp_mesh->counters().waited_s;
   return record;
