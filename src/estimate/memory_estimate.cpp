@@ -207,13 +207,8 @@ class StepModel {
       forward(reshard_after_forward_ && !keep);
       backward(sync, !keep || last);
     }
-    // fsdp-train issues the root's all-gather for the next step between the optimizer's halves
-    // ([Note: an optimizer step in two halves]): its buffers live beside the second half.
-    const bool root_prefetched = gathers() && shard_ > 1 && root_.shard_numel > 0;
-    obs_.optimizer_step(shard_numel, root_prefetched ? root_.shard_numel : 0);
-    const int64_t beside =
-        root_prefetched ? cast_copy_bytes(root_) + gather_buffer_bytes(root_) : 0;
-    r_.transient(2 * max_shard * master_ + beside, "optimizer step");
+    obs_.optimizer_step(shard_numel);
+    r_.transient(2 * max_shard * master_, "optimizer step");
 
     e.peak_unsharded_bytes = r_.peak_unsharded();
     e.comm_buffer_bytes = r_.peak_comm();
@@ -355,7 +350,7 @@ class StepModel {
     // From a piece: the piece is the all-gather's input (already in the compute dtype).
     const int64_t input = s.piece ? 0 : cast_copy_bytes(u);
     r_.alloc(input + gather_buffer_bytes(u), "all-gather of " + label(i));
-    r_.count_comm(input + gather_buffer_bytes(u));
+    r_.count_comm(gather_buffer_bytes(u));
     if (whole_tensor_) {
       broadcast_bytes_ += u.full_numel * compute_;  // every bucket, the own one included
     } else {
@@ -382,7 +377,7 @@ class StepModel {
       r_.count_unsharded(unsharded_bytes(u));
       const int64_t input = s.piece ? piece_bytes(u) : cast_copy_bytes(u);
       r_.free(input + gather_buffer_bytes(u));
-      r_.count_comm(-(s.piece ? 0 : input) - gather_buffer_bytes(u));
+      r_.count_comm(-gather_buffer_bytes(u));
       if (s.piece) r_.count_unsharded(-piece_bytes(u));
       s.piece = false;
     }

@@ -62,11 +62,8 @@ class StepObserver {
   // A module's collectives over its tensor-parallel group in one pass (a unit's, or the root's
   // stem or head), after its compute: the compute thread makes and waits for each in turn.
   virtual void tensor_parallel(const TensorParallelBytes& traffic) {}
-  // AdamW over the rank's shards: shard_numel elements in the master dtype. first_numel > 0:
-  // fsdp-train steps the root's first_numel elements first and issues the root's all-gather for
-  // the next step between the halves ([Note: an optimizer step in two halves]), so the next
-  // step's first wait starts that much earlier.
-  virtual void optimizer_step(int64_t shard_numel, int64_t first_numel) {}
+  // AdamW over the rank's shards: shard_numel elements in the master dtype.
+  virtual void optimizer_step(int64_t shard_numel) {}
 };
 
 // Replays one steady-state step, telling observer (optional) every event, and returns the

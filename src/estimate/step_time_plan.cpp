@@ -304,12 +304,7 @@ class Timelines : public detail::StepObserver {
     gather_end_[unit] = lane.run(t_, fsdp_collective("all_gather", output_bytes, group_size));
   }
   void wait_gather(int unit, int64_t unsharded_bytes) override {
-    const double exposed_before = exposed_s_;
     wait_until(gather_end_.at(unit));
-    if (unit == kRootUnit && !root_waited_) {  // the step's first wait
-      root_waited_ = true;
-      first_wait_s_ = exposed_s_ - exposed_before;
-    }
     busy(d_.bytes_s(2.0 * unsharded_bytes));  // copy-out
   }
   void compute(int unit, ComputePhase phase) override { busy(compute_s(unit, phase)); }
@@ -351,7 +346,7 @@ class Timelines : public detail::StepObserver {
     run("reduce_scatter", traffic.reduce_scatter);
     run("all_reduce", traffic.all_reduce);
   }
-  void optimizer_step(int64_t shard_numel, int64_t first_numel) override {
+  void optimizer_step(int64_t shard_numel) override {
     const double start = t_;
     const int world = o_.memory().world_size();
     if (o_.clip_grad_norm()) {
@@ -369,7 +364,6 @@ class Timelines : public detail::StepObserver {
     }
     busy(d_.adamw_s(shard_numel));
     optimizer_s_ = t_ - start;
-    if (first_numel > 0) overlap_next_root_gather(d_.adamw_s(shard_numel - first_numel));
   }
 
   double now() const { return t_; }
@@ -412,16 +406,6 @@ class Timelines : public detail::StepObserver {
     }
   };
 
-  // [Note: an optimizer step in two halves]: in the steady state the step's first wait (the
-  // root's all-gather, on an idle lane at the step's start) began `beside` seconds before the
-  // step, during the previous optimizer step's second half. Nothing runs before that wait, so
-  // the rest of the step moves earlier by what it hides, on both threads.
-  void overlap_next_root_gather(double beside) {
-    const double hidden = std::min(first_wait_s_, beside);
-    t_ -= hidden;
-    exposed_s_ -= hidden;
-  }
-
   // The average, and the copy of the reduced output into the master dtype.
   void assign_gradients(int64_t output_bytes) { busy(d_.bytes_s(3.0 * output_bytes)); }
   void busy(double seconds) {
@@ -461,8 +445,6 @@ class Timelines : public detail::StepObserver {
   const Device& d_;
   double t_ = 0, busy_s_ = 0, exposed_s_ = 0, optimizer_s_ = 0, tp_comm_s_ = 0;
   double within_node_comm_s_ = 0;
-  bool root_waited_ = false;
-  double first_wait_s_ = 0;  // the exposed part of the step's first wait
   Lane shard_lane_, piece_lane_, replicate_lane_, tp_lane_;
   std::map<int, double> gather_end_;
   std::map<int, double> all_reduce_end_;  // HSDP: when each unit's all-reduce across replicas ends

@@ -47,7 +47,7 @@ class ShardUnsharder : public Unsharder {
 
 void ShardUnsharder::issue(PendingGather& pending) {
   copy_in(pending);
-  a_.unit.held(HeldKind::kCommBuffers, pending.buffer.nbytes() + pending.copied_input_bytes);
+  a_.unit.held(HeldKind::kCommBuffers, pending.buffer.nbytes());
   a_.unit.held(HeldKind::kUnshardedUnits, 1);
   pending.issued = RuntimeObserver::Clock::now();
   try {
@@ -75,9 +75,6 @@ void ShardUnsharder::copy_in(PendingGather& pending) {
                           ? a_.flat_shards.to(a_.unit.device_options(a_.compute_dtype),
                                               /*non_blocking=*/true)
                           : a_.flat_shards.to(a_.compute_dtype);
-      if (!pending.input.is_alias_of(a_.flat_shards)) {
-        pending.copied_input_bytes = pending.input.nbytes();
-      }
       op.writes("ag_in", pending.phase);
     }
   }

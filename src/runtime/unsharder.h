@@ -36,9 +36,6 @@ struct PendingGather {
   // The shards copied in (cast to the compute dtype, or copied from the host with offload), or
   // the hpZ piece; else undefined (the all-gather reads the flat shards themselves).
   at::Tensor input;
-  // Bytes of input when it is a copy made for the gather (a communication buffer on the books
-  // until the gather is released); 0 for the piece or a view of the shards.
-  int64_t copied_input_bytes = 0;
   // hpZ: the post-forward group the piece is gathered over (null: the shard group), and the
   // piece's bytes, counted as unsharded until the gather completes.
   ProcessGroup* group = nullptr;
@@ -87,11 +84,10 @@ std::unique_ptr<Unsharder> make_shard_unsharder(const UnsharderArgs& args);
 std::unique_ptr<Unsharder> make_whole_tensor_unsharder(const UnsharderArgs& args,
                                                        std::vector<OwnerBucket> buckets);
 
-// Takes a gather's buffers (its output, and its input where it was copied in) and hpZ piece
-// off the books once they are released, and the unit's count too unless the gather completed
-// (gathered: the unit is now unsharded).
+// Takes a gather's buffer and hpZ piece off the books once they are released, and the unit's
+// count too unless the gather completed (gathered: the unit is now unsharded).
 inline void uncount_gather(const UnitContext& unit, const PendingGather& pending, bool gathered) {
-  unit.held(HeldKind::kCommBuffers, -pending.buffer.nbytes() - pending.copied_input_bytes);
+  unit.held(HeldKind::kCommBuffers, -pending.buffer.nbytes());
   unit.held(HeldKind::kUnshardedParams, -pending.piece_bytes);
   if (!gathered) unit.held(HeldKind::kUnshardedUnits, -1);
 }

@@ -76,10 +76,6 @@ struct Run {
   int64_t resumed_skips = 0;                // steps the run a resume continues skipped
   int64_t units = 0;                        // FSDP units, the root included (0 without FSDP)
   std::string placement;                    // --strategy whole_tensor: the partition, described
-  // What the mesh's counters gained from the root's all-gather issued for the next step during
-  // this step's optimizer step, and from the one the previous step issued for this one
-  // ([Note: a gather counts in the step that uses it] in step_probe.cpp).
-  CommCounters gathered_for_next_step, gathered_for_this_step;
 };
 
 // Every step so far that updated nothing, on every rank.

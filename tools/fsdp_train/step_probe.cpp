@@ -9,7 +9,6 @@
 #include <fstream>
 #include <iterator>
 #include <string>
-#include <utility>
 
 namespace fsdp::train {
 namespace {
@@ -66,46 +65,9 @@ double StepProbe::seconds_so_far() const {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-namespace {
-
-// [Note: a gather counts in the step that uses it]
-// fsdp-train issues the root's all-gather for step k + 1 during step k's optimizer step ([Note:
-// an optimizer step in two halves]), so the mesh's counters, reset at each step's start, see it
-// in step k. A step reports (and fsdp-estimate predicts) the collectives of its own forward and
-// backward, so the payload of that gather moves from the step that issued it to the step that
-// waits for it: the first step then reports the same bytes as every other, and the last no
-// fewer. Only the payloads move; busy_s stays with the time it was spent in.
-CommCounters payloads_added(const CommCounters& before, const CommCounters& after) {
-  const auto added = [](const CollectiveCounters& b, const CollectiveCounters& a) {
-    return CollectiveCounters{0, a.payload_bytes - b.payload_bytes, 0};
-  };
-  CommCounters d;
-  d.all_gather = added(before.all_gather, after.all_gather);
-  d.reduce_scatter = added(before.reduce_scatter, after.reduce_scatter);
-  d.all_reduce = added(before.all_reduce, after.all_reduce);
-  d.broadcast = added(before.broadcast, after.broadcast);
-  d.reduce = added(before.reduce, after.reduce);
-  return d;
-}
-
-// counters' payloads as the step that uses each gather counts them.
-int64_t booked(const CollectiveCounters& counted, const CollectiveCounters& issued_for_next,
-               const CollectiveCounters& issued_for_this) {
-  return counted.payload_bytes - issued_for_next.payload_bytes + issued_for_this.payload_bytes;
-}
-
-}  // namespace
-
-void count_in_next_step(Run& run, const std::function<void()>& issue) {
-  const CommCounters before = run.mesh->counters();
-  issue();
-  run.gathered_for_next_step = payloads_added(before, run.mesh->counters());
-}
-
 StepProbe begin_step(Run& run) {
   StepProbe probe;
   probe.start = StepProbe::Clock::now();
-  run.gathered_for_this_step = std::exchange(run.gathered_for_next_step, CommCounters{});
   if (run.tp_mesh) run.tp_mesh->reset_counters();
   if (run.mesh) {
     run.mesh->reset_counters();
@@ -156,17 +118,12 @@ RankStepStats measure_rank(const Run& run, const StepProbe& probe) {
     // Under --tp the tensor-parallel group's collectives (activations, their gradients, whole
     // parameters' gradients, clipping's norm) count here too.
     const CommCounters tp = run.tp_mesh ? run.tp_mesh->counters() : CommCounters{};
-    const CommCounters& next = run.gathered_for_next_step;
-    const CommCounters& used = run.gathered_for_this_step;
-    mine.all_gather_bytes =
-        booked(counters.all_gather, next.all_gather, used.all_gather) + tp.all_gather.payload_bytes;
+    mine.all_gather_bytes = counters.all_gather.payload_bytes + tp.all_gather.payload_bytes;
     mine.reduce_scatter_bytes =
-        booked(counters.reduce_scatter, next.reduce_scatter, used.reduce_scatter) +
-        tp.reduce_scatter.payload_bytes;
-    mine.all_reduce_bytes =
-        booked(counters.all_reduce, next.all_reduce, used.all_reduce) + tp.all_reduce.payload_bytes;
-    mine.broadcast_bytes = booked(counters.broadcast, next.broadcast, used.broadcast);
-    mine.reduce_bytes = booked(counters.reduce, next.reduce, used.reduce);
+        counters.reduce_scatter.payload_bytes + tp.reduce_scatter.payload_bytes;
+    mine.all_reduce_bytes = counters.all_reduce.payload_bytes + tp.all_reduce.payload_bytes;
+    mine.broadcast_bytes = counters.broadcast.payload_bytes;
+    mine.reduce_bytes = counters.reduce.payload_bytes;
     mine.tp_all_gather_calls = tp.all_gather.calls;
     mine.tp_reduce_scatter_calls = tp.reduce_scatter.calls;
     mine.tp_all_reduce_calls = tp.all_reduce.calls;

@@ -12,7 +12,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 namespace fsdp::train {
@@ -42,10 +41,6 @@ int64_t activation_bytes_since(const Run& run, const StepProbe& probe);
 
 // The bytes of the gradients params hold.
 int64_t grad_bytes(const std::vector<at::Tensor>& params);
-
-// Runs issue (which issues the next step's first all-gather) and books the collectives it adds
-// to the mesh's counters to the next step.
-void count_in_next_step(Run& run, const std::function<void()>& issue);
 
 // This rank's numbers for the step, at its end.
 RankStepStats measure_rank(const Run& run, const StepProbe& probe);

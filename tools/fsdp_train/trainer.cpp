@@ -240,7 +240,7 @@ void optimizer_step(Run& run, bool gather_next) {
   if (gather_next && run.root && run.mesh && run.mesh->shard_size() > 1) {
     // With a scaler this is its step: the step is skipped above when a rank found an inf, and
     // the gradients were unscaled before clipping, so the scaler's step would only call this.
-    count_in_next_step(run, [&run] { run.root->step_and_prefetch(*run.optimizer); });
+    run.root->step_and_prefetch(*run.optimizer);
   } else if (run.scaler) {
     run.scaler->step(*run.optimizer);
   } else {
