@@ -33,10 +33,6 @@
 #include <string>
 #include <vector>
 
-namespace torch::optim {
-class Optimizer;
-}
-
 namespace fsdp {
 
 class WholeTensorPlacement;  // fsdp/runtime/whole_tensor.h
@@ -201,18 +197,6 @@ class FSDPModule {
   // Whether the full parameters are materialized, and whether an all-gather is in flight.
   bool is_unsharded() const;
   bool gather_in_flight() const;
-
-  // The optimizer step with the next forward's first all-gather beside it (meant for the root,
-  // whose forward comes first; FSDP2 has no such call). Steps this unit's own parameters first,
-  // issues this unit's all-gather for the next forward (an unshard(async_op) after the
-  // optimizer's writes: on a device, its copy-in waits for them), then steps the optimizer's
-  // other parameters while the gather runs; the next forward completes it. The result equals
-  // optimizer.step() bit for bit for an optimizer that updates each parameter from its own
-  // gradient and state alone (AdamW, Adam, SGD: torch's C++ optimizers all do) and skips a
-  // parameter without a gradient, which is how each half is stepped alone ([Note: an optimizer
-  // step in two halves] in src/runtime/step_and_prefetch.cpp). Nothing is gathered if the unit
-  // is unsharded already or has no forward behind it yet. Throws during a step.
-  void step_and_prefetch(torch::optim::Optimizer& optimizer);
 
   // Explicit prefetching (FSDP2's names): before this unit's forward (backward) computes, issue
   // the all-gathers of these units, replacing the implicit choice for this unit.

@@ -530,15 +530,6 @@ void ParamGroup::unshard_without_gather() {
   unit_.held(HeldKind::kUnshardedUnits, 1);
 }
 
-void ParamGroup::issue_unshard_for_next_step() {
-  if (!in_tree_) return;
-  TORCH_CHECK(!step_in_progress(), "fsdp: unit '", label_,
-              "': the next step's all-gather was asked for while a step is running (call it "
-              "after backward)");
-  tree().streams().begin_step();
-  issue_unshard();
-}
-
 void ParamGroup::wait_unshard() {
   if (sharded_state_ == ShardedState::kUnsharded) return;
   issue_unshard();

@@ -101,12 +101,6 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void issue_unshard();
   // Completes the unshard (issuing it first if needed): blocks on the all-gather, copies out.
   void wait_unshard();
-  // issue_unshard for the next step's forward, after an optimizer step wrote the shards: on a
-  // device, the copy-in first waits on compute, as the step's first copy-in does. Throws during
-  // a step; a no-op before the unit's first forward (it has no tree yet).
-  void issue_unshard_for_next_step();
-  // Whether this unit's tree is between a forward and the end of its backward.
-  bool step_in_progress() const { return in_tree_ && tree().step_in_progress(); }
   // Frees the unsharded parameters; completes and drops an all-gather still in flight.
   void reshard();
   // Completes and drops an all-gather still in flight, keeping unsharded parameters.

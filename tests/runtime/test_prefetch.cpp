@@ -12,7 +12,6 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 
-#include <atomic>
 #include <chrono>
 #include <random>
 #include <thread>
@@ -116,27 +115,6 @@ TEST(Prefetch, BitIdenticalToNoPrefetchAndEqualToReference) {
 
 // At most the root, the running unit and `prefetch` prefetched units are unsharded or being
 // gathered at any time, and nothing is left over after a step.
-// [Note: an optimizer step in two halves]: the root's parameters stepped first and its gather
-// issued between the halves give the same run, bit for bit, as optimizer.step(), on a 1-D mesh
-// and under HSDP; the gather is in flight when the step returns and the next forward uses it.
-TEST(Prefetch, StepAndPrefetchEqualsTheOptimizersStep) {
-  for (const auto& [world, replicate] : {std::pair{2, 1}, {3, 1}, {4, 2}}) {
-    TrainCase c = deep_case(1);
-    c.replicate = replicate;
-    const auto plain = train_sharded(c, world);
-    std::atomic<int> in_flight{0};
-    c.optimizer_step = [&in_flight](torch::optim::Optimizer& optimizer,
-                                    const std::shared_ptr<torch::nn::Module>& model) {
-      FSDPModule root = *fsdp_module_of(*model);
-      root.step_and_prefetch(optimizer);
-      if (root.gather_in_flight()) ++in_flight;
-    };
-    const auto split = train_sharded(c, world);
-    expect_identical_runs(plain, split);
-    EXPECT_EQ(in_flight.load(), world * c.steps) << "world " << world;
-  }
-}
-
 TEST(Prefetch, UnshardedUnitsAreBounded) {
   for (int prefetch : {0, 1, 2}) {
     train_sharded(deep_case(prefetch), 2,

@@ -110,11 +110,7 @@ std::vector<TrainRecord> train_sharded(
           }
           record.grad_norms.push_back(clip_grad_norm_(params, c.max_grad_norm, mesh));
           record.losses.push_back(loss_sum);
-          if (c.optimizer_step) {
-            c.optimizer_step(optimizer, model);
-          } else {
-            optimizer.step();
-          }
+          optimizer.step();
           if (after_step) after_step(rank, model, mesh);
         }
         for (const auto& unit : fsdp_modules_under(*model)) {

@@ -53,9 +53,6 @@ struct TrainCase {
   int replicate = 1;
   // Sharded runs only: called before each micro-batch's forward (e.g. to switch gradient sync).
   std::function<void(const std::shared_ptr<torch::nn::Module>&, int micro)> before_micro_batch;
-  // Sharded runs only: replaces optimizer.step() (e.g. FSDPModule::step_and_prefetch).
-  std::function<void(torch::optim::Optimizer&, const std::shared_ptr<torch::nn::Module>&)>
-      optimizer_step;
 };
 
 struct TrainRecord {

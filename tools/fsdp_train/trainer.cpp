@@ -233,15 +233,9 @@ double clip_gradients(Run& run) {
                   : torch::nn::utils::clip_grad_norm_(run.params, run.o.training.max_grad_norm);
 }
 
-// gather_next: another step follows, so the root's all-gather for it can run beside the
-// optimizer's work ([Note: an optimizer step in two halves]); only with ranks to gather from.
-void optimizer_step(Run& run, bool gather_next) {
+void optimizer_step(Run& run) {
   TraceScope trace(run.monitor->tracer(), "compute", "optimizer step");
-  if (gather_next && run.root && run.mesh && run.mesh->shard_size() > 1) {
-    // With a scaler this is its step: the step is skipped above when a rank found an inf, and
-    // the gradients were unscaled before clipping, so the scaler's step would only call this.
-    run.root->step_and_prefetch(*run.optimizer);
-  } else if (run.scaler) {
+  if (run.scaler) {
     run.scaler->step(*run.optimizer);
   } else {
     run.optimizer->step();
@@ -342,7 +336,7 @@ StepRecord train_step(Run& run, DataLoader& loader) {
   if (overflow && std::isfinite(mean_loss)) {
     ++run.overflow_skips;
   } else if (step_is_finite(run, step, loss, mean_loss, norm)) {
-    optimizer_step(run, step + 1 < o.training.steps);
+    optimizer_step(run);
   }
   if (run.scaler) run.scaler->update();
   StepRecord record = record_step(run, step, mean_loss, norm, probe,
