@@ -14,7 +14,10 @@
 # alpha-beta fits, there: gloo.json is what a hardware file's collectives take), IN_HOST=N
 # (also fsdp-comm-bench with N ranks within each host, both hosts at once, kept as
 # in_host.json: as in HSDP's training, where both hosts' shard groups move their bytes at the
-# same moments, on cores that here the two hosts share), PYTHON (as lib.sh).
+# same moments, on cores that here the two hosts share), IN_HOST_BUSY=1 (with IN_HOST: one
+# single-threaded matmul loop per rank on each host while those run, as each rank of HSDP's
+# training computes beside its shard group's collectives, whose copies and sums then share the
+# cores with it), PYTHON (as lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=bench/cluster/lib.sh
@@ -39,11 +42,29 @@ for algo in $algos; do
     --output "$out/mpi-$algo.json" >/dev/null
 done
 if [ -n "${IN_HOST:-}" ]; then
-  comm_in_host() {
-    on "$1" build/fsdp-comm-bench --nproc "$IN_HOST" --backend gloo "${flags[@]}" \
-      --output "$out/in_host_$1.json" >/dev/null
+  # busy_loops HOST: IN_HOST matmul loops on HOST until $out/stop_HOST exists.
+  busy_loops() {
+    local i
+    for ((i = 0; i < IN_HOST; i++)); do
+      on "$1" "$PYTHON" - "$out/stop_$1" <<'PY' &
+import os, sys, torch
+torch.set_num_threads(1)
+a, b = torch.randn(768, 768), torch.randn(768, 3072)
+while not os.path.exists(sys.argv[1]):
+    a @ b
+PY
+    done
   }
-  say "load $(cut -d' ' -f1-3 /proc/loadavg); fsdp-comm-bench --nproc $IN_HOST --backend gloo ${flags[*]} within each host, both at once"
+  comm_in_host() {
+    local rc=0
+    [ "${IN_HOST_BUSY:-0}" = 1 ] && busy_loops "$1"
+    on "$1" build/fsdp-comm-bench --nproc "$IN_HOST" --backend gloo "${flags[@]}" \
+      --output "$out/in_host_$1.json" >/dev/null || rc=$?
+    touch "$out/stop_$1"
+    wait
+    return "$rc"
+  }
+  say "load $(cut -d' ' -f1-3 /proc/loadavg); fsdp-comm-bench --nproc $IN_HOST --backend gloo ${flags[*]} within each host, both at once${IN_HOST_BUSY:+ (busy loops: $IN_HOST_BUSY)}"
   on_both comm_in_host
   cp "$out/in_host_0.json" "$out/in_host.json"
 fi
