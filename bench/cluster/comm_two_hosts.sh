@@ -42,9 +42,11 @@ for algo in $algos; do
     --output "$out/mpi-$algo.json" >/dev/null
 done
 if [ -n "${IN_HOST:-}" ]; then
-  # busy_loops HOST: IN_HOST matmul loops on HOST until $out/stop_HOST exists.
+  # busy_loops HOST: IN_HOST matmul loops on HOST until $out/stop_HOST exists; their pids in
+  # loop_pids.
   busy_loops() {
     local i
+    loop_pids=()
     for ((i = 0; i < IN_HOST; i++)); do
       on "$1" "$PYTHON" - "$out/stop_$1" <<'PY' &
 import os, sys, torch
@@ -53,15 +55,16 @@ a, b = torch.randn(768, 768), torch.randn(768, 3072)
 while not os.path.exists(sys.argv[1]):
     a @ b
 PY
+      loop_pids+=($!)
     done
   }
   comm_in_host() {
-    local rc=0
+    local rc=0 loop_pids=() pid
     [ "${IN_HOST_BUSY:-0}" = 1 ] && busy_loops "$1"
     on "$1" build/fsdp-comm-bench --nproc "$IN_HOST" --backend gloo "${flags[@]}" \
       --output "$out/in_host_$1.json" >/dev/null || rc=$?
     touch "$out/stop_$1"
-    wait
+    for pid in "${loop_pids[@]}"; do wait "$pid" || true; done
     return "$rc"
   }
   say "load $(cut -d' ' -f1-3 /proc/loadavg); fsdp-comm-bench --nproc $IN_HOST --backend gloo ${flags[*]} within each host, both at once${IN_HOST_BUSY:+ (busy loops: $IN_HOST_BUSY)}"

@@ -16,7 +16,10 @@ planner shares them among every rank of the job, as the hosts' ranks share them 
 ranks within each host, both hosts at once; its fits replace BASE.json's `collectives` for groups
 of PER_HOST. BASE.json measured one such group alone on the machine, but in training both hosts'
 groups run their collectives at the same moments, on the cores that the two hosts share here
-(a cluster of separate machines would not share them).
+(a cluster of separate machines would not share them). With IN_HOST_BUSY=1 the groups are
+measured beside one matmul loop per rank, as HSDP's shard groups run beside their ranks'
+compute: on this machine their copies and sums then take 1.5-2x as long (16 MiB all-gather 31-41
+against 16 ms), and the planner's HSDP steps come within 8% of the runs instead of 17%.
 
 --network-cpu-fraction: the file's `network_cpu_fraction`, the compute speed lost beside a
 collective across the link (`bench/cluster/network_cpu.sh` prints it).
