@@ -42,19 +42,13 @@ for algo in $algos; do
     --output "$out/mpi-$algo.json" >/dev/null
 done
 if [ -n "${IN_HOST:-}" ]; then
-  # busy_loops HOST: IN_HOST matmul loops on HOST until $out/stop_HOST exists; their pids in
-  # loop_pids.
+  # busy_loops HOST: IN_HOST of lib.sh's matmul loops on HOST until $out/stop_HOST exists; their
+  # pids in loop_pids.
   busy_loops() {
     local i
     loop_pids=()
     for ((i = 0; i < IN_HOST; i++)); do
-      on "$1" "$PYTHON" - "$out/stop_$1" <<'PY' &
-import os, sys, torch
-torch.set_num_threads(1)
-a, b = torch.randn(768, 768), torch.randn(768, 3072)
-while not os.path.exists(sys.argv[1]):
-    a @ b
-PY
+      matmul_on "$1" 1e9 "$out/stop_$1" >/dev/null &
       loop_pids+=($!)
     done
   }

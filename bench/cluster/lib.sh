@@ -36,6 +36,25 @@ on() {
   bash "$cluster" exec "$h" "$@"
 }
 
+# matmul_on HOST SECONDS [STOP_FILE]: 768 x 768 by 768 x 3072 fp32 matmuls (a GPT-2 block's MLP
+# shape for 768 tokens) on one thread of HOST for SECONDS, or until STOP_FILE exists; prints the
+# GFLOP/s. A rank's compute, for measuring what collectives and compute take from each other.
+matmul_on() {
+  on "$1" "$PYTHON" - "$2" "${3:-}" <<'PY'
+import os, sys, time, torch
+torch.set_num_threads(1)
+seconds, stop = float(sys.argv[1]), sys.argv[2]
+a, b = torch.randn(768, 768), torch.randn(768, 3072)
+for _ in range(3):
+    a @ b
+count, start = 0, time.perf_counter()
+while time.perf_counter() - start < seconds and not (stop and os.path.exists(stop)):
+    a @ b
+    count += 1
+print(2 * 768 * 768 * 3072 * count / (time.perf_counter() - start) / 1e9)
+PY
+}
+
 rank_of_two_on() {  # HOST PORT CMD...
   local h="$1" port="$2"
   shift 2

@@ -21,22 +21,8 @@ seconds="${2:-20}"
 bytes="${3:-32M}"
 scratch_dir_removed_on_exit
 
-# matmul_loop HOST TAG: GFLOP/s of 768 x 768 by 768 x 3072 fp32 matmuls (a GPT-2 block's MLP
-# shape for 768 tokens) on one thread for $seconds, written to $out/TAG_HOST.
-matmul_loop() {
-  on "$1" "$PYTHON" - "$seconds" > "$out/$2_$1" <<'PY'
-import sys, time, torch
-torch.set_num_threads(1)
-a, b = torch.randn(768, 768), torch.randn(768, 3072)
-for _ in range(3):
-    a @ b
-count, start = 0, time.perf_counter()
-while time.perf_counter() - start < float(sys.argv[1]):
-    a @ b
-    count += 1
-print(2 * 768 * 768 * 3072 * count / (time.perf_counter() - start) / 1e9)
-PY
-}
+# matmul_loop HOST TAG: lib.sh's matmul_on for $seconds, its GFLOP/s written to $out/TAG_HOST.
+matmul_loop() { matmul_on "$1" "$seconds" > "$out/$2_$1"; }
 idle_loop() { matmul_loop "$1" idle; }
 # The collectives start first and outlast the loop: half its length and 2 s each, the loop
 # starting 3 s in.
