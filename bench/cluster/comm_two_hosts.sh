@@ -42,6 +42,8 @@ for algo in $algos; do
     --output "$out/mpi-$algo.json" >/dev/null
 done
 if [ -n "${IN_HOST:-}" ]; then
+  busy=""
+  [ "${IN_HOST_BUSY:-0}" = 1 ] && busy=" beside a matmul loop per rank"
   # busy_loops HOST: IN_HOST of lib.sh's matmul loops on HOST until $out/stop_HOST exists; their
   # pids in loop_pids.
   busy_loops() {
@@ -54,14 +56,14 @@ if [ -n "${IN_HOST:-}" ]; then
   }
   comm_in_host() {
     local rc=0 loop_pids=() pid
-    [ "${IN_HOST_BUSY:-0}" = 1 ] && busy_loops "$1"
+    [ -n "$busy" ] && busy_loops "$1"
     on "$1" build/fsdp-comm-bench --nproc "$IN_HOST" --backend gloo "${flags[@]}" \
       --output "$out/in_host_$1.json" >/dev/null || rc=$?
     touch "$out/stop_$1"
     for pid in "${loop_pids[@]}"; do wait "$pid" || true; done
     return "$rc"
   }
-  say "load $(cut -d' ' -f1-3 /proc/loadavg); fsdp-comm-bench --nproc $IN_HOST --backend gloo ${flags[*]} within each host, both at once${IN_HOST_BUSY:+ (busy loops: $IN_HOST_BUSY)}"
+  say "load $(cut -d' ' -f1-3 /proc/loadavg); fsdp-comm-bench --nproc $IN_HOST --backend gloo ${flags[*]} within each host, both at once$busy"
   on_both comm_in_host
   cp "$out/in_host_0.json" "$out/in_host.json"
 fi
