@@ -160,6 +160,11 @@ struct ParallelismConfig {
   std::optional<at::ScalarType> reduce_dtype;  // nullopt: param_dtype
   WrapPolicySetting wrap_policy;
   int prefetch = 1;  // implicit prefetch depth in units (0: off)
+  // The model's output head an FSDP unit of its own, kept gathered from its forward to its
+  // backward (torchtitan's last unit): its gather is prefetched beside the blocks' forward and its
+  // reduction runs beside their backward. A tied embedding table is then the head unit's, and the
+  // embedding lookup reads its rows from the shards (fsdp::embedding): [Note: the head as a unit].
+  bool head_unit = false;
   // FSDP2's set_gradient_divide_factor on every unit (0: unset, the data-parallel size) and
   // set_force_sum_reduction_for_comms.
   double gradient_divide_factor = 0;

@@ -160,7 +160,11 @@ at::Tensor tensor_parallel_linear(const torch::nn::Module& layer, const at::Tens
                                   const at::Tensor& weight, const at::Tensor& bias = {});
 
 // The table's rows of ids (at::embedding), inside fsdp::forward_with, vocabulary-parallel when
-// the table has RowwiseParallel (see the top of this file).
+// the table has RowwiseParallel (see the top of this file). When the table's weight belongs to
+// an FSDP unit whose forward is not running (a tied output head sharded as a unit of its own),
+// the rows are read from that unit's shards without gathering the table, collectively over its
+// mesh, and the backward reduces their gradient itself (fully_shard.h, "A tied table in the
+// head's unit").
 at::Tensor embedding(torch::nn::Embedding& table, const at::Tensor& ids);
 
 // Whether head (an output projection) leaves its logits split over the vocabulary

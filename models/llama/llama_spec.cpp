@@ -22,6 +22,7 @@ class LlamaBuilt : public Model {
       out.emplace_back("model.layers." + std::to_string(i), layers[i].ptr());
     return out;
   }
+  std::shared_ptr<torch::nn::Module> head() const override { return model_->lm_head; }
   at::Tensor forward(const at::Tensor& idx) override { return fsdp::forward(model_, idx); }
   // Logits split over the vocabulary by a tensor-parallel head are never gathered.
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) const override {

@@ -64,6 +64,10 @@ class FSDPParam {
   // Points the parameter back at its shard and frees the unsharded storage.
   void reshard();
   bool is_unsharded() const { return unsharded_now_; }
+  // The padded local shard (layout().padded_shape of the global shape), whatever the parameter
+  // points at now: the values the optimizer steps, which a lookup from shards reads
+  // (sharded_lookup.h).
+  const at::Tensor& sharded() const { return sharded_; }
   // While sharded: whether a tensor besides this FSDPParam still refers to the freed unsharded
   // storage (a view autograd saved in forward, which backward would read).
   bool unsharded_storage_referenced() const { return unsharded_.storage().use_count() > 1; }
@@ -82,6 +86,10 @@ class FSDPParam {
   at::Tensor unsynced_grad;
   // Sharded gradient saved while the full gradient of the current backward accumulates.
   at::Tensor stashed_grad;
+  // A sharded gradient already reduced over every data-parallel rank and divided as the unit's
+  // own reduction divides (a lookup from shards' backward: sharded_lookup.h), in the master
+  // dtype, waiting for the unit's own reduction of this step to be assigned; added to it then.
+  at::Tensor reduced_addend;
 
  private:
   std::string name_;

@@ -39,6 +39,19 @@ at::Tensor alias_of(const at::Tensor& flat, int64_t offset, c10::IntArrayRef sha
   return alias;
 }
 
+// Adds the gradient a lookup from shards reduced for p (if any) into grad, the sharded gradient
+// being assigned to p, and clears it. See [Note: a lookup's gradient joins the unit's].
+void add_reduced_addend(FSDPParam& p, at::Tensor& grad) {
+  if (!p.reduced_addend.defined()) return;
+  at::Tensor addend = std::move(p.reduced_addend);
+  p.reduced_addend = at::Tensor();
+  if (!grad.defined()) {
+    grad = addend.to(p.sharded().options());
+    return;
+  }
+  grad.add_(addend.to(grad.options()));
+}
+
 }  // namespace
 
 GradientReducer::GradientReducer(const UnitContext& unit, std::vector<FSDPParam>& params,
@@ -105,6 +118,33 @@ UnitGrads GradientReducer::take_grads(bool backward_ran) {
   return grads;
 }
 
+double GradientReducer::divide_factor() const {
+  const DeviceMesh& mesh = unit_.mesh();
+  return gradient_divide_factor_.value_or(
+      static_cast<double>(mesh.shard_size()) * static_cast<double>(mesh.replicate_size()));
+}
+
+// [Note: a lookup's gradient joins the unit's]
+// A lookup from shards (sharded_lookup.h) reduces its table's gradient itself, in its own
+// backward, which may come before or after the backward of the unit that owns the table. Its
+// result waits on the parameter (FSDPParam::reduced_addend) until the unit next assigns sharded
+// gradients (the finish of a reduction, or one rank's assignment), so that it joins the same
+// step's gradient whatever is in flight or kept unsynced then; only when the unit has nothing
+// in flight, keeps nothing and has no backward still to come is it added to the sharded
+// gradient at once.
+void GradientReducer::add_reduced_gradient(FSDPParam& p, at::Tensor addend, bool backward_done) {
+  if (p.reduced_addend.defined()) {
+    p.reduced_addend.add_(addend);
+  } else {
+    p.reduced_addend = std::move(addend);
+  }
+  if (backward_done && reductions_in_flight_ == 0 && !holds_bytes()) {
+    at::Tensor grad = p.param().grad();
+    add_reduced_addend(p, grad);
+    p.param().mutable_grad() = grad;
+  }
+}
+
 std::optional<PendingReduce> GradientReducer::reduce(UnitGrads grads) {
   const DeviceMesh& mesh = unit_.mesh();
   add_unsynced_grads(grads);
@@ -115,8 +155,10 @@ std::optional<PendingReduce> GradientReducer::reduce(UnitGrads grads) {
   } else if (mesh.shard_size() == 1 && !requires_all_reduce_) {
     keep_local_partial(grads);
   } else if (!owner_buckets_.empty()) {
+    ++reductions_in_flight_;
     return issue_owner_reduces(std::move(grads));
   } else {
+    ++reductions_in_flight_;
     return issue_reduce(std::move(grads));
   }
   return std::nullopt;
@@ -197,6 +239,7 @@ void GradientReducer::assign_single_rank_grads(UnitGrads& grads) {
     at::Tensor grad = full.defined() ? alias_of(full.contiguous(), 0, shape)
                                      : at::zeros(shape, flat_shards_.options());
     if (grads.previous[i].defined()) grad.add_(grads.previous[i]);
+    add_reduced_addend(p, grad);
     p.param().mutable_grad() = grad;
   }
 }
@@ -410,6 +453,7 @@ void GradientReducer::finish(PendingReduce& reduce) {
       unit_.wait_for(reduce.work, "reduction of gradients");
     }
     keep_partial_reduce(reduce.output, reduce);
+    --reductions_in_flight_;
     return;
   }
   assign_and_release(reduce, reduce.reduced);
@@ -438,6 +482,7 @@ void GradientReducer::complete_collective(PendingReduce& reduce) {
 
 void GradientReducer::assign_and_release(PendingReduce& reduce, const StreamEvent& ready) {
   const StreamEvent finished = assign_reduced(reduce, ready);
+  --reductions_in_flight_;
   // The output (allocated on the reduce-scatter stream) may live on as the sharded gradients;
   // this drops the runtime's own reference, ordered after the finish (FSDP2 does the same).
   if (unit_.mesh().shard_size() > 1) {
@@ -529,6 +574,7 @@ void GradientReducer::assign_sharded_grads(const at::Tensor& reduced, const Pend
     FSDPParam& p = *reduce.params[i];
     at::Tensor grad = alias_of(reduced, offset, p.layout().padded_shape(p.global_shape()));
     if (reduce.previous[i].defined()) grad.add_(reduce.previous[i]);
+    add_reduced_addend(p, grad);
     p.param().mutable_grad() = grad;
     offset += p.padded_numel();
   }

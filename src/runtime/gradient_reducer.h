@@ -101,6 +101,16 @@ class GradientReducer {
     reduce_scatter_hook_ = std::move(hook);
   }
 
+  // F: the sharded gradient is the sum of the data-parallel ranks' gradients divided by it
+  // (gradient_reduction.h): the divide factor if set, else shard size x replicate size.
+  double divide_factor() const;
+  // A sharded gradient for p (one of this unit's) already reduced over every data-parallel
+  // rank and divided by divide_factor(), in the master dtype: added to p's sharded gradient
+  // when this unit next assigns them, or at once if backward_done (the unit's backward of this
+  // step is over or never comes) and nothing is in flight or kept. See [Note: a lookup's
+  // gradient joins the unit's].
+  void add_reduced_gradient(FSDPParam& p, at::Tensor addend, bool backward_done);
+
   // Whether this backward's gradients go to a collective (not kept unsynced, not one rank's).
   bool reduces_gradients() const;
   // Whether it holds counted bytes between steps: unsynced full gradients or a partial sum.
@@ -176,6 +186,8 @@ class GradientReducer {
   // HSDP: reduce-scattered gradients of backward passes that did not all-reduce, summed, in the
   // reduce dtype (undefined when there are none); added in by the next one that does.
   at::Tensor partial_reduce_output_;
+  // Reductions reduce() issued that finish() has not yet completed.
+  int reductions_in_flight_ = 0;
 };
 
 }  // namespace fsdp::detail

@@ -25,6 +25,7 @@
 #include <c10/util/Exception.h>
 
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace fsdp::detail {
@@ -58,19 +59,33 @@ bool is_legal(ShardedState from, ShardedState to) {
   return false;
 }
 
-// FullyShardOptions::ignored_params of every live unit. The units hold the tensors, so an
-// address here cannot be reused by another tensor while registered.
-std::mutex ignored_mutex;
+// FullyShardOptions::ignored_params of every live unit, and every live unit's own parameters
+// (with the unit and the parameter's index in it). The units hold the tensors, so an address
+// here cannot be reused by another tensor while registered. One mutex guards both: ranks run
+// as threads in the tests.
+std::mutex registry_mutex;
 std::unordered_multiset<const c10::TensorImpl*>& ignored_registry() {
   static std::unordered_multiset<const c10::TensorImpl*> registry;
+  return registry;
+}
+std::unordered_map<const c10::TensorImpl*, std::pair<ParamGroup*, size_t>>& owner_registry() {
+  static std::unordered_map<const c10::TensorImpl*, std::pair<ParamGroup*, size_t>> registry;
   return registry;
 }
 
 }  // namespace
 
 bool is_ignored_parameter(const at::Tensor& t) {
-  std::lock_guard<std::mutex> lock(ignored_mutex);
+  std::lock_guard<std::mutex> lock(registry_mutex);
   return ignored_registry().count(t.unsafeGetTensorImpl()) != 0;
+}
+
+std::shared_ptr<ParamGroup> ParamGroup::owner_of(const at::Tensor& param, size_t* index) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  const auto it = owner_registry().find(param.unsafeGetTensorImpl());
+  if (it == owner_registry().end()) return nullptr;
+  *index = it->second.second;
+  return it->second.first->weak_from_this().lock();  // null while the unit is being destroyed
 }
 
 const char* to_string(TrainingState state) {
@@ -142,19 +157,36 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
       post_forward_group_ = mesh_.post_forward_group(size);
     }
   }
-  std::lock_guard<std::mutex> lock(ignored_mutex);
+  std::lock_guard<std::mutex> lock(registry_mutex);
   for (const auto& t : options_.ignored_params()) {
     ignored_registry().insert(t.unsafeGetTensorImpl());
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    owner_registry()[params_[i].param().unsafeGetTensorImpl()] = {this, i};
   }
 }
 
 ParamGroup::~ParamGroup() {
-  std::lock_guard<std::mutex> lock(ignored_mutex);
+  std::lock_guard<std::mutex> lock(registry_mutex);
   for (const auto& t : options_.ignored_params()) {
     const auto it = ignored_registry().find(t.unsafeGetTensorImpl());
     if (it != ignored_registry().end()) ignored_registry().erase(it);
   }
+  for (const auto& p : params_) {
+    const auto it = owner_registry().find(p.param().unsafeGetTensorImpl());
+    if (it != owner_registry().end() && it->second.first == this) owner_registry().erase(it);
+  }
 }
+
+void ParamGroup::add_reduced_gradient(size_t index, at::Tensor addend) {
+  TORCH_INTERNAL_ASSERT(index < params_.size(), "fsdp: unit '", label_, "' has no parameter ",
+                        index);
+  // Idle: this step's post-backward ran, or the unit had no forward this step.
+  reducer_->add_reduced_gradient(params_[index], std::move(addend),
+                                 training_state_ == TrainingState::kIdle);
+}
+
+double ParamGroup::gradient_divide_factor() const { return reducer_->divide_factor(); }
 
 // ---- The two states ----
 

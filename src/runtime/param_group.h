@@ -142,6 +142,14 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   const std::shared_ptr<RuntimeObserver>& observer() const { return options_.observer(); }
   // FullyShardOptions::ignored_params, which no enclosing unit may claim either.
   const std::vector<at::Tensor>& ignored_params() const { return options_.ignored_params(); }
+  // The live unit that manages param (one of its parameters, by identity) and, in *index, the
+  // parameter's position in its params(); nullptr if no unit manages it.
+  static std::shared_ptr<ParamGroup> owner_of(const at::Tensor& param, size_t* index);
+  // See GradientReducer::add_reduced_gradient: a gradient of params()[index] reduced outside
+  // this unit's own collectives (a lookup from shards, sharded_lookup.h).
+  void add_reduced_gradient(size_t index, at::Tensor addend);
+  // F, by which this unit's summed gradients are divided (GradientReducer::divide_factor).
+  double gradient_divide_factor() const;
   // Every unit at or under this unit's module, in pre-order.
   std::vector<ParamGroup*> units_under() const;
 

@@ -1,5 +1,6 @@
 // fsdp::embedding: a table lookup inside the table's FSDP scope, vocabulary-parallel under
-// RowwiseParallel (see fsdp/tensor_parallel.h).
+// RowwiseParallel (see fsdp/tensor_parallel.h), and read from the table's shards when another
+// unit, not gathered here, owns the table (runtime/sharded_lookup.h).
 //
 // Each rank holds rows first.. first + rows of the table. A token outside them looks up row 0 of
 // the slice, zeroed after the lookup (so its gradient, zero, adds nothing to that row); the sum
@@ -7,6 +8,7 @@
 #include <fsdp/runtime/forward.h>
 #include <fsdp/tensor_parallel.h>
 
+#include "runtime/sharded_lookup.h"
 #include "tensor_parallel/tp_layer.h"
 
 #include <ATen/ATen.h>
@@ -33,6 +35,8 @@ at::Tensor embedding(torch::nn::Embedding& table, const at::Tensor& ids) {
       table,
       [&table, tp](const at::Tensor& in) {
         if (tp == nullptr || tp->style.kind() != ParallelStyle::Kind::kRowwise) {
+          // A table another unit owns (a tied head's) is read from its shards.
+          if (auto rows = detail::lookup_from_shards(table->weight, in)) return *rows;
           return at::embedding(table->weight, in);
         }
         return vocabulary_parallel_lookup(*tp, table->weight, in);

@@ -63,11 +63,16 @@ TrainCase gpt_case(const GptCaseOptions& opt) {
     }
     return GPT2LMHead(o).ptr();
   };
-  c.shard = [unit_options, root_options, deferred, prefetch](
+  const bool head_unit = opt.head_unit;
+  c.shard = [unit_options, root_options, deferred, prefetch, head_unit](
                 const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
     auto model = std::static_pointer_cast<GPT2LMHeadImpl>(m);
     if (!deferred) {
       for (auto& block : model->transformer->blocks) fully_shard(block, mesh, unit_options);
+    }
+    if (head_unit) {
+      fully_shard(model->lm_head.ptr(), mesh,
+                  FullyShardOptions(unit_options).reshard_after_forward(false));
     }
     fully_shard(m, mesh, root_options).set_implicit_prefetch(prefetch);
   };

@@ -18,6 +18,9 @@ struct GptCaseOptions {
   int prefetch = 1;  // implicit prefetch depth (0: off)
   MixedPrecisionPolicy mp_policy;
   ShardPlacementFn shard_placement_fn;  // for every unit, root included (null: Shard(0))
+  // The head (and so the tied table) a unit of its own with reshard_after_forward false, the
+  // lookup reading the table's shards (fsdp-train --head-unit).
+  bool head_unit = false;
 };
 
 TrainCase gpt_case(const GptCaseOptions& opt = {});

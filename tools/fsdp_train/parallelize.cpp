@@ -165,6 +165,23 @@ FSDPModule shard_whole_tensors(Run& run, const FullyShardOptions& unit_options,
   return sharding.root;
 }
 
+// [Note: the head as a unit]
+// GPT-2's root holds its tied embedding table, a third of the model: the root's all-gather is
+// then the step's first wait (the lookup is the first op) and its reduction the last collective
+// of backward (the lookup's gradient is the last to arrive), and neither has compute to hide
+// behind. --head-unit makes the output head a unit (torchtitan's last unit, with
+// reshard_after_forward false: its forward is the last and its backward the first, so a second
+// gather would buy nothing). A tied table then belongs to the head's unit, whose gather is
+// prefetched beside the blocks' forward and whose reduce-scatter runs right after the head's
+// backward, beside the blocks'; the lookup in the root's forward reads the rows it needs from
+// the table's shards and reduces their gradient itself (fsdp::embedding, [Note: a lookup from
+// shards]), moving bytes in proportion to the batch's tokens instead of the table.
+void shard_head(Run& run, const FullyShardOptions& unit_options) {
+  FullyShardOptions head_options = unit_options;
+  head_options.reshard_after_forward(false);
+  fully_shard(run.built->head(), *run.mesh, head_options);
+}
+
 // The root unit, over the blocks build_model sharded or, under --wrap-policy min-params:N,
 // over the units the policy chooses in the whole built model.
 FSDPModule shard_root(Run& run, const FullyShardOptions& unit_options,
@@ -236,6 +253,7 @@ void parallelize(Run& run) {
   const FullyShardOptions unit_options = unit_shard_options(run, mp_policy);
   build_model(run, unit_options);
   if (run.mesh) {
+    if (o.parallelism.head_unit) shard_head(run, unit_options);
     run.root = shard_root(run, unit_options, mp_policy);
     configure_units(run);
   }

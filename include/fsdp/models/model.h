@@ -61,6 +61,9 @@ class Model {
   virtual std::shared_ptr<torch::nn::Module> root() const = 0;
   // The FSDP units in forward order, with their names (as on_unit_built got them).
   virtual std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> units() const = 0;
+  // The output projection (tied to the embeddings or not), called through fsdp::forward or
+  // fsdp::linear, so that it may be an FSDP unit of its own (fsdp-train --head-unit).
+  virtual std::shared_ptr<torch::nn::Module> head() const = 0;
   // idx: [B, T] int64 token ids. Returns logits [B, T, vocab_size]. Calls the root through
   // fsdp::forward (a plain call when it is not sharded).
   virtual at::Tensor forward(const at::Tensor& idx) = 0;
