@@ -163,8 +163,8 @@ at::Tensor tensor_parallel_linear(const torch::nn::Module& layer, const at::Tens
 // the table has RowwiseParallel (see the top of this file). When the table's weight belongs to
 // an FSDP unit whose forward is not running (a tied output head sharded as a unit of its own),
 // the rows are read from that unit's shards without gathering the table, collectively over its
-// mesh, and the backward reduces their gradient itself (fully_shard.h, "A tied table in the
-// head's unit").
+// mesh, and the backward reduces their gradient itself (docs/strategies.md, "The head as a
+// unit").
 at::Tensor embedding(torch::nn::Embedding& table, const at::Tensor& ids);
 
 // Whether head (an output projection) leaves its logits split over the vocabulary

@@ -152,6 +152,15 @@ void reduce_lookup_gradient(const Site& site, const at::Tensor& grad) {
   at::Tensor ids = site.group_ids;  // [S, n_max]
   if (mesh.shard_size() > 1) g = all_gathered(site, mesh.shard_group(), g, "the rows' gradients");
   if (ProcessGroup* replicas = mesh.replicate_group()) {
+    // Shard groups may pad to different lengths: pad to the longest across replicas first.
+    const at::Tensor lengths = all_gathered(
+        site, *replicas, at::tensor({site.n_max}, at::kLong).to(ids.device()), "the ids' counts");
+    const int64_t longest = lengths.max().item<int64_t>();
+    if (longest > site.n_max) {
+      ids = at::constant_pad_nd(ids, {0, longest - site.n_max}, -1);
+      g = at::constant_pad_nd(g.view({-1, site.n_max, site.width}),
+                              {0, 0, 0, longest - site.n_max}, 0);
+    }
     ids = all_gathered(site, *replicas, ids, "the ids across replicas");
     g = all_gathered(site, *replicas, g, "the rows' gradients across replicas");
   }

@@ -159,7 +159,7 @@ TEST(LookupFromShards, AnIdOutsideTheTableFailsOnEveryRankNamingTheRank) {
     DeviceMesh mesh(group);
     TableNet net;
     fully_shard(net->owner.ptr(), mesh);
-    const at::Tensor ids = at::tensor({1, rank == 1 ? kRows : 2}, at::kLong);
+    const at::Tensor ids = at::tensor({int64_t{1}, rank == 1 ? kRows : int64_t{2}}, at::kLong);
     const std::string message = error_message([&] { fsdp::embedding(net->table, ids); });
     std::lock_guard<std::mutex> lock(mu);
     errors[rank] = message;

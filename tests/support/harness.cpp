@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
 
+#include <string>
+#include <unordered_map>
+
 namespace fsdp::test {
 namespace {
 
@@ -113,12 +116,16 @@ std::vector<TrainRecord> train_sharded(
           optimizer.step();
           if (after_step) after_step(rank, model, mesh);
         }
+        // Each tensor under the model's first name for it, as checkpoints name it: a tied
+        // table a head's unit owns is still transformer.wte.weight.
+        std::unordered_map<const c10::TensorImpl*, std::string> names;
+        for (const auto& [name, p] : unique_named_parameters(*model))
+          names.emplace(p.unsafeGetTensorImpl(), name);
         for (const auto& unit : fsdp_modules_under(*model)) {
           for (const auto& sp : unit.sharded_parameters()) {
-            record.params[(unit.path().empty() ? sp.name : unit.path() + "." + sp.name)] =
-                sp.local.detach().clone();
-            record.metadata[(unit.path().empty() ? sp.name : unit.path() + "." + sp.name)] =
-                sp.metadata;
+            const std::string& name = names.at(sp.local.unsafeGetTensorImpl());
+            record.params[name] = sp.local.detach().clone();
+            record.metadata[name] = sp.metadata;
           }
         }
       },
