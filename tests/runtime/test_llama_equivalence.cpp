@@ -2,7 +2,7 @@
 // thread-ranks, each decoder layer a unit sharded as it is built and the root last, against the
 // single-process reference: 8 AdamW steps with weight decay and clipping; W = 1 bit-identical,
 // W = 2, 3, 4 within 1e-5 (losses and grad norms relative, parameters absolute); tied
-// embeddings and activation checkpointing too.
+// embeddings, activation checkpointing and the head as a unit too.
 #include "support/harness.h"
 #include "support/test_support.h"
 
@@ -25,6 +25,8 @@ using models::LlamaOptions;
 struct LlamaCaseOptions {
   LlamaConfig config = LlamaConfig::tiny();
   bool activation_checkpoint = false;
+  // The head a unit of its own, gathered from its forward to its backward (--head-unit).
+  bool head_unit = false;
 };
 
 TrainCase llama_case(const LlamaCaseOptions& opt = {}) {
@@ -50,7 +52,11 @@ TrainCase llama_case(const LlamaCaseOptions& opt = {}) {
     }
     return LlamaForCausalLM(o).ptr();
   };
-  c.shard = [](const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+  c.shard = [opt](const std::shared_ptr<torch::nn::Module>& m, const DeviceMesh& mesh) {
+    if (opt.head_unit) {
+      fully_shard(std::static_pointer_cast<LlamaForCausalLMImpl>(m)->lm_head, mesh,
+                  FullyShardOptions().reshard_after_forward(false));
+    }
     fully_shard(m, mesh);
   };
   return c;
@@ -108,6 +114,24 @@ TEST(LlamaEquivalence, TiedEmbeddingsMatchSingleProcess) {
   report("llama-tiny tied W=2", reference, ranks);
   expect_equivalent(reference, ranks, 1e-5, 1e-5);
 }
+
+// An untied head is a unit of its own; a tied one takes the table with it, which the lookup then
+// reads from the head's shards.
+class LlamaHeadUnit : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LlamaHeadUnit, MatchesSingleProcess) {
+  LlamaCaseOptions opt;
+  opt.config.tie_word_embeddings = GetParam();
+  opt.head_unit = true;
+  const TrainCase c = llama_case(opt);
+  const TrainRecord reference = train_reference(c);
+  const auto ranks = train_sharded(c, 3);
+  report(std::string("llama-tiny head unit, ") + (GetParam() ? "tied" : "untied") + ", W=3",
+         reference, ranks);
+  expect_equivalent(reference, ranks, 1e-5, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tied, LlamaHeadUnit, ::testing::Bool());
 
 TEST(LlamaEquivalence, ActivationCheckpointingMatchesThePlainReference) {
   LlamaCaseOptions opt;
