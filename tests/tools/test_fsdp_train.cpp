@@ -73,6 +73,40 @@ TEST(FsdpTrain, TwoProcessesMatchTheSingleProcessReference) {
   }
 }
 
+// --head-unit ([Note: the head as a unit]): the tied table in the head's unit, looked up from its
+// shards, gives the reference's numbers; a checkpoint it saves resumes without it, at another W.
+TEST(FsdpTrain, HeadUnitMatchesTheReferenceAndItsCheckpointsResumeWithoutIt) {
+  const std::string common =
+      "--model tiny --global-batch 6 --seq-len 16 --quiet --seed 3 --steps 4";
+  const std::string reference = temp_path("head_reference.jsonl");
+  const std::string head = temp_path("head_unit.jsonl");
+  const std::string resumed = temp_path("head_resumed.jsonl");
+  const std::string root = temp_path("head_ckpt");
+  const CommandResult a = run("--no-fsdp " + common + " --metrics " + reference);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const CommandResult b = run("--nproc 2 --head-unit " + common + " --save " + root +
+                              " --save-every 2 --metrics " + head);
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const CommandResult c =
+      run("--nproc 3 " + common + " --resume " + root + "/step_00000002 --metrics " + resumed);
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const auto want = read_json_lines(reference);
+  const auto got = read_json_lines(head);
+  const auto after = read_json_lines(resumed);
+  ASSERT_EQ(want.size(), 4u);
+  ASSERT_EQ(got.size(), 4u);
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(got[0]["units"], 4);    // the root, tiny's two blocks and the head
+  EXPECT_EQ(after[0]["units"], 3);  // without the head's
+  for (size_t s = 0; s < 4; ++s) {
+    const double ref_loss = want[s]["loss"], ref_norm = want[s]["grad_norm"];
+    EXPECT_NEAR(got[s]["loss"].get<double>(), ref_loss, 1e-5 * ref_loss) << "step " << s + 1;
+    EXPECT_NEAR(got[s]["grad_norm"].get<double>(), ref_norm, 1e-5 * ref_norm) << "step " << s + 1;
+    if (s < 2) continue;
+    EXPECT_NEAR(after[s - 2]["loss"].get<double>(), ref_loss, 1e-5 * ref_loss) << "step " << s + 1;
+  }
+}
+
 // The default run (2 ranks, tiny GPT-2, embedded corpus) learns and generalizes: its first 300
 // steps already take the loss, on the training text (the corpus's first 90%) and on the
 // held-out text (its last 10%, evaluated every 200 steps by default), well below the training
