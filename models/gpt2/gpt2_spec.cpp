@@ -24,8 +24,9 @@ class GPT2Built : public Model {
     return out;
   }
   std::shared_ptr<torch::nn::Module> head() const override {
-    return model_->lm_head ? model_->lm_head.ptr()
-                           : std::static_pointer_cast<torch::nn::Module>(model_->untied_lm_head.ptr());
+    return model_->lm_head
+               ? model_->lm_head.ptr()
+               : std::static_pointer_cast<torch::nn::Module>(model_->untied_lm_head.ptr());
   }
   at::Tensor forward(const at::Tensor& idx) override { return fsdp::forward(model_, idx); }
   // Logits split over the vocabulary by a tensor-parallel head are never gathered.

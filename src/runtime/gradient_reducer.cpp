@@ -120,8 +120,8 @@ UnitGrads GradientReducer::take_grads(bool backward_ran) {
 
 double GradientReducer::divide_factor() const {
   const DeviceMesh& mesh = unit_.mesh();
-  return gradient_divide_factor_.value_or(
-      static_cast<double>(mesh.shard_size()) * static_cast<double>(mesh.replicate_size()));
+  return gradient_divide_factor_.value_or(static_cast<double>(mesh.shard_size()) *
+                                          static_cast<double>(mesh.replicate_size()));
 }
 
 // [Note: a lookup's gradient joins the unit's]

@@ -103,15 +103,16 @@ void gather_group_ids(Site& site, const at::Tensor& ids, int64_t vocabulary) {
     TORCH_CHECK(headers[r][1].item<int64_t>() == 1, "fsdp: lookup from shards of parameter '",
                 site.param().name(), "' of unit '", site.owner->label(), "': rank ", r,
                 " of the shard group looks up a token id outside [0, ", vocabulary, ")",
-                r == group.rank() ? " (this rank: ids from " + std::to_string(flat.min().item<int64_t>()) +
-                                        " to " + std::to_string(flat.max().item<int64_t>()) + ")"
-                                  : std::string());
+                r == group.rank()
+                    ? " (this rank: ids from " + std::to_string(flat.min().item<int64_t>()) +
+                          " to " + std::to_string(flat.max().item<int64_t>()) + ")"
+                    : std::string());
     site.n_max = std::max(site.n_max, headers[r][0].item<int64_t>());
   }
   at::Tensor padded = at::full({site.n_max}, -1, ids.options());
   padded.narrow(0, 0, site.n).copy_(flat);
-  site.group_ids = group.size() == 1 ? padded.unsqueeze(0)
-                                     : all_gathered(site, group, padded, "the ids");
+  site.group_ids =
+      group.size() == 1 ? padded.unsqueeze(0) : all_gathered(site, group, padded, "the ids");
 }
 
 // Which of ids this rank holds, and their positions in its shard (0 for the others).
@@ -158,8 +159,8 @@ void reduce_lookup_gradient(const Site& site, const at::Tensor& grad) {
     const int64_t longest = lengths.max().item<int64_t>();
     if (longest > site.n_max) {
       ids = at::constant_pad_nd(ids, {0, longest - site.n_max}, -1);
-      g = at::constant_pad_nd(g.view({-1, site.n_max, site.width}),
-                              {0, 0, 0, longest - site.n_max}, 0);
+      g = at::constant_pad_nd(g.view({-1, site.n_max, site.width}), {0, 0, 0, longest - site.n_max},
+                              0);
     }
     ids = all_gathered(site, *replicas, ids, "the ids across replicas");
     g = all_gathered(site, *replicas, g, "the rows' gradients across replicas");
@@ -205,12 +206,15 @@ c10::intrusive_ptr<Site> site_for(const at::Tensor& table) {
   const FSDPParam& p = site->param();
   const DimShardLayout& layout = p.layout();
   TORCH_CHECK(p.global_shape().size() == 2 && layout.dim == 0, "fsdp: parameter '", p.name(),
-              "' of unit '", site->owner->label(), "' is looked up as a table outside its unit's "
+              "' of unit '", site->owner->label(),
+              "' is looked up as a table outside its unit's "
               "forward, which reads rows from Shard(0) shards of a 2-D table; it has shape ",
               c10::IntArrayRef(p.global_shape()), " sharded along dim ", layout.dim);
   TORCH_CHECK(!site->owner->offloads_to_host(), "fsdp: parameter '", p.name(), "' of unit '",
-              site->owner->label(), "' is looked up as a table outside its unit's forward, but "
-              "the unit offloads its shards to the host of a ", site->mesh().device(),
+              site->owner->label(),
+              "' is looked up as a table outside its unit's forward, but "
+              "the unit offloads its shards to the host of a ",
+              site->mesh().device(),
               " mesh; a lookup from shards reads them where the mesh computes");
   site->first = layout.local_offset;
   site->rows = layout.local_rows;
@@ -224,8 +228,8 @@ c10::intrusive_ptr<Site> site_for(const at::Tensor& table) {
 std::optional<at::Tensor> lookup_from_shards(const at::Tensor& table, const at::Tensor& ids) {
   c10::intrusive_ptr<Site> site = site_for(table);
   if (!site) return std::nullopt;
-  TORCH_CHECK(ids.scalar_type() == at::kLong, "fsdp: a lookup of parameter '",
-              site->param().name(), "' needs int64 ids, got ", ids.scalar_type());
+  TORCH_CHECK(ids.scalar_type() == at::kLong, "fsdp: a lookup of parameter '", site->param().name(),
+              "' needs int64 ids, got ", ids.scalar_type());
   gather_group_ids(*site, ids, site->param().global_shape()[0]);
   site->out_shape = ids.sizes().vec();
   site->out_shape.push_back(site->width);

@@ -141,8 +141,8 @@ TEST(LookupFromShards, EqualsTheWholeTablesLookupAndGradient) {
     const ShardedParameter shard = fsdp_module_of(*net->owner)->sharded_parameters().at(0);
     const int64_t first = shard.metadata.local_offset, n = shard.metadata.local_rows;
     const at::Tensor grad = net->table->weight.grad();
-    if (!grad.defined() || !at::allclose(grad.narrow(0, 0, n),
-                                         expected_grad.narrow(0, first, n), 1e-6, 1e-6)) {
+    if (!grad.defined() ||
+        !at::allclose(grad.narrow(0, 0, n), expected_grad.narrow(0, first, n), 1e-6, 1e-6)) {
       std::lock_guard<std::mutex> lock(mu);
       failures.push_back("rank " + std::to_string(rank) + ": gradient " +
                          (grad.defined() ? "differs" : "missing"));

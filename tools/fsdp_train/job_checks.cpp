@@ -125,8 +125,8 @@ void check_strategy_settings(const ParallelismConfig& p, AccumulationMode accum_
 void check_head_unit(const ParallelismConfig& p) {
   if (!p.head_unit) return;
   const auto refuse = [&](bool bad, const std::string& what) {
-    TORCH_CHECK(!bad, "--head-unit makes the output head an FSDP unit over Shard(0) shards; ",
-                what, " is not supported with it");
+    TORCH_CHECK(!bad, "--head-unit makes the output head an FSDP unit over Shard(0) shards; ", what,
+                " is not supported with it");
   };
   refuse(p.no_fsdp, "--no-fsdp (no units at all)");
   refuse(p.tp > 1, "--tp " + std::to_string(p.tp) + " (the head is split over the vocabulary)");
