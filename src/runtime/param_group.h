@@ -148,6 +148,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // See GradientReducer::add_reduced_gradient: a gradient of params()[index] reduced outside
   // this unit's own collectives (a lookup from shards, sharded_lookup.h).
   void add_reduced_gradient(size_t index, at::Tensor addend);
+  // The unit's label, mesh, streams and observer, for work done on its behalf outside its
+  // hooks (a lookup from shards reports its waits to the observer as the unit's own).
+  const UnitContext& context() const { return unit_; }
   // F, by which this unit's summed gradients are divided (GradientReducer::divide_factor).
   double gradient_divide_factor() const;
   // Every unit at or under this unit's module, in pre-order.

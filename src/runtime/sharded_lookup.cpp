@@ -57,15 +57,16 @@ struct Site : torch::CustomClassHolder {
   const DeviceMesh& mesh() const { return owner->mesh(); }
 };
 
-// Waits for the collective start() issues on group, counting the wait as the process group's;
-// a failure names the parameter, the unit, the op and the rank.
+// Waits for the collective start() issues on group, counting the wait as the unit's exposed
+// communication (its observer's, as UnitContext::wait_for counts the unit's own collectives);
+// a failure names the parameter, the unit, the op and the rank in group.
 void run_collective(const Site& site, ProcessGroup& group, const char* op, const char* what,
                     const std::function<WorkHandle()>& start) {
   const CollectiveLabel label("lookup " + site.param().name() + " of " + site.owner->label());
   const auto began = std::chrono::steady_clock::now();
   try {
     start()->wait();
-    group.add_waited(
+    site.owner->context().observer().waited(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "fsdp: lookup from shards of parameter '", site.param().name(),
