@@ -18,21 +18,32 @@ version="$(sed -n 's/^project(fsdp VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)"
 arch="$(dpkg --print-architecture)"
 deb="build/fsdp_${version}_${arch}.deb"
 rm -f "$deb"
-(cd build && cpack -G DEB >/dev/null)
-[ -f "$deb" ] || fail "cpack made no $deb"
+# cpack's log is kept, and shown with the package's listing and the free space when a check
+# fails: CI once saw a package without bin/fsdp-estimate that no rerun here reproduced.
+cpack_log=build/check_package_cpack.log
+(cd build && cpack -G DEB) >"$cpack_log" 2>&1 || fail "cpack failed:
+$(cat "$cpack_log")"
+[ -f "$deb" ] || fail "cpack made no $deb:
+$(cat "$cpack_log")"
 
 info="$(dpkg-deb --info "$deb")"
 for field in "Package: fsdp" "Version: $version" "Architecture: $arch" "Section: devel" \
   "Maintainer: " "Depends: .*libc6" "Depends: .*libxxhash-dev" "Description: " " .*torch/lib"; do
-  echo "$info" | grep -q "^ $field" || fail "dpkg-deb --info $deb has no '$field':
+  grep -q "^ $field" <<< "$info" || fail "dpkg-deb --info $deb has no '$field':
 $info"
 done
-contents="$(dpkg-deb --contents "$deb" | awk '{print $NF}')"
+listing="$(dpkg-deb --contents "$deb")"
+contents="$(awk '{print $NF}' <<< "$listing")"
 for f in bin/fsdp-train bin/fsdp-estimate bin/fsdp-plan bin/fsdp-tokenize bin/fsdp-comm-bench \
   include/fsdp/fully_shard.h include/fsdp/models/model.h include/fsdp/train/data_loader.h \
   lib/libfsdp_comm.a lib/libfsdp_models.a lib/libfsdp_train.a lib/cmake/fsdp/fsdpConfig.cmake \
   lib/cmake/fsdp/fsdpTargets.cmake share/fsdp/hardware/h100_sxm.json; do
-  echo "$contents" | grep -qx "\./usr/$f" || fail "$deb holds no /usr/$f"
+  grep -qx "\./usr/$f" <<< "$contents" || fail "$deb holds no /usr/$f; it holds:
+$listing
+cpack's log:
+$(cat "$cpack_log")
+the staged tree's bin/: $(ls -l build/_CPack_Packages/*/DEB/*/usr/bin 2>&1)
+free space: $(df -h build | tail -1)"
 done
 
 root=build/package/root
