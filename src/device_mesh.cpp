@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@ void add(CollectiveCounters& into, const CollectiveCounters& c) {
 DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> group, std::string dim_name)
     : shard_group_(std::move(group)),
       post_forward_groups_(std::make_shared<std::map<int, std::shared_ptr<ProcessGroup>>>()),
+      side_groups_(std::make_shared<SideGroups>()),
       name_(std::move(dim_name)) {
   TORCH_CHECK(shard_group_ != nullptr, "DeviceMesh needs a process group, got null");
 }
@@ -65,10 +67,33 @@ std::shared_ptr<ProcessGroup> DeviceMesh::post_forward_group(int size) const {
   return group;
 }
 
+const DeviceMesh::SideGroups& DeviceMesh::side_groups() const {
+  if (side_groups_->shard) return *side_groups_;
+  const auto every_rank = [](int size) {
+    std::vector<int> ranks(size);
+    std::iota(ranks.begin(), ranks.end(), 0);
+    return ranks;
+  };
+  SideGroups made;
+  made.shard =
+      shard_size() == 1 ? shard_group_ : shard_group_->split(every_rank(shard_size()), "side");
+  if (replicate_group_) {
+    made.replicate = replicate_group_->split(every_rank(replicate_size()), "side");
+  }
+  TORCH_INTERNAL_ASSERT(made.shard && (made.replicate || !replicate_group_));
+  *side_groups_ = std::move(made);
+  return *side_groups_;
+}
+
 std::vector<ProcessGroup*> DeviceMesh::groups() const {
   std::vector<ProcessGroup*> all{shard_group_.get()};
   if (replicate_group_) all.push_back(replicate_group_.get());
   for (const auto& item : *post_forward_groups_) all.push_back(item.second.get());
+  // A shard group of one rank is its own side group: counted once.
+  if (side_groups_->shard && side_groups_->shard != shard_group_) {
+    all.push_back(side_groups_->shard.get());
+  }
+  if (side_groups_->replicate) all.push_back(side_groups_->replicate.get());
   return all;
 }
 

@@ -52,17 +52,30 @@ class DeviceMesh {
   // must divide shard_size().
   std::shared_ptr<ProcessGroup> post_forward_group(int size) const;
 
+  // The side groups: one more group over the shard group's ranks and one over the replicate
+  // group's (null for a 1-D mesh), each with a progress queue of its own, for the collectives
+  // of a lookup from shards (see [Note: a lookup's collectives on side groups] in
+  // src/runtime/sharded_lookup.cpp). Made on first use, which is collective over the mesh (every
+  // rank asks at the same point); copies of the mesh share them. A shard group of one rank is its
+  // own side group.
+  struct SideGroups {
+    std::shared_ptr<ProcessGroup> shard;
+    std::shared_ptr<ProcessGroup> replicate;
+  };
+  const SideGroups& side_groups() const;
+
   // Communication counters summed over the mesh's groups, and their reset.
   CommCounters counters() const;
   void reset_counters() const;
 
  private:
-  // Every group of the mesh: shard, replicate (if any), post-forward groups made so far.
+  // Every group of the mesh: shard, replicate (if any), post-forward and side groups made so far.
   std::vector<ProcessGroup*> groups() const;
 
   std::shared_ptr<ProcessGroup> shard_group_;
   std::shared_ptr<ProcessGroup> replicate_group_;
   std::shared_ptr<std::map<int, std::shared_ptr<ProcessGroup>>> post_forward_groups_;
+  std::shared_ptr<SideGroups> side_groups_;
   std::string name_;
 };
 

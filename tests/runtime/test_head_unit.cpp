@@ -2,7 +2,8 @@
 // table's shards (fsdp-train --head-unit; [Note: a lookup from shards]): against the
 // single-process reference at W = 1 (bit for bit), W = 2, 3, 4, HSDP, accumulation without
 // sync and bf16, and the lookup alone against at::embedding of the whole table, for ranks that
-// look up different numbers of ids.
+// look up different numbers of ids, and on side groups that do not wait for the shard group's
+// queue.
 #include "support/gpt_case.h"
 #include "support/harness.h"
 #include "support/test_support.h"
@@ -17,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/embedding.h>
 
+#include <chrono>
 #include <mutex>
 
 namespace fsdp::test {
@@ -149,6 +151,40 @@ TEST(LookupFromShards, EqualsTheWholeTablesLookupAndGradient) {
     }
   });
   EXPECT_TRUE(failures.empty()) << ::testing::PrintToString(failures);
+}
+
+// [Note: a lookup's collectives on side groups] Rank 0 leaves an all-gather queued on the shard
+// group that rank 1 joins only after its lookup: on the shard group rank 0's lookup would wait
+// behind it (and pair its first collective with rank 1's lookup); on the side group both ranks'
+// lookups finish first. The side group's counters hold the lookup's collectives, and the mesh's
+// counters count them.
+TEST(LookupFromShards, DoesNotQueueBehindTheShardGroupsCollectives) {
+  const at::Tensor full = seeded_uniform({kRows, kWidth}, 5);
+  ProcessGroupOptions options;
+  options.timeout = std::chrono::seconds(20);
+  run_ranks_in_threads(
+      2,
+      [&](std::shared_ptr<ProcessGroup> group) {
+        const int rank = group->rank();
+        DeviceMesh mesh(group);
+        TableNet net;
+        fully_shard(net->owner.ptr(), mesh);
+        const ProcessGroup& side = *mesh.side_groups().shard;
+        ASSERT_NE(&side, group.get());
+        const int64_t mesh_calls_before = mesh.counters().all_gather.calls;
+        const at::Tensor in = at::full({3}, rank, at::kFloat), out = at::empty({2, 3});
+        WorkHandle pending;
+        if (rank == 0) pending = group->all_gather_into_tensor(out, in);
+        const at::Tensor ids = ids_of(rank);
+        EXPECT_TRUE(at::equal(fsdp::embedding(net->table, ids), at::embedding(full, ids)));
+        if (rank == 1) pending = group->all_gather_into_tensor(out, in);
+        pending->wait();
+        EXPECT_TRUE(at::equal(out, at::stack({at::zeros({3}), at::ones({3})})));
+        EXPECT_EQ(side.counters().all_gather.calls, 2);  // the counts, then the ids
+        EXPECT_EQ(side.counters().reduce_scatter.calls, 1);
+        EXPECT_EQ(mesh.counters().all_gather.calls, mesh_calls_before + 3);
+      },
+      options);
 }
 
 TEST(LookupFromShards, AnIdOutsideTheTableFailsOnEveryRankNamingTheRank) {
