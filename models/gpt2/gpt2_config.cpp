@@ -1,25 +1,19 @@
 // GPT2Config's checks, without LibTorch (see gpt2_config.h). Messages name transformers'
 // config.json fields and their values.
+#include <models/common/config_limits.h>
 #include <models/gpt2/gpt2_config.h>
 
 #include <cmath>
 #include <sstream>
 
 namespace fsdp::models {
-namespace {
-
-// As llama_config.cpp's: every count derived from a configuration stays far inside int64.
-constexpr int64_t kMaxSize = int64_t{1} << 24;
-constexpr long double kMaxParameters = 0x1p46L;
-
-}  // namespace
 
 std::optional<std::string> GPT2Config::problem() const {
   std::ostringstream out;
-  const auto ok = [](int64_t s) { return s > 0 && s <= kMaxSize; };
+  const auto ok = [](int64_t s) { return s > 0 && s <= kMaxConfigSize; };
   if (!ok(vocab_size) || !ok(n_positions) || !ok(n_embd) || !ok(n_layer) || !ok(n_head) ||
-      n_inner < 0 || n_inner > kMaxSize) {
-    out << "GPT-2 config sizes must be positive (and at most " << kMaxSize
+      n_inner < 0 || n_inner > kMaxConfigSize) {
+    out << "GPT-2 config sizes must be positive (and at most " << kMaxConfigSize
         << "), got vocab_size=" << vocab_size << " n_positions=" << n_positions
         << " n_embd=" << n_embd << " n_layer=" << n_layer << " n_head=" << n_head;
     if (n_inner != 0) out << " n_inner=" << n_inner;
@@ -38,7 +32,7 @@ std::optional<std::string> GPT2Config::problem() const {
   const long double d = n_embd;
   const long double weights =
       d * (2.0L * vocab_size + n_positions + n_layer * (4.0L * d + 2.0L * inner_size() + 16.0L));
-  if (weights > kMaxParameters) {
+  if (weights > kMaxConfigParameters) {
     out << "GPT-2 config: vocab_size=" << vocab_size << ", n_embd=" << n_embd
         << " and n_layer=" << n_layer << " make about " << weights << " parameters, more than 2^46";
     return out.str();

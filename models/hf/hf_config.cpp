@@ -16,6 +16,7 @@
 // - dropout probabilities (attention_dropout, attn_pdrop, ...) are accepted and not applied:
 //   fsdp trains without dropout (its equivalence tests need determinism), and transformers'
 //   evaluation-mode forward applies none either.
+#include <models/common/config_limits.h>
 #include <models/hf/hf_config.h>
 
 #include <nlohmann/json.hpp>
@@ -31,7 +32,6 @@ namespace {
 using nlohmann::json;
 
 constexpr int kMaxDepth = 32;                    // config.json nests 3 deep at most
-constexpr int64_t kMaxSize = int64_t{1} << 24;   // as LlamaConfig's and GPT2Config's limits
 constexpr int64_t kMaxIndex = int64_t{1} << 31;  // max_window_layers and other counts
 
 // Every message starts with "config.json" (model_spec_from_pretrained puts the path there).
@@ -106,10 +106,10 @@ class Fields {
   }
   int64_t required_size(const char* key, const std::string& needed_by) const {
     if (!has(key)) fail(where_ + key + " is missing (" + needed_by + " needs it)");
-    return *integer(key, 1, kMaxSize);
+    return *integer(key, 1, kMaxConfigSize);
   }
   int64_t size_or(const char* key, int64_t fallback) const {
-    return integer(key, 1, kMaxSize).value_or(fallback);
+    return integer(key, 1, kMaxConfigSize).value_or(fallback);
   }
   double number(const char* key, double fallback) const {
     const json* v = find(key);
@@ -297,8 +297,8 @@ void read_rope(const Fields& f, int64_t max_positions, LlamaConfig& c) {
     // transformers prefers a top-level original_max_position_embeddings (Phi-3's spelling).
     const char* original = "original_max_position_embeddings";
     s.original_max_position_embeddings =
-        f.integer(original, 1, kMaxSize)
-            .value_or(r.integer(original, 1, kMaxSize).value_or(max_positions));
+        f.integer(original, 1, kMaxConfigSize)
+            .value_or(r.integer(original, 1, kMaxConfigSize).value_or(max_positions));
   } else {
     fail(name + "rope_type " + shown(json(type)) +
          " is not implemented (default, linear and llama3 are)");

@@ -1,5 +1,6 @@
 // LlamaConfig's checks, without LibTorch (see llama_config.h). Messages name transformers'
 // config.json fields and their values, so that a refused config.json says what to fix.
+#include <models/common/config_limits.h>
 #include <models/llama/llama_config.h>
 
 #include <algorithm>
@@ -8,12 +9,6 @@
 
 namespace fsdp::models {
 namespace {
-
-// Largest accepted size of any one dimension, and of an upper estimate of the parameter count:
-// every element and byte count derived from a configuration (parameters, gradients, optimizer
-// state, memory estimates) then stays far inside int64.
-constexpr int64_t kMaxSize = int64_t{1} << 24;
-constexpr long double kMaxParameters = 0x1p46L;
 
 bool positive_finite(double x) { return x > 0 && std::isfinite(x); }
 
@@ -26,12 +21,13 @@ std::optional<std::string> rope_problem(const LlamaRopeScaling& s) {
   }
   if (positive_finite(s.factor) && positive_finite(s.low_freq_factor) &&
       std::isfinite(s.high_freq_factor) && s.high_freq_factor > s.low_freq_factor &&
-      s.original_max_position_embeddings > 0 && s.original_max_position_embeddings <= kMaxSize) {
+      s.original_max_position_embeddings > 0 &&
+      s.original_max_position_embeddings <= kMaxConfigSize) {
     return std::nullopt;
   }
   out << "Llama config: rope_scaling needs factor > 0, 0 < low_freq_factor < "
          "high_freq_factor and original_max_position_embeddings in [1, "
-      << kMaxSize << "], got factor=" << s.factor << " low_freq_factor=" << s.low_freq_factor
+      << kMaxConfigSize << "], got factor=" << s.factor << " low_freq_factor=" << s.low_freq_factor
       << " high_freq_factor=" << s.high_freq_factor
       << " original_max_position_embeddings=" << s.original_max_position_embeddings;
   return out.str();
@@ -42,12 +38,12 @@ std::optional<std::string> size_problem(const LlamaConfig& c) {
       c.vocab_size,          c.hidden_size,         c.intermediate_size,      c.num_hidden_layers,
       c.num_attention_heads, c.num_key_value_heads, c.max_position_embeddings};
   const bool in_range = std::all_of(std::begin(sizes), std::end(sizes),
-                                    [](int64_t s) { return s > 0 && s <= kMaxSize; }) &&
-                        c.explicit_head_dim >= 0 && c.explicit_head_dim <= kMaxSize &&
-                        c.sliding_window >= 0 && c.sliding_window <= kMaxSize;
+                                    [](int64_t s) { return s > 0 && s <= kMaxConfigSize; }) &&
+                        c.explicit_head_dim >= 0 && c.explicit_head_dim <= kMaxConfigSize &&
+                        c.sliding_window >= 0 && c.sliding_window <= kMaxConfigSize;
   if (in_range) return std::nullopt;
   std::ostringstream out;
-  out << "Llama config sizes must be positive (and at most " << kMaxSize
+  out << "Llama config sizes must be positive (and at most " << kMaxConfigSize
       << "), got vocab_size=" << c.vocab_size << " hidden_size=" << c.hidden_size
       << " intermediate_size=" << c.intermediate_size
       << " num_hidden_layers=" << c.num_hidden_layers
@@ -78,7 +74,7 @@ std::optional<std::string> shape_problem(const LlamaConfig& c) {
     const long double weights =
         d * (2.0L * c.vocab_size +
              c.num_hidden_layers * (2.0L * q + 2.0L * kv + 3.0L * c.intermediate_size + 8.0L));
-    if (weights <= kMaxParameters) return std::nullopt;
+    if (weights <= kMaxConfigParameters) return std::nullopt;
     out << "Llama config: vocab_size=" << c.vocab_size << ", hidden_size=" << c.hidden_size
         << ", intermediate_size=" << c.intermediate_size
         << " and num_hidden_layers=" << c.num_hidden_layers << " make about " << weights

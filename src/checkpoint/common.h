@@ -133,6 +133,18 @@ void agreed_phase(ProcessGroup* group, const std::string& what, Work&& work) {
 // "[3, 4]".
 std::string shape_string(c10::IntArrayRef shape);
 
+// Appends to a mismatch message "title (N):" and the first kMaxListed items, one a line, then
+// how many more there are: a load that names every fault, but not thousands of lines.
+constexpr size_t kMaxListed = 40;
+template <typename Item>
+void append_list(std::string& out, const char* title, const std::vector<Item>& items) {
+  if (items.empty()) return;
+  out += std::string("\n  ") + title + " (" + std::to_string(items.size()) + "):";
+  for (size_t i = 0; i < items.size() && i < kMaxListed; ++i) out += "\n    " + items[i];
+  if (items.size() > kMaxListed)
+    out += "\n    ... and " + std::to_string(items.size() - kMaxListed) + " more";
+}
+
 // A save's checks of its options, before anything is written: a non-negative step and
 // keep_last, user_json a JSON object, a gradient scaler state that a scaler would load.
 void check_save_options(const SaveOptions& options);

@@ -39,7 +39,6 @@ using detail::LocalParam;
 using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kMaxManifestBytes = 256ull << 20;
-constexpr size_t kMaxListed = 40;
 constexpr char kSuffix[] = ".safetensors";
 
 // The .safetensors files directly in dir, sorted: what DCP's reader lists. None when dir is
@@ -123,14 +122,6 @@ void check_manifest_files(const std::string& dir, const DcpManifest& manifest) {
   TORCH_CHECK(false, message);
 }
 
-void append_list(std::string& out, const char* title, const std::vector<std::string>& items) {
-  if (items.empty()) return;
-  out += std::string("\n  ") + title + " (" + std::to_string(items.size()) + "):";
-  for (size_t i = 0; i < items.size() && i < kMaxListed; ++i) out += "\n    " + items[i];
-  if (items.size() > kMaxListed)
-    out += "\n    ... and " + std::to_string(items.size() - kMaxListed) + " more";
-}
-
 // Every name the model gives a parameter after its first (a tied parameter's other names):
 // a checkpoint may hold them, and they are skipped.
 std::set<std::string> alias_names(const torch::nn::Module& model,
@@ -167,9 +158,9 @@ void check_keys(const std::string& dir, const char* what,
   if (missing.empty() && unexpected.empty() && misshaped.empty()) return;
   std::string message = "checkpoint '" + dir + "' does not match the " + what;
   message += (misshaped.empty() ? "" : hint) + ":";  // first: agree() keeps a message's start
-  append_list(message, "missing from the checkpoint", missing);
-  append_list(message, "unexpected in the checkpoint", unexpected);
-  append_list(message, "mis-shaped", misshaped);
+  detail::append_list(message, "missing from the checkpoint", missing);
+  detail::append_list(message, "unexpected in the checkpoint", unexpected);
+  detail::append_list(message, "mis-shaped", misshaped);
   TORCH_CHECK(false, message);
 }
 

@@ -38,7 +38,6 @@ namespace {
 
 using detail::LocalParam;
 using Clock = std::chrono::steady_clock;
-constexpr size_t kMaxListed = 40;
 
 std::string file_name_of(const FullLayout& layout, const std::string& name) {
   return layout.to_file() ? layout.to_file()(name) : name;
@@ -119,14 +118,6 @@ at::Tensor gather_full(const LocalParam& lp, const std::vector<detail::RowRange>
     return rank == 0 ? full : at::Tensor();
   }
   return gather_rows_to_rank0(lp, writers, layouts, index, count, *group);
-}
-
-void append_list(std::string& out, const char* title, const std::vector<std::string>& items) {
-  if (items.empty()) return;
-  out += std::string("\n  ") + title + " (" + std::to_string(items.size()) + "):";
-  for (size_t i = 0; i < items.size() && i < kMaxListed; ++i) out += "\n    " + items[i];
-  if (items.size() > kMaxListed)
-    out += "\n    ... and " + std::to_string(items.size() - kMaxListed) + " more";
 }
 
 constexpr char kIndexSuffix[] = ".index.json";
@@ -380,9 +371,9 @@ std::unordered_map<std::string, EntryOf> match_params(const std::string& path,
   }
   if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
     std::string message = "'" + path + "' does not match the model:";
-    append_list(message, "missing from the file", missing);
-    append_list(message, "unexpected in the file", unexpected);
-    append_list(message, "mis-shaped", misshaped);
+    detail::append_list(message, "missing from the file", missing);
+    detail::append_list(message, "unexpected in the file", unexpected);
+    detail::append_list(message, "mis-shaped", misshaped);
     TORCH_CHECK(false, message);
   }
   return by_param;

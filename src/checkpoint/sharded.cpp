@@ -54,7 +54,6 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kIndexName = kIndexFileName;
 constexpr char kModelPrefix[] = "model/";
 constexpr uint64_t kMaxIndexBytes = 256ull << 20;
-constexpr size_t kMaxListed = 40;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -175,15 +174,6 @@ CheckpointIndex read_index(const std::string& dir) {
   }
 }
 
-template <typename Item>
-void append_list(std::string& out, const char* title, const std::vector<Item>& items) {
-  if (items.empty()) return;
-  out += std::string("\n  ") + title + " (" + std::to_string(items.size()) + "):";
-  for (size_t i = 0; i < items.size() && i < kMaxListed; ++i) out += "\n    " + items[i];
-  if (items.size() > kMaxListed)
-    out += "\n    ... and " + std::to_string(items.size() - kMaxListed) + " more";
-}
-
 // Throws listing every parameter the checkpoint lacks, every model tensor it has that the model
 // lacks, and every shape that differs.
 void check_model_matches(const std::string& dir, const CheckpointIndex& index,
@@ -208,9 +198,9 @@ void check_model_matches(const std::string& dir, const CheckpointIndex& index,
   }
   if (missing.empty() && unexpected.empty() && misshaped.empty()) return;
   std::string message = "checkpoint '" + dir + "' does not match the model:";
-  append_list(message, "missing from the checkpoint", missing);
-  append_list(message, "unexpected in the checkpoint", unexpected);
-  append_list(message, "mis-shaped", misshaped);
+  detail::append_list(message, "missing from the checkpoint", missing);
+  detail::append_list(message, "unexpected in the checkpoint", unexpected);
+  detail::append_list(message, "mis-shaped", misshaped);
   TORCH_CHECK(false, message);
 }
 
@@ -491,7 +481,7 @@ std::vector<std::vector<std::string>> optimizer_kinds(const std::string& dir,
   }
   if (!missing.empty()) {
     std::string message = "checkpoint '" + dir + "' lacks optimizer state the optimizer needs:";
-    append_list(message, "missing", missing);
+    detail::append_list(message, "missing", missing);
     TORCH_CHECK(false, message);
   }
   return kinds;

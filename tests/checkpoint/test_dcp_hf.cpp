@@ -158,7 +158,7 @@ TEST(DcpHfFormat, ManifestRoundTripsAndRefusesForeignPaths) {
 
 constexpr double kLr = 3e-3;
 
-models::GPT2LMHead make_model(const DeviceMesh* mesh, const ShardPlacementFn& placement = {}) {
+models::GPT2LMHead make_dcp_model(const DeviceMesh* mesh, const ShardPlacementFn& placement = {}) {
   models::GPT2Options options(models::GPT2Config::tiny());
   options.seed(5);
   FullyShardOptions shard;
@@ -172,10 +172,6 @@ models::GPT2LMHead make_model(const DeviceMesh* mesh, const ShardPlacementFn& pl
   models::GPT2LMHead model(options);
   if (mesh != nullptr) fully_shard(model, *mesh, shard);
   return model;
-}
-
-torch::optim::AdamW make_optimizer(const torch::nn::Module& model) {
-  return torch::optim::AdamW(unique_parameters(model), torch::optim::AdamWOptions(kLr));
 }
 
 // Two AdamW steps on this rank's batches, so that every parameter has moments and a step.
@@ -197,8 +193,8 @@ void save_both(const std::string& root, const ShardPlacementFn& placement = {}, 
       [&](std::shared_ptr<ProcessGroup> group) {
         const DeviceMesh mesh =
             replicate > 1 ? DeviceMesh::hybrid(group, replicate) : DeviceMesh(group);
-        auto model = make_model(&mesh, placement);
-        auto optimizer = make_optimizer(*model);
+        auto model = make_dcp_model(&mesh, placement);
+        auto optimizer = test::make_adamw(*model);
         train_two_steps(model, optimizer, group->rank());
         const auto options = SaveOptions().step(2).user_json(R"({"run":"a"})");
         save_sharded(root + "/sharded", *model, &optimizer, group.get(), options);
@@ -225,8 +221,8 @@ std::map<std::string, at::Tensor> full_state(const torch::nn::Module& model,
 // The checkpoint at path loaded into one unsharded model.
 std::map<std::string, at::Tensor> load_whole(const std::string& path,
                                              LoadResult* result = nullptr) {
-  auto model = make_model(nullptr);
-  auto optimizer = make_optimizer(*model);
+  auto model = make_dcp_model(nullptr);
+  auto optimizer = test::make_adamw(*model);
   const LoadResult r = load_checkpoint(path, *model, &optimizer, nullptr);
   if (result != nullptr) *result = r;
   return full_state(*model, optimizer);
@@ -310,8 +306,8 @@ TEST_F(DcpHfCheckpoint, ReshardsFromTwoRanksToThree) {
       3,
       [&](std::shared_ptr<ProcessGroup> group) {
         DeviceMesh mesh(group);
-        auto model = make_model(&mesh);
-        auto optimizer = make_optimizer(*model);
+        auto model = make_dcp_model(&mesh);
+        auto optimizer = test::make_adamw(*model);
         for (const auto& p : unique_parameters(*model)) p.detach().fill_(7.0f);  // padding too
         load_dcp_hf(dcp(), *model, &optimizer, group.get());
         int padded = 0;
@@ -376,14 +372,14 @@ TEST(DcpHfCheckpointPlacement, HybridShardReplicasAreStoredOnce) {
 }
 
 // The error every rank of a 2-rank load reports.
-std::string load_error(const std::string& path) {
+std::string dcp_load_error(const std::string& path) {
   return test::error_message([&] {
     run_ranks_in_threads(
         2,
         [&](std::shared_ptr<ProcessGroup> group) {
           DeviceMesh mesh(group);
-          auto model = make_model(&mesh);
-          auto optimizer = make_optimizer(*model);
+          auto model = make_dcp_model(&mesh);
+          auto optimizer = test::make_adamw(*model);
           load_dcp_hf(path, *model, &optimizer, group.get());
         },
         test::test_options());
@@ -417,27 +413,27 @@ TEST_F(DcpHfCheckpoint, FilesThatDisagreeWithTheManifestAreRefused) {
   {
     const std::string dir = copy("missing");
     ::unlink((dir + "/" + rank1).c_str());
-    EXPECT_THAT(load_error(dir), HasSubstr(rank1 + " is missing"));
+    EXPECT_THAT(dcp_load_error(dir), HasSubstr(rank1 + " is missing"));
   }
   {
     const std::string dir = copy("truncated");
     const std::string bytes = read_bytes(dir + "/" + rank1);
     write_bytes(dir + "/" + rank1, bytes.substr(0, bytes.size() / 2));
-    EXPECT_THAT(load_error(dir),
+    EXPECT_THAT(dcp_load_error(dir),
                 HasSubstr(rank1 + " has " + std::to_string(bytes.size() / 2) +
                           " bytes, the manifest records " + std::to_string(bytes.size())));
   }
   {
     const std::string dir = copy("stray");
     write_bytes(dir + "/model/extra.safetensors", read_bytes(dir + "/" + rank1));
-    EXPECT_THAT(load_error(dir), HasSubstr("model/extra.safetensors is not in the manifest"));
+    EXPECT_THAT(dcp_load_error(dir), HasSubstr("model/extra.safetensors is not in the manifest"));
   }
   {
     const std::string dir = copy("bit_flip");
     std::string bytes = read_bytes(dir + "/" + rank1);
     bytes[bytes.size() - 5] ^= 0x01;
     write_bytes(dir + "/" + rank1, bytes);
-    const std::string error = load_error(dir);
+    const std::string error = dcp_load_error(dir);
     EXPECT_THAT(error, HasSubstr(dcp_shard_file_name(1) + "' is corrupted: tensor"));
     EXPECT_THAT(error, HasSubstr("has checksum"));
   }
@@ -446,8 +442,8 @@ TEST_F(DcpHfCheckpoint, FilesThatDisagreeWithTheManifestAreRefused) {
     std::string text = read_bytes(dir + "/" + kDcpManifestName);
     text.replace(text.find("\"step\": 2"), 9, "\"step\": 9");
     write_bytes(dir + "/" + kDcpManifestName, text);
-    EXPECT_THAT(load_error(dir), HasSubstr("fsdp.json' is not a valid manifest: the manifest's "
-                                           "checksum does not match its content"));
+    EXPECT_THAT(dcp_load_error(dir), HasSubstr("fsdp.json' is not a valid manifest: the manifest's "
+                                               "checksum does not match its content"));
   }
 }
 
@@ -458,7 +454,7 @@ TEST_F(DcpHfCheckpoint, BadShardingInfoIsRefusedNamingTheFileAndFault) {
     const std::string dir = copy("missing_no_manifest");
     ::unlink((dir + "/" + kDcpManifestName).c_str());
     ::unlink((dir + "/" + rank1).c_str());
-    const std::string error = load_error(dir);
+    const std::string error = dcp_load_error(dir);
     EXPECT_THAT(error, HasSubstr("there is no fsdp.json to list the files: a rank's file may be "
                                  "missing"));
     EXPECT_THAT(error, HasSubstr("transformer.h.0.attn.c_attn.weight: checkpoint [48, 32], model "
@@ -468,7 +464,7 @@ TEST_F(DcpHfCheckpoint, BadShardingInfoIsRefusedNamingTheFileAndFault) {
     const std::string dir = copy("bad_info");
     ::unlink((dir + "/" + kDcpManifestName).c_str());
     set_sharding_info(dir + "/" + rank1, "{not json");
-    EXPECT_THAT(load_error(dir),
+    EXPECT_THAT(dcp_load_error(dir),
                 HasSubstr(dcp_shard_file_name(1) + "': DCP_SHARDING_INFO is not valid JSON"));
   }
   {
@@ -478,7 +474,7 @@ TEST_F(DcpHfCheckpoint, BadShardingInfoIsRefusedNamingTheFileAndFault) {
     nlohmann::json info = nlohmann::json::parse(r.header().metadata.at(kDcpShardingInfoKey));
     info["transformer.wte.weight"]["saved_offsets"] = {100, 0};  // rows 100-227: overlaps rank 0
     set_sharding_info(dir + "/" + rank1, info.dump());
-    EXPECT_THAT(load_error(dir),
+    EXPECT_THAT(dcp_load_error(dir),
                 HasSubstr("tensor 'transformer.wte.weight': chunk [100:228, 0:32] in '"));
   }
 }
@@ -489,7 +485,7 @@ TEST_F(DcpHfCheckpoint, AnotherModelListsMissingUnexpectedAndMisshapedTensors) {
   wider.n_layer = 3;
   const std::string error = test::error_message([&] {
     models::GPT2LMHead model(models::GPT2Options(wider).seed(1));
-    auto optimizer = make_optimizer(*model);
+    auto optimizer = test::make_adamw(*model);
     load_dcp_hf(dcp(), *model, &optimizer, nullptr);
   });
   EXPECT_THAT(error, HasSubstr("/model' does not match the model"));
@@ -499,7 +495,7 @@ TEST_F(DcpHfCheckpoint, AnotherModelListsMissingUnexpectedAndMisshapedTensors) {
 
 TEST_F(DcpHfCheckpoint, AnOptimizerWithAmsgradNeedsStateTheCheckpointLacks) {
   const std::string error = test::error_message([&] {
-    auto model = make_model(nullptr);
+    auto model = make_dcp_model(nullptr);
     torch::optim::AdamW optimizer(unique_parameters(*model),
                                   torch::optim::AdamWOptions(kLr).amsgrad(true));
     load_dcp_hf(dcp(), *model, &optimizer, nullptr);

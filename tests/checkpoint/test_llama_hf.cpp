@@ -41,16 +41,14 @@ using test::run_command;
 using test::temp_dir;
 using ::testing::HasSubstr;
 
-std::string python() { return test::reference_python(); }
-
 LlamaConfig tied_tiny() {
   LlamaConfig c = LlamaConfig::tiny();
   c.tie_word_embeddings = true;
   return c;
 }
 
-at::Tensor logits_of(const LlamaConfig& config, const std::string& path,
-                     const at::Tensor& input_ids) {
+at::Tensor llama_logits_of(const LlamaConfig& config, const std::string& path,
+                           const at::Tensor& input_ids) {
   LlamaForCausalLM model(LlamaOptions(config).seed(99));
   load_full(path, *model, nullptr, models::llama_hf_layout(config));
   at::NoGradGuard no_grad;
@@ -75,8 +73,8 @@ std::map<std::string, at::Tensor> sharded_tensors(const std::string& dir) {
 
 TEST(LlamaHuggingFace, TransformersLoadsOurExportsAndWeLoadTheirShardedCheckpoints) {
   for (const char* package : {"transformers", "safetensors", "torch"}) {
-    ASSERT_NE(test::installed_version(python(), package), "")
-        << "the Hugging Face interop test needs " << package << " in " << python()
+    ASSERT_NE(test::installed_version(test::reference_python(), package), "")
+        << "the Hugging Face interop test needs " << package << " in " << test::reference_python()
         << " (set FSDP_PYTHON or -DFSDP_PYTHON to another interpreter)";
   }
 
@@ -114,15 +112,15 @@ TEST(LlamaHuggingFace, TransformersLoadsOurExportsAndWeLoadTheirShardedCheckpoin
        {std::pair{ours, LlamaConfig::tiny()}, std::pair{ours_tied, tied_tiny()}}) {
     save_safetensors(path + "/expected.safetensors",
                      {{"input_ids", input_ids},
-                      {"logits", logits_of(config, path, input_ids)}});  // the directory
+                      {"logits", llama_logits_of(config, path, input_ids)}});  // the directory
   }
 
   // transformers' side, cached by our files' bytes (support/reference_cache.h).
-  const test::ReferenceResult checked =
-      test::run_reference(python(), {FSDP_SOURCE_DIR "/tests/checkpoint/llama_interop.py",
-                                     ours + " " + ours_tied + " " + theirs + " " + theirs_tied,
-                                     {ours, ours_tied},
-                                     {theirs, theirs_tied}});
+  const test::ReferenceResult checked = test::run_reference(
+      test::reference_python(), {FSDP_SOURCE_DIR "/tests/checkpoint/llama_interop.py",
+                                 ours + " " + ours_tied + " " + theirs + " " + theirs_tied,
+                                 {ours, ours_tied},
+                                 {theirs, theirs_tied}});
   ASSERT_EQ(checked.exit_code, 0) << checked.output;
   std::cout << checked.output;
   EXPECT_THAT(checked.output, HasSubstr("ours loads with no missing or unexpected keys"));
@@ -133,7 +131,8 @@ TEST(LlamaHuggingFace, TransformersLoadsOurExportsAndWeLoadTheirShardedCheckpoin
     SCOPED_TRACE(path);
     ASSERT_TRUE(exists(path + "/model.safetensors.index.json"));
     const auto expected = load_safetensors(path + "/expected.safetensors");
-    const at::Tensor got = logits_of(config, path, expected.at("input_ids"));  // the directory
+    const at::Tensor got =
+        llama_logits_of(config, path, expected.at("input_ids"));  // the directory
     const double diff = (got - expected.at("logits")).abs().max().item<double>();
     std::cout << path << ": max |logits difference| = " << diff << "\n";
     EXPECT_LE(diff, 1e-5) << "logits of the transformers-written checkpoint, computed by our model";

@@ -185,8 +185,6 @@ TEST(CheckpointProcesses, InitFromAnExportAndExportAgainGivesTheSameFile) {
   }
 }
 
-std::string python() { return test::reference_python(); }
-
 at::Tensor logits_of(const std::string& model_file, const at::Tensor& input_ids) {
   models::GPT2LMHead model(models::GPT2Config::tiny());
   load_full(model_file, *model, nullptr, models::gpt2_hf_layout());
@@ -195,9 +193,9 @@ at::Tensor logits_of(const std::string& model_file, const at::Tensor& input_ids)
 
 TEST(CheckpointProcesses, TransformersLoadsOurExportAndWeLoadTheirs) {
   for (const char* package : {"transformers", "safetensors", "torch"}) {
-    ASSERT_NE(test::installed_version(python(), package), "")
-        << "the Hugging Face interop test needs " << package << " in " << python()
-        << " (set FSDP_PYTHON to another interpreter, or run: " << python()
+    ASSERT_NE(test::installed_version(test::reference_python(), package), "")
+        << "the Hugging Face interop test needs " << package << " in " << test::reference_python()
+        << " (set FSDP_PYTHON to another interpreter, or run: " << test::reference_python()
         << " -m pip install transformers safetensors; scripts/run.sh test installs them)";
   }
 
@@ -215,7 +213,7 @@ TEST(CheckpointProcesses, TransformersLoadsOurExportAndWeLoadTheirs) {
 
   // transformers' side, cached by our export's bytes (support/reference_cache.h).
   const test::ReferenceResult checked = test::run_reference(
-      python(),
+      test::reference_python(),
       {FSDP_SOURCE_DIR "/tests/checkpoint/hf_interop.py", ours + " " + theirs, {ours}, {theirs}});
   ASSERT_EQ(checked.exit_code, 0) << checked.output;
   EXPECT_THAT(checked.output, HasSubstr("no missing or unexpected keys"));

@@ -195,10 +195,6 @@ models::GPT2LMHead make_model(const models::GPT2Config& config, const DeviceMesh
   return test::make_gpt2(config, /*seed=*/5, mesh);
 }
 
-torch::optim::AdamW make_optimizer(const torch::nn::Module& model) {
-  return torch::optim::AdamW(unique_parameters(model), torch::optim::AdamWOptions(3e-3));
-}
-
 // A checkpoint of the tiny model after 3 steps at 2 ranks, under dir/ckpt.
 std::string tiny_checkpoint(const std::string& dir) {
   train::JobConfig o = base_options();
@@ -212,7 +208,7 @@ TEST(ShardedCheckpoint, LoadFillsEveryRanksRowsAndZeroesPadding) {
   const std::string ckpt = tiny_checkpoint(temp_dir("padding"));
   // The full values, loaded into one unsharded model.
   auto full = make_model(models::GPT2Config::tiny(), nullptr);
-  auto full_optimizer = make_optimizer(*full);
+  auto full_optimizer = test::make_adamw(*full);
   const LoadResult loaded = load_sharded(ckpt, *full, &full_optimizer, nullptr);
   EXPECT_EQ(loaded.step, 3);
   EXPECT_EQ(loaded.saved_world_size, 2);
@@ -231,7 +227,7 @@ TEST(ShardedCheckpoint, LoadFillsEveryRanksRowsAndZeroesPadding) {
       [&](std::shared_ptr<ProcessGroup> group) {
         DeviceMesh mesh(group);
         auto model = make_model(models::GPT2Config::tiny(), &mesh);
-        auto optimizer = make_optimizer(*model);
+        auto optimizer = test::make_adamw(*model);
         for (const auto& p : unique_parameters(*model)) p.detach().fill_(7.0f);  // padding too
         load_sharded(ckpt, *model, &optimizer, group.get());
         int padded = 0;
@@ -270,7 +266,7 @@ TEST(ShardedCheckpoint, LoadFillsEveryRanksRowsAndZeroesPadding) {
 std::string load_error(const std::string& path, const models::GPT2Config& config, int world = 2) {
   if (world == 1) {
     auto model = make_model(config, nullptr);
-    auto optimizer = make_optimizer(*model);
+    auto optimizer = test::make_adamw(*model);
     return test::error_message([&] { load_sharded(path, *model, &optimizer, nullptr); });
   }
   return test::error_message([&] {
@@ -279,7 +275,7 @@ std::string load_error(const std::string& path, const models::GPT2Config& config
         [&](std::shared_ptr<ProcessGroup> group) {
           DeviceMesh mesh(group);
           auto model = make_model(config, &mesh);
-          auto optimizer = make_optimizer(*model);
+          auto optimizer = test::make_adamw(*model);
           load_sharded(path, *model, &optimizer, group.get());
         },
         test::test_options());

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <models/gpt2/gpt2.h>
 
+#include "support/test_support.h"
+
 #include <cmath>
 #include <string>
 #include <thread>
@@ -30,15 +32,6 @@ std::vector<std::string> expected_tiny_names() {
   names.push_back("transformer.ln_f.bias");
   names.push_back("lm_head.weight");
   return names;
-}
-
-int64_t distinct_numel(const torch::nn::Module& model) {
-  std::unordered_set<const c10::TensorImpl*> seen;
-  int64_t total = 0;
-  for (const auto& p : model.parameters()) {
-    if (seen.insert(p.unsafeGetTensorImpl()).second) total += p.numel();
-  }
-  return total;
 }
 
 void expect_same_parameters(const GPT2LMHead& a, const GPT2LMHead& b) {
@@ -103,7 +96,7 @@ TEST(GPT2, ParameterCountsMatchAnalyticCount) {
     // take gigabytes.
     if (num_parameters(config) > 200000000) continue;
     GPT2LMHead model(config);
-    EXPECT_EQ(distinct_numel(*model), num_parameters(config));
+    EXPECT_EQ(test::distinct_numel(*model), num_parameters(config));
     // LibTorch lists the tied tensor under both names; the count above must not.
     int64_t with_duplicates = 0;
     for (const auto& p : model->parameters()) with_duplicates += p.numel();

@@ -76,12 +76,6 @@ std::string refusal_of_text(const std::string& text) {
 std::string refusal(const json& config) { return refusal_of_text(config.dump()); }
 
 // Parameter elements, a tied weight counted once.
-int64_t distinct_numel(const torch::nn::Module& model) {
-  int64_t total = 0;
-  for (const auto& p : unique_parameters(model)) total += p.numel();
-  return total;
-}
-
 TEST(HfConfig, FamiliesReadTheirFieldsWithTransformersDefaults) {
   const HfConfig llama = parse_hf_config(llama_json().dump());
   ASSERT_TRUE(llama.llama);
@@ -160,7 +154,7 @@ TEST(HfConfig, SpecsCountTheParametersTheyBuild) {
     SCOPED_TRACE(config.dump());
     const auto spec = model_spec_from_pretrained(config_dir("spec", config));
     auto model = spec->build(BuildOptions().seed(1));
-    EXPECT_EQ(distinct_numel(*model->root()), spec->num_parameters());
+    EXPECT_EQ(test::distinct_numel(*model->root()), spec->num_parameters());
     const ModelMemorySpec memory = spec->memory_spec(2, 8, at::kFloat, false);
     ASSERT_EQ(memory.units.size(), model->units().size());
     for (size_t i = 0; i < memory.units.size(); ++i) {

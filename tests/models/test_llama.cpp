@@ -8,6 +8,8 @@
 #include <models/llama/llama.h>
 #include <models/llama/llama_memory.h>
 
+#include "support/test_support.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
@@ -20,15 +22,6 @@
 
 namespace fsdp::models {
 namespace {
-
-int64_t distinct_numel(const torch::nn::Module& model) {
-  std::unordered_set<const c10::TensorImpl*> seen;
-  int64_t total = 0;
-  for (const auto& p : model.parameters()) {
-    if (seen.insert(p.unsafeGetTensorImpl()).second) total += p.numel();
-  }
-  return total;
-}
 
 void expect_same_parameters(const torch::nn::Module& a, const torch::nn::Module& b) {
   auto pa = a.named_parameters();
@@ -79,12 +72,12 @@ TEST(Llama, ParameterCountsMatchPublishedFigures) {
   EXPECT_EQ(num_parameters(LlamaConfig::llama3_1_8b()), 8030261248);  // Llama 3.1 8B
   for (const auto& config : {LlamaConfig::tiny(), LlamaConfig::debug()}) {
     LlamaForCausalLM model(config);
-    EXPECT_EQ(distinct_numel(*model), num_parameters(config));
+    EXPECT_EQ(test::distinct_numel(*model), num_parameters(config));
   }
   LlamaConfig tied = LlamaConfig::tiny();
   tied.tie_word_embeddings = true;
   LlamaForCausalLM model(tied);
-  EXPECT_EQ(distinct_numel(*model), num_parameters(tied));
+  EXPECT_EQ(test::distinct_numel(*model), num_parameters(tied));
   EXPECT_EQ(num_parameters(tied), 34976 - 256 * 32);
 }
 

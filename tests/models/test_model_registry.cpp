@@ -5,6 +5,8 @@
 // in forward order; config.json is JSON naming a transformers architecture.
 #include <fsdp/models/model.h>
 
+#include "support/test_support.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
@@ -21,15 +23,6 @@ int64_t numel_of(const std::vector<std::vector<int64_t>>& shapes) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     total += n;
-  }
-  return total;
-}
-
-int64_t distinct_numel(const torch::nn::Module& model) {
-  std::unordered_set<const c10::TensorImpl*> seen;
-  int64_t total = 0;
-  for (const auto& p : model.parameters()) {
-    if (seen.insert(p.unsafeGetTensorImpl()).second) total += p.numel();
   }
   return total;
 }
@@ -74,7 +67,7 @@ TEST(ModelRegistry, SmallModelsBuildUnitByUnitInForwardOrder) {
         EXPECT_EQ(root_params[full].unsafeGetTensorImpl(), item.value().unsafeGetTensorImpl());
       }
     }
-    EXPECT_EQ(distinct_numel(*model->root()), spec->num_parameters());
+    EXPECT_EQ(test::distinct_numel(*model->root()), spec->num_parameters());
     at::NoGradGuard no_grad;
     const at::Tensor idx = at::arange(10, at::kLong).view({2, 5});
     EXPECT_EQ(model->forward(idx).sizes(), at::IntArrayRef({2, 5, spec->vocab_size()}));
@@ -140,7 +133,7 @@ TEST(ModelRegistry, LlamaOverrides) {
   // 34,976 with 2 layers of 9,280 and 2 x 256 x 32 embeddings.
   EXPECT_EQ(spec->num_parameters(), 34976 + 9280 + 2 * 256 * 32);
   auto model = spec->build(BuildOptions().seed(1));
-  EXPECT_EQ(distinct_numel(*model->root()), spec->num_parameters());
+  EXPECT_EQ(test::distinct_numel(*model->root()), spec->num_parameters());
   EXPECT_EQ(model->units().size(), 3u);
   SizeOverrides bad;
   bad.n_heads = 3;

@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/optim/adamw.h>
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -44,6 +45,11 @@ inline models::GPT2LMHead make_gpt2(const models::GPT2Config& config, uint64_t s
 
 // The largest absolute difference between same-named tensors of two safetensors files (every
 // tensor of a, looked up in b), in float64.
+// AdamW at the checkpoint tests' learning rate over the model's distinct parameters.
+inline torch::optim::AdamW make_adamw(const torch::nn::Module& model) {
+  return torch::optim::AdamW(unique_parameters(model), torch::optim::AdamWOptions(3e-3));
+}
+
 inline double max_abs_difference(const std::string& a, const std::string& b) {
   const checkpoint::SafetensorsReader left(a);
   const checkpoint::SafetensorsReader right(b);

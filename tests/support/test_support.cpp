@@ -18,6 +18,7 @@
 #include <exception>
 #include <fstream>
 #include <thread>
+#include <unordered_set>
 
 namespace fsdp::test {
 
@@ -72,6 +73,15 @@ std::string temp_path(const std::string& name) {
   std::string base = ::testing::TempDir();
   if (!base.empty() && base.back() != '/') base += '/';
   return base + "fsdp_" + std::to_string(::getpid()) + "_" + name;
+}
+
+int64_t distinct_numel(const torch::nn::Module& model) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  int64_t total = 0;
+  for (const auto& p : model.parameters()) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) total += p.numel();
+  }
+  return total;
 }
 
 std::string reference_python() {

@@ -8,6 +8,7 @@
 #include "support/reference_cache.h"
 
 #include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
 #include <nlohmann/json_fwd.hpp>
 
 #include <chrono>
@@ -57,6 +58,10 @@ std::pair<at::Tensor, at::Tensor> text_batch(int64_t step, int64_t batch, int64_
 // A path for a test's scratch file: gtest's temp directory, this process's id and name, so that
 // suites run at once (ctest -j, several builds on one machine) never share a file.
 std::string temp_path(const std::string& name);
+
+// The elements of a model's parameters, a tied tensor counted once (as an optimizer sees them):
+// counted here by TensorImpl, independently of fsdp::unique_parameters.
+int64_t distinct_numel(const torch::nn::Module& model);
 
 // Every line of a JSON-lines file (fsdp-train's --metrics), parsed.
 std::vector<nlohmann::json> read_json_lines(const std::string& path);

@@ -40,12 +40,12 @@ using test::read_json_lines;
 using test::run_fsdp_train;
 
 constexpr double kTolerance = 1e-5;
-constexpr char kCommon[] =
+constexpr char kInteropCommon[] =
     "--quiet --model tiny --global-batch 8 --seq-len 32 --seed 11 --lr 3e-3 --weight-decay 0.1 "
     "--max-grad-norm 1.0";
 
 // A directory of this process's own (several builds may run the suite at once).
-std::string make_dir(const std::string& name) {
+std::string fresh_interop_dir(const std::string& name) {
   const std::string dir =
       ::testing::TempDir() + "fsdp_dcp_interop_" + std::to_string(::getpid()) + "_" + name;
   test::remove_all(dir);
@@ -94,11 +94,12 @@ TEST(Fsdp2ParityDcpCheckpoint, EachSideContinuesTheOthersCheckpoint) {
   ASSERT_EQ(version.rfind(TORCH_VERSION, 0), 0u)
       << test::reference_python() << " has torch '" << version << "', this build LibTorch "
       << TORCH_VERSION;
-  const std::string dir = make_dir("run");
+  const std::string dir = fresh_interop_dir("run");
   const std::string init = dir + "/init/model.safetensors";
-  expect_ok(run_fsdp_train("--nproc 1 --steps 0 " + std::string(kCommon) + " --export " + init),
-            "fsdp-train --export (the initial weights)");
-  expect_ok(run_fsdp_train("--nproc 2 --steps 4 " + std::string(kCommon) + " --save " + dir +
+  expect_ok(
+      run_fsdp_train("--nproc 1 --steps 0 " + std::string(kInteropCommon) + " --export " + init),
+      "fsdp-train --export (the initial weights)");
+  expect_ok(run_fsdp_train("--nproc 2 --steps 4 " + std::string(kInteropCommon) + " --save " + dir +
                            "/ours --save-every 2 --checkpoint-format dcp-hf --dump-batches " + dir +
                            "/batches.bin --metrics " + dir + "/ours.jsonl"),
             "fsdp-train --checkpoint-format dcp-hf");
@@ -124,7 +125,7 @@ TEST(Fsdp2ParityDcpCheckpoint, EachSideContinuesTheOthersCheckpoint) {
   }
 
   // fsdp-train continuing FSDP2's checkpoint.
-  expect_ok(run_fsdp_train("--nproc 2 --steps 4 " + std::string(kCommon) + " --resume " +
+  expect_ok(run_fsdp_train("--nproc 2 --steps 4 " + std::string(kInteropCommon) + " --resume " +
                            fsdp2_ckpt + " --metrics " + dir + "/resumed.jsonl"),
             "fsdp-train --resume (FSDP2's checkpoint)");
   if (::testing::Test::HasFatalFailure()) return;

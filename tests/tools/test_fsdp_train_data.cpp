@@ -26,7 +26,7 @@ using test::run_command;
 using test::run_fsdp_train;
 using ::testing::HasSubstr;
 
-std::string temp_path(const std::string& name) {
+std::string data_temp_path(const std::string& name) {
   return test::temp_path("fsdp_train_data_" + name);
 }
 
@@ -93,7 +93,7 @@ std::string tiny_tokenizer_json() {
 }
 
 TEST(FsdpTrainData, TokenizedJsonLinesMatchTheReference) {
-  const std::string dir = temp_path("tok");
+  const std::string dir = data_temp_path("tok");
   ASSERT_TRUE(test::make_directories(dir)) << dir;
   write_file(dir + "/tokenizer.json", tiny_tokenizer_json());
   write_file(dir + "/tokenizer_config.json", R"({"eos_token": "<|endoftext|>"})");
@@ -139,7 +139,7 @@ TEST(FsdpTrainData, TokenizedJsonLinesMatchTheReference) {
 }
 
 TEST(FsdpTrainData, ShardsTrainWithoutATokenizerAndOutOfVocabularyIdsAreNamed) {
-  const std::string dir = temp_path("shards");
+  const std::string dir = data_temp_path("shards");
   ASSERT_TRUE(test::make_directories(dir)) << dir;
   std::vector<uint32_t> a, b;
   for (uint32_t i = 0; i < 400; ++i) a.push_back((i * 7) % 50);
@@ -167,7 +167,7 @@ TEST(FsdpTrainData, ShardsTrainWithoutATokenizerAndOutOfVocabularyIdsAreNamed) {
 // llama-debug on 2 ranks with held-out loss, the export loaded by transformers, which generates
 // from it.
 TEST(FortunesDemo, RunsEndToEndAtSmallScale) {
-  const std::string out = temp_path("demo");
+  const std::string out = data_temp_path("demo");
   const CommandResult r =
       run_command("env FSDP_PYTHON=" + test::reference_python() +
                       " bash " FSDP_SOURCE_DIR "/scripts/demo_fortunes.sh " + out + " 4",

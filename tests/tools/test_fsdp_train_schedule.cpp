@@ -20,7 +20,7 @@ using test::read_json_lines;
 using test::run_fsdp_train;
 using ::testing::HasSubstr;
 
-std::string temp_path(const std::string& name) {
+std::string schedule_temp_path(const std::string& name) {
   return test::temp_path("fsdp_train_schedule_" + name);
 }
 
@@ -28,8 +28,8 @@ const char* const kCommon = "--model tiny --global-batch 4 --seq-len 16 --quiet 
 
 TEST(FsdpTrainVal, ShardedValLossMatchesTheSingleProcessReference) {
   const std::string args = std::string(kCommon) + " --steps 4 --val-every 2 --val-batches 3";
-  const std::string sharded = temp_path("val_w2.jsonl");
-  const std::string reference = temp_path("val_w1.jsonl");
+  const std::string sharded = schedule_temp_path("val_w2.jsonl");
+  const std::string reference = schedule_temp_path("val_w1.jsonl");
   const CommandResult a = run_fsdp_train("--nproc 2 " + args + " --metrics " + sharded);
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const CommandResult b = run_fsdp_train("--no-fsdp " + args + " --metrics " + reference);
@@ -53,8 +53,8 @@ TEST(FsdpTrainVal, ShardedValLossMatchesTheSingleProcessReference) {
 
 TEST(FsdpTrainVal, EvaluatingLeavesTrainingBitIdentical) {
   const std::string args = std::string(kCommon) + " --nproc 2 --steps 4";
-  const std::string with = temp_path("with_val.jsonl");
-  const std::string without = temp_path("without_val.jsonl");
+  const std::string with = schedule_temp_path("with_val.jsonl");
+  const std::string without = schedule_temp_path("without_val.jsonl");
   const CommandResult a = run_fsdp_train(args + " --val-every 1 --metrics " + with);
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const CommandResult b = run_fsdp_train(args + " --metrics " + without);
@@ -93,7 +93,7 @@ TEST(FsdpTrainSchedule, EveryStepsRateIsTheClosedForm) {
   const int64_t steps = 10, warmup = 3;
   const double peak = 2e-3, min_lr = 1e-4, decay_frac = 0.4;
   for (const std::string kind : {"constant", "cosine", "wsd"}) {
-    const std::string metrics = temp_path("lr_" + kind + ".jsonl");
+    const std::string metrics = schedule_temp_path("lr_" + kind + ".jsonl");
     const CommandResult r = run_fsdp_train(
         "--no-fsdp --model tiny --global-batch 2 --seq-len 8 --quiet --steps 10 --lr 2e-3 "
         "--warmup-steps 3 --min-lr 1e-4 --decay-frac 0.4 --lr-schedule " +
@@ -111,15 +111,15 @@ TEST(FsdpTrainSchedule, EveryStepsRateIsTheClosedForm) {
 }
 
 TEST(FsdpTrainSchedule, ResumedCosineRunIsBitIdentical) {
-  const std::string root = temp_path("cosine_ckpt");
+  const std::string root = schedule_temp_path("cosine_ckpt");
   const std::string args =
       std::string(kCommon) +
       " --nproc 2 --steps 4 --lr-schedule cosine --warmup-steps 1 --min-lr 1e-4";
-  const std::string straight = temp_path("cosine_straight.jsonl");
+  const std::string straight = schedule_temp_path("cosine_straight.jsonl");
   const CommandResult a =
       run_fsdp_train(args + " --save " + root + " --save-every 2 --metrics " + straight);
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  const std::string resumed = temp_path("cosine_resumed.jsonl");
+  const std::string resumed = schedule_temp_path("cosine_resumed.jsonl");
   const CommandResult b =
       run_fsdp_train(args + " --resume " + root + "/step_00000002 --metrics " + resumed);
   ASSERT_EQ(b.exit_code, 0) << b.output;
@@ -140,7 +140,7 @@ TEST(FsdpTrainSchedule, ResumedCosineRunIsBitIdentical) {
       std::string(kCommon) + " --nproc 2 --steps 4 --lr-schedule wsd --resume " + root);
   EXPECT_NE(wsd.exit_code, 0);
   EXPECT_THAT(wsd.output, HasSubstr("learning-rate schedule"));
-  const std::string text = temp_path("other.txt");
+  const std::string text = schedule_temp_path("other.txt");
   {
     FILE* f = std::fopen(text.c_str(), "w");
     ASSERT_NE(f, nullptr);
@@ -157,9 +157,9 @@ TEST(FsdpTrainSchedule, ResumedCosineRunIsBitIdentical) {
 // parity cases hold both groupings to PyTorch's.
 TEST(FsdpTrainSchedule, DecayGroupsMatchTheSingleProcess) {
   const std::string args = std::string(kCommon) + " --steps 3 --weight-decay 0.5";
-  const std::string sharded = temp_path("decay_w2.jsonl");
-  const std::string reference = temp_path("decay_w1.jsonl");
-  const std::string all = temp_path("decay_all.jsonl");
+  const std::string sharded = schedule_temp_path("decay_w2.jsonl");
+  const std::string reference = schedule_temp_path("decay_w1.jsonl");
+  const std::string all = schedule_temp_path("decay_all.jsonl");
   const CommandResult a = run_fsdp_train("--nproc 2 " + args + " --metrics " + sharded);
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const CommandResult b = run_fsdp_train("--no-fsdp " + args + " --metrics " + reference);

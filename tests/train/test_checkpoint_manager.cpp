@@ -34,14 +34,14 @@ struct Trained {
   torch::optim::AdamW optimizer;
 };
 
-std::string fresh_dir(const std::string& name) {
+std::string absent_dir(const std::string& name) {
   const std::string dir = test::temp_path(name);
   test::remove_all(dir);
   return dir;
 }
 
 TEST(CheckpointManager, KeepsTheNewestKAndSavesWhenDue) {
-  const std::string dir = fresh_dir("manager_keep");
+  const std::string dir = absent_dir("manager_keep");
   Trained t(1);
   CheckpointManager manager(CheckpointManagerOptions().dir(dir).save_every(2).keep_last(3),
                             *t.model, &t.optimizer, nullptr);
@@ -70,7 +70,7 @@ TEST(CheckpointManager, KeepsTheNewestKAndSavesWhenDue) {
 }
 
 TEST(CheckpointManager, ResumeAutoLoadsTheNewestOrStartsFresh) {
-  const std::string dir = fresh_dir("manager_auto");
+  const std::string dir = absent_dir("manager_auto");
   const auto options = CheckpointManagerOptions().dir(dir).save_every(1);
   Trained fresh(0);
   CheckpointManager empty(options, *fresh.model, &fresh.optimizer, nullptr);
