@@ -20,6 +20,7 @@
 # properties of its own (compile definitions or options, SKIP_PRECOMPILE_HEADERS,
 # SKIP_UNITY_BUILD_INCLUSION) is compiled alone, as are sources given as generator expressions.
 #
+# A target with the property FSDP_UNITY_BUILD set to OFF keeps its files apart.
 # -DFSDP_UNITY_BUILD=OFF compiles every file alone (an edit then recompiles one file, not its
 # batch); FSDP_UNITY_BATCH_SIZE sets the files a batch (8).
 option(FSDP_UNITY_BUILD "Compile each target's sources in batches (see cmake/unity_build.cmake)" ON)
@@ -44,6 +45,10 @@ endfunction()
 
 # fsdp_unity_build(TARGET): replaces TARGET's eligible sources by batch files in build/unity/.
 function(fsdp_unity_build target)
+  get_target_property(unity ${target} FSDP_UNITY_BUILD)
+  if(unity STREQUAL "OFF")  # the target's own choice
+    return()
+  endif()
   get_target_property(sources ${target} SOURCES)
   get_target_property(source_dir ${target} SOURCE_DIR)
   set(kept "")
