@@ -75,7 +75,6 @@ std::string refusal_of_text(const std::string& text) {
 
 std::string refusal(const json& config) { return refusal_of_text(config.dump()); }
 
-// Parameter elements, a tied weight counted once.
 TEST(HfConfig, FamiliesReadTheirFieldsWithTransformersDefaults) {
   const HfConfig llama = parse_hf_config(llama_json().dump());
   ASSERT_TRUE(llama.llama);

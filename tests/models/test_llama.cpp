@@ -17,7 +17,6 @@
 #include <cmath>
 #include <string>
 #include <thread>
-#include <unordered_set>
 #include <vector>
 
 namespace fsdp::models {

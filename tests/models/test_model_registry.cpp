@@ -12,8 +12,6 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <unordered_set>
-
 namespace fsdp::models {
 namespace {
 

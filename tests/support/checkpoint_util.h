@@ -43,13 +43,13 @@ inline models::GPT2LMHead make_gpt2(const models::GPT2Config& config, uint64_t s
   return model;
 }
 
-// The largest absolute difference between same-named tensors of two safetensors files (every
-// tensor of a, looked up in b), in float64.
 // AdamW at the checkpoint tests' learning rate over the model's distinct parameters.
 inline torch::optim::AdamW make_adamw(const torch::nn::Module& model) {
   return torch::optim::AdamW(unique_parameters(model), torch::optim::AdamWOptions(3e-3));
 }
 
+// The largest absolute difference between same-named tensors of two safetensors files (every
+// tensor of a, looked up in b), in float64.
 inline double max_abs_difference(const std::string& a, const std::string& b) {
   const checkpoint::SafetensorsReader left(a);
   const checkpoint::SafetensorsReader right(b);
