@@ -28,9 +28,10 @@
 // Strategies (FSDP1's names, as fsdp-train --strategy sets them up): full_shard (S = W, blocks
 // reshard after forward), shard_grad_op (S = W, nothing reshards after forward), no_shard
 // (S = 1, replicated as in DDP), hybrid_shard (S = W / R within each of R replicas). The root
-// unit never reshards after forward. With reshard_after_forward_size N (hpZ) a block keeps
-// S / N of its shards from its forward to its backward. Implicit prefetch and AdamW are assumed;
-// buffers gloo allocates inside its algorithms (not tensors) are not counted.
+// unit never reshards after forward, nor does the head's unit under head_unit. With
+// reshard_after_forward_size N (hpZ) a block keeps S / N of its shards from its forward to its
+// backward. Implicit prefetch and AdamW are assumed; buffers gloo allocates inside its algorithms
+// (not tensors) are not counted.
 #pragma once
 
 #include <fsdp/sharding_strategy.h>
@@ -99,6 +100,22 @@ struct UnitMemorySpec {
   TensorParallelBytes tp_backward;
 };
 
+// The output head as the estimator sees it when it is an FSDP unit of its own
+// (MemoryEstimateOptions::head_unit, fsdp-train --head-unit; see [Note: the head as a unit] in
+// tools/fsdp_train/parallelize.cpp).
+struct HeadUnitSpec {
+  // The head's parameters among the root's (indices into ModelMemorySpec::root_param_shapes):
+  // with head_unit they leave the root for the head's unit, the last in forward order, which
+  // keeps them gathered from its forward to its backward. A tied table is one of them.
+  std::vector<size_t> params;
+  // A tied table: the stem's embedding then reads the rows it needs from the head's shards
+  // (fsdp::embedding, [Note: a lookup from shards] in src/runtime/sharded_lookup.cpp):
+  // lookup_tokens ids per micro-batch, rows of lookup_width elements. 0 when the embedding has a
+  // table of its own (untied), which stays the root's.
+  int64_t lookup_tokens = 0;
+  int64_t lookup_width = 0;
+};
+
 // A model: the root unit's own parameters and activations, and the units called from its
 // forward, in forward order.
 struct ModelMemorySpec {
@@ -122,6 +139,9 @@ struct ModelMemorySpec {
   TensorParallelBytes root_tp_forward;
   TensorParallelBytes root_tp_backward;
   std::vector<UnitMemorySpec> units;
+  // Which of the root's parameters form the output head; empty params: the model has no head
+  // that can be a unit, and head_unit is refused.
+  HeadUnitSpec head;
 };
 
 struct MemoryEstimateOptions {
@@ -157,6 +177,11 @@ struct MemoryEstimateOptions {
   // false: plain single-process training, no FSDP (fsdp-train --no-fsdp). (optional) defaults
   // to true.
   TORCH_ARG(bool, fsdp) = true;
+  // The output head as a unit of its own (ModelMemorySpec::head; fsdp-train --head-unit): its
+  // gather prefetched beside the blocks' forward, kept to its backward, its reduction issued
+  // right after it; a tied table looked up from the head's shards, whose collectives run on the
+  // mesh's side groups and are waited for at once. (optional) defaults to false.
+  TORCH_ARG(bool, head_unit) = false;
 };
 
 struct MemoryEstimate {

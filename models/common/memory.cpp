@@ -151,6 +151,23 @@ void set_root_tp_bytes(ModelMemorySpec& spec, const RootSplit& split) {
   }
 }
 
+// The output head (fsdp-train --head-unit): the head's weight, vocabulary_names[1], which when
+// tied is the table vocabulary_names[0], from whose shards the stem then looks up `tokens` rows.
+HeadUnitSpec head_memory(const ParamTable& params, const RootMemory& root, int64_t tokens,
+                         int64_t width) {
+  const std::string& name = root.vocabulary_names.at(root.tied ? 0 : 1);
+  HeadUnitSpec head;
+  for (size_t k = 0; k < params.root.size(); ++k) {
+    if (params.root[k].name == name) head.params.push_back(k);
+  }
+  TORCH_INTERNAL_ASSERT(head.params.size() == 1, "the head's weight ", name, " among the root's");
+  if (root.tied) {
+    head.lookup_tokens = tokens;
+    head.lookup_width = width;
+  }
+  return head;
+}
+
 }  // namespace
 
 ModelMemorySpec root_memory(const ParamTable& params, const RootSplit& split,
@@ -185,6 +202,7 @@ ModelMemorySpec root_memory(const ParamTable& params, const RootSplit& split,
   // (V: this rank's rows under a vocabulary split.)
   spec.root_stem_backward_peak_bytes = root.tied ? 2 * columns * width * element_size : 0;
   set_root_tp_bytes(spec, split);
+  spec.head = head_memory(params, root, split.tokens, width);
   return spec;
 }
 

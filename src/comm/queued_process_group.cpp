@@ -228,6 +228,13 @@ bool QueuedProcessGroup::next_op(PendingOp& op, std::string& broken) {
   return true;
 }
 
+// [Note: a finished op holds no tensor]
+// An op's body captures its tensors (the all-gather's output, the reduce-scatter's input). The
+// body is dropped before the work is marked finished: dropped after, the waiter, woken by the
+// finish, could go on and release its own references while the body still held the buffers, so
+// that they outlived the wait by a moment that depends on the scheduler, and a peak measured
+// beside a large collective (the head unit's tied table, tests/estimate/) varied from run to run
+// by that buffer.
 void QueuedProcessGroup::run_op(PendingOp& op) {
   op.work->start();
   const auto start = Clock::now();
@@ -249,6 +256,7 @@ void QueuedProcessGroup::run_op(PendingOp& op) {
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   update_counters([&](CommCounters& c) { c.busy_s += seconds; });
+  op.body = nullptr;  // See [Note: a finished op holds no tensor].
   op.work->finish(failure);
 }
 
@@ -259,11 +267,12 @@ void QueuedProcessGroup::progress_loop() {
     if (broken.empty()) {
       run_op(op);
     } else {
+      op.body = nullptr;  // See [Note: a finished op holds no tensor].
       op.work->finish(
           error_at(prefix() + op.name +
                    " cannot run: the process group is broken by an earlier error: " + broken));
     }
-    op = PendingOp{};  // Drop the body's references to its tensors before waiting again.
+    op = PendingOp{};
   }
 }
 

@@ -23,6 +23,10 @@
 //             waits) and (syncing) all reductions complete.
 //   optimizer: gradients, parameters and state, plus AdamW's two temporaries of the largest
 //             shard (sqrt(exp_avg_sq) and the denominator).
+//   head_unit: the head's parameters are a unit after the blocks, gathered as the blocks
+//             prefetch it, computing inside the root's head and kept gathered until its
+//             backward (the first, which prefetches the last blocks); with a tied table the
+//             stem looks its rows up from the head's shards (lookup_forward, lookup_backward).
 // Collectives run on the process group's progress thread with temporaries of their own (see
 // concurrent_temporaries). Parameters and optimizer state (from the previous step) are live
 // throughout; zero_grad set the gradients to none before the first forward.
@@ -192,6 +196,7 @@ class StepModel {
     e.optim_bytes = 2 * shard_numel * master_;
     e.activation_bytes = root_before_ + root_after_;
     for (const auto& u : units_) e.activation_bytes += u.saved;
+    e.activation_bytes += lookup_saved_bytes();
 
     // Live throughout the step: the shards and AdamW's state. zero_grad left no gradients.
     r_.alloc(e.param_bytes + e.optim_bytes, "start of step");
@@ -289,8 +294,9 @@ class StepModel {
     const auto whole = whole_tensor_
                            ? whole_tensor_sizes(model, shard_, master_, o.evenness_priority())
                            : std::vector<UnitSizes>{};
-    root_ = whole_tensor_ ? whole.back()
-                          : sizes_of("root", model.root_param_shapes, shard_, o.shard_dim());
+    std::vector<std::vector<int64_t>> root_shapes = model.root_param_shapes, head_shapes;
+    if (o.head_unit()) split_head(model, o, root_shapes, head_shapes);
+    root_ = whole_tensor_ ? whole.back() : sizes_of("root", root_shapes, shard_, o.shard_dim());
     root_.name = "root";
     for (size_t k = 0; k < model.units.size(); ++k) {
       const auto& u = model.units[k];
@@ -304,6 +310,8 @@ class StepModel {
       s.tp_backward = u.tp_backward;
       units_.push_back(s);
     }
+    blocks_ = static_cast<int>(units_.size());
+    if (o.head_unit()) units_.push_back(sizes_of("head", head_shapes, shard_, o.shard_dim()));
     root_before_ = model.root_saved_before_bytes;
     root_after_ = model.root_saved_after_bytes;
     root_forward_ws_ = model.root_forward_workspace_bytes;
@@ -312,6 +320,46 @@ class StepModel {
     root_tp_forward_ = model.root_tp_forward;
     root_tp_backward_ = model.root_tp_backward;
   }
+
+  // head_unit: the head's parameters (model.head.params) move from root_shapes to head_shapes.
+  // The settings fsdp-train refuses with --head-unit are refused here too.
+  void split_head(const ModelMemorySpec& model, const MemoryEstimateOptions& o,
+                  std::vector<std::vector<int64_t>>& root_shapes,
+                  std::vector<std::vector<int64_t>>& head_shapes) {
+    const HeadUnitSpec& head = model.head;
+    TORCH_CHECK(!head.params.empty(),
+                "estimate_memory: head_unit, but the model describes no output head "
+                "(ModelMemorySpec::head)");
+    TORCH_CHECK(o.fsdp(),
+                "estimate_memory: head_unit makes the head an FSDP unit; training "
+                "without FSDP has no units");
+    TORCH_CHECK(o.strategy() != ShardingStrategy::kWholeTensor,
+                "estimate_memory: head_unit shards the head over Shard(0) shards; --strategy "
+                "whole_tensor places whole tensors");
+    TORCH_CHECK(o.shard_dim() == 0,
+                "estimate_memory: head_unit looks a tied table up by rows "
+                "(its dim 0); shard_dim ",
+                o.shard_dim(), " is not supported with it");
+    std::vector<bool> is_head(root_shapes.size(), false);
+    for (size_t index : head.params) {
+      TORCH_CHECK(index < root_shapes.size() && !is_head[index],
+                  "estimate_memory: the head's parameter index ", index, " is outside the root's ",
+                  root_shapes.size(), " parameters or repeated");
+      is_head[index] = true;
+      head_shapes.push_back(root_shapes[index]);
+    }
+    std::vector<std::vector<int64_t>> rest;
+    for (size_t k = 0; k < root_shapes.size(); ++k) {
+      if (!is_head[k]) rest.push_back(root_shapes[k]);
+    }
+    root_shapes = std::move(rest);
+    lookup_tokens_ = head.lookup_tokens;
+    lookup_width_ = head.lookup_width;
+  }
+
+  bool has_head() const { return static_cast<int>(units_.size()) > blocks_; }
+  int head_index() const { return blocks_; }
+  bool looks_up() const { return has_head() && lookup_tokens_ > 0; }
 
   // Unit state during the replay.
   struct State {
@@ -408,14 +456,15 @@ class StepModel {
     issue(-1);
     for (int k = 0; k < o_.prefetch() && k < n; ++k) issue(k);
     wait(-1, "forward of root");
+    if (looks_up()) lookup_forward("forward of root");
     obs_.compute(kRootUnit, ComputePhase::kRootStem);
     count_tensor_parallel(root_tp_forward_);
     r_.alloc(root_before_, "forward of root");
     r_.transient(concurrent_temporaries(), "forward of root");
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < blocks_; ++i) {
+      const std::string phase = "forward of " + units_[i].name;
       issue(i);
       for (int k = 1; k <= o_.prefetch() && i + k < n; ++k) issue(i + k);
-      const std::string phase = "forward of " + units_[i].name;
       wait(i, phase);
       obs_.compute(i, ComputePhase::kForward);
       count_tensor_parallel(units_[i].tp_forward);
@@ -431,25 +480,40 @@ class StepModel {
         reshard(i);
       }
     }
+    // The head's unit computes inside the root's head (final norm, head, loss) and stays
+    // gathered for its backward, the first.
+    if (has_head()) wait(head_index(), "forward of head");
     obs_.compute(kRootUnit, ComputePhase::kRootHead);
     r_.alloc(root_after_, "end of forward");
     r_.transient(root_forward_ws_, "end of forward");
   }
 
+  // A unit's pre-backward: its own gather (if resharded) and the prefetch of the units before it.
+  void issue_backward_gathers(int i) {
+    issue(i);
+    for (int k = 1; k <= o_.prefetch() && i - k >= 0; ++k) {
+      if (!state(i - k).unsharded) issue(i - k);
+    }
+  }
+
   void backward(bool sync, bool reshard_after_backward) {
-    const int n = static_cast<int>(units_.size());
     // The root's head: the output's and loss's gradients, then the root's full gradients (the
-    // tied embedding's among them), alive until the root's post-backward at the end.
-    obs_.compute(kRootUnit, ComputePhase::kRootHeadBackward);
+    // tied embedding's among them unless the head is a unit), alive until the root's
+    // post-backward at the end. The head's unit, gathered since its forward, prefetches the
+    // last blocks when the loss's gradient reaches it (after that gradient's peak, before the
+    // head's own backward, most of this compute) and reduces its gradients right after it.
     r_.transient(root_backward_peak_ + concurrent_temporaries(), "backward of root (head)");
     r_.free(root_after_);
     r_.alloc(root_.full_numel * compute_, "backward of root (head)");
-    for (int i = n - 1; i >= 0; --i) {
+    if (has_head()) issue_backward_gathers(head_index());
+    obs_.compute(kRootUnit, ComputePhase::kRootHeadBackward);
+    if (has_head()) {
+      r_.alloc(units_[head_index()].full_numel * compute_, "backward of head");
+      post_backward(head_index(), sync, reshard_after_backward, "backward of head");
+    }
+    for (int i = blocks_ - 1; i >= 0; --i) {
       const std::string phase = "backward of " + units_[i].name;
-      issue(i);
-      for (int k = 1; k <= o_.prefetch() && i - k >= 0; ++k) {
-        if (!state(i - k).unsharded) issue(i - k);
-      }
+      issue_backward_gathers(i);
       wait(i, phase);
       obs_.compute(i, ComputePhase::kBackward);
       count_tensor_parallel(units_[i].tp_backward);
@@ -460,11 +524,13 @@ class StepModel {
       post_backward(i, sync, reshard_after_backward, phase);
     }
     // The root's stem (embeddings) last: its transient (a tied embedding's second gradient
-    // and the sum of both) while the first unit's reduction, just issued, runs beside it.
+    // and the sum of both, or the lookup's gathered gradients) while the first unit's
+    // reduction, just issued, runs beside it.
     obs_.compute(kRootUnit, ComputePhase::kRootStemBackward);
     count_tensor_parallel(root_tp_backward_);
-    r_.transient(root_stem_backward_peak_ + concurrent_temporaries(), "backward of root (stem)");
-    r_.free(root_before_);
+    const int64_t stem_peak = looks_up() ? lookup_backward() : root_stem_backward_peak_;
+    r_.transient(stem_peak + concurrent_temporaries(), "backward of root (stem)");
+    r_.free(root_before_ + lookup_saved_bytes());
     post_backward(kRootUnit, sync, reshard_after_backward, "end of backward");
     // No compute follows the root's post-backward: its reduction's temporaries are alive while
     // the compute thread waits for the reductions still in flight.
@@ -473,6 +539,63 @@ class StepModel {
       while (!pending_.empty()) finish_oldest();
       while (!all_reducing_.empty()) finish_oldest_all_reduce();
     }
+  }
+
+  // ---- The lookup from shards ([Note: a lookup from shards]) ----
+
+  // The shard group's ids ([S, n] int64), kept from the lookup to its backward.
+  int64_t lookup_saved_bytes() const { return looks_up() ? shard_ * lookup_tokens_ * 8 : 0; }
+
+  detail::LookupCollectives lookup_collectives() const {
+    detail::LookupCollectives c;
+    c.shard_group = shard_;
+    c.replicas = replicate_;
+    return c;
+  }
+  void add_call(detail::LookupCollectives& c, detail::LookupCollectives::Group group,
+                const char* name, int64_t bytes) {
+    c.calls.push_back({group, name, bytes});
+    (std::string(name) == "all_gather" ? all_gather_bytes_ : reduce_scatter_bytes_) += bytes;
+  }
+
+  // Forward: every rank's count and range check ([S, 2] int64), then (S > 1) the ids and the
+  // reduce-scatter of the partial rows, [S, n, width] in the compute dtype, into this rank's.
+  void lookup_forward(const std::string& phase) {
+    using Group = detail::LookupCollectives::Group;
+    const int64_t rows = shard_ * lookup_tokens_ * lookup_width_ * compute_;
+    detail::LookupCollectives c = lookup_collectives();
+    add_call(c, Group::kShard, "all_gather", shard_ * 2 * 8);
+    if (shard_ > 1) {
+      add_call(c, Group::kShard, "all_gather", shard_ * lookup_tokens_ * 8);
+      add_call(c, Group::kShard, "reduce_scatter", rows);
+    }
+    c.compute_bytes = rows;
+    obs_.lookup(c);
+    r_.alloc(lookup_saved_bytes(), phase);
+    // The partial rows and the reduced ones alive at once.
+    r_.transient(rows + (shard_ > 1 ? lookup_tokens_ * lookup_width_ * compute_ : 0), phase);
+  }
+
+  // Backward: the rows' gradients all-gathered over the shard group and then (HSDP) across
+  // replicas with the ids, so that every rank sums every token's gradient into the rows it
+  // holds. Returns the transient: the gathered gradients, this rank's share of them (about 1/S)
+  // in the master dtype and its rows of the table's gradient (the head's largest shard).
+  int64_t lookup_backward() {
+    using Group = detail::LookupCollectives::Group;
+    const int64_t gathered = replicate_ * shard_ * lookup_tokens_ * lookup_width_ * compute_;
+    detail::LookupCollectives c = lookup_collectives();
+    if (shard_ > 1) {
+      add_call(c, Group::kShard, "all_gather", shard_ * lookup_tokens_ * lookup_width_ * compute_);
+    }
+    if (replicate_ > 1) {
+      add_call(c, Group::kReplicate, "all_gather", replicate_ * 8);
+      add_call(c, Group::kReplicate, "all_gather", replicate_ * shard_ * lookup_tokens_ * 8);
+      add_call(c, Group::kReplicate, "all_gather", gathered);
+    }
+    c.compute_bytes = gathered;
+    obs_.lookup(c);
+    return gathered + replicate_ * lookup_tokens_ * lookup_width_ * master_ +
+           units_[head_index()].max_shard_numel * master_;
   }
 
   // ParamGroup::post_backward: the unit's full gradients (already allocated) are counted with
@@ -670,7 +793,9 @@ class StepModel {
   bool all_reduce_this_pass_ = true;  // kNoAllReduce: only the step's last backward all-reduces
   int64_t broadcast_bytes_ = 0, reduce_bytes_ = 0;
   UnitSizes root_;
-  std::vector<UnitSizes> units_;
+  std::vector<UnitSizes> units_;  // the blocks (blocks_ of them), then the head under head_unit
+  int blocks_ = 0;
+  int64_t lookup_tokens_ = 0, lookup_width_ = 0;  // head_unit over a tied table
   int64_t root_before_ = 0, root_after_ = 0, root_forward_ws_ = 0, root_backward_peak_ = 0,
           root_stem_backward_peak_ = 0;
   TensorParallelBytes root_tp_forward_, root_tp_backward_;

@@ -12,6 +12,7 @@
 #include <fsdp/memory_estimate.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace fsdp::detail {
 
@@ -32,6 +33,25 @@ enum class ComputePhase {
 enum class ReductionKind {
   kReduceScatter,  // over the shard group (then, under HSDP, an all-reduce across replicas)
   kAllReduce,      // over the replicas, in place (no_shard: one rank per shard group)
+};
+
+// The collectives of one pass of a lookup from shards ([Note: a lookup from shards] in
+// src/runtime/sharded_lookup.cpp), forward's or backward's, on the mesh's side groups: the
+// compute thread makes each and waits for it at once; they run on the side groups' own threads.
+// Bytes as the process groups count a payload (an all-gather's output, a reduce-scatter's input).
+struct LookupCollectives {
+  enum class Group { kShard, kReplicate };
+  struct Call {
+    Group group;
+    const char* name;  // "all_gather" or "reduce_scatter"
+    int64_t bytes;
+  };
+  int shard_group = 1;      // ranks of the side shard group (as many as the shard group's)
+  int replicas = 1;         // ranks of the side replicate group (HSDP's replicas)
+  std::vector<Call> calls;  // in the order they are made
+  // What the compute thread reads and writes beside them (the partial rows looked up from the
+  // shard; the gathered gradients summed into the shard's rows).
+  int64_t compute_bytes = 0;
 };
 
 class StepObserver {
@@ -62,6 +82,8 @@ class StepObserver {
   // A module's collectives over its tensor-parallel group in one pass (a unit's, or the root's
   // stem or head), after its compute: the compute thread makes and waits for each in turn.
   virtual void tensor_parallel(const TensorParallelBytes& traffic) {}
+  // A lookup from shards' collectives in the root's stem (forward, then backward).
+  virtual void lookup(const LookupCollectives& collectives) {}
   // AdamW over the rank's shards: shard_numel elements in the master dtype.
   virtual void optimizer_step(int64_t shard_numel) {}
 };

@@ -346,6 +346,22 @@ class Timelines : public detail::StepObserver {
     run("reduce_scatter", traffic.reduce_scatter);
     run("all_reduce", traffic.all_reduce);
   }
+  // [Note: a lookup's collectives block the compute thread]
+  // A lookup from shards waits for each of its collectives as it makes them (the embedding's
+  // output needs the rows), so the compute thread's clock moves by each one's time; they run on
+  // the side groups' threads, which nothing else uses, so they never queue behind FSDP's, and
+  // the runtime counts their waits as exposed communication and their time in comm_s.
+  void lookup(const detail::LookupCollectives& c) override {
+    using Group = detail::LookupCollectives::Group;
+    busy(d_.bytes_s(c.compute_bytes));
+    for (const auto& call : c.calls) {
+      const bool shard = call.group == Group::kShard;
+      const double s =
+          shard ? fsdp_collective(call.name, call.bytes, c.shard_group)
+                : priced(call.name, call.bytes, c.replicas, spans_nodes(h_, job_ranks()));
+      wait_until((shard ? side_shard_lane_ : side_replicate_lane_).run(t_, s));
+    }
+  }
   void optimizer_step(int64_t shard_numel) override {
     const double start = t_;
     const int world = o_.memory().world_size();
@@ -371,7 +387,10 @@ class Timelines : public detail::StepObserver {
   double exposed_s() const { return exposed_s_; }
   double optimizer_s() const { return optimizer_s_; }
   double tp_comm_s() const { return tp_comm_s_; }
-  double comm_s() const { return shard_lane_.busy_s + piece_lane_.busy_s + replicate_lane_.busy_s; }
+  double comm_s() const {
+    return shard_lane_.busy_s + piece_lane_.busy_s + replicate_lane_.busy_s +
+           side_shard_lane_.busy_s + side_replicate_lane_.busy_s;
+  }
   // The part of comm_s in collectives whose group stays within a node.
   double within_node_comm_s() const { return within_node_comm_s_; }
 
@@ -446,6 +465,7 @@ class Timelines : public detail::StepObserver {
   double t_ = 0, busy_s_ = 0, exposed_s_ = 0, optimizer_s_ = 0, tp_comm_s_ = 0;
   double within_node_comm_s_ = 0;
   Lane shard_lane_, piece_lane_, replicate_lane_, tp_lane_;
+  Lane side_shard_lane_, side_replicate_lane_;  // the mesh's side groups (a lookup's)
   std::map<int, double> gather_end_;
   std::map<int, double> all_reduce_end_;  // HSDP: when each unit's all-reduce across replicas ends
   std::deque<double> reductions_;

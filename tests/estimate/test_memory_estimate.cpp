@@ -307,6 +307,10 @@ struct LargeRootCase {
   int world;
   std::string flags;  // fsdp-train's, matching options
   MemoryEstimateOptions options;
+  // Where the estimate peaks, which makes the case the one meant: where only the root is at
+  // work (the end of backward), or, with the table in the head's unit, anywhere else (no dense
+  // [V, d] gradient at the stem, the head's gathered table and reduction in flight instead).
+  bool peaks_at_the_stem = true;
 };
 
 void PrintTo(const LargeRootCase& c, std::ostream* os) {
@@ -346,11 +350,26 @@ TEST_P(LargeRootMemory, PeakIsWithin2PercentOfTheMeasured) {
   const MemoryEstimate e = estimate_memory(
       models::gpt2_memory_spec(config, 1, kSeqLen, options.param_dtype().value_or(at::kFloat)),
       options);
-  // The case is the one meant: the peak is where only the root is at work.
-  EXPECT_THAT(e.peak_phase, ::testing::AnyOf("backward of root (stem)", "end of backward"));
+  const auto at_the_stem = ::testing::AnyOf("backward of root (stem)", "end of backward");
+  if (c.peaks_at_the_stem) {
+    EXPECT_THAT(e.peak_phase, at_the_stem);
+  } else {
+    EXPECT_THAT(e.peak_phase, ::testing::Not(at_the_stem));
+  }
+  // With the table in the head's unit, the head's collectives run beside compute, and their
+  // temporaries can meet a peak the estimator does not pair them with, by the scheduler's
+  // timing: the reduce-scatter ring's two shards (running sum and receive buffer), or c10d's
+  // gloo all-gather's flat output, the padded table, which c10d's worker thread drops only
+  // after it has marked the work complete (seen in 1 run of about 20 at W = 4, the measured
+  // peak one padded table above the estimate). The larger of them is allowed on top of the 2%.
+  const int64_t beside = c.peaks_at_the_stem
+                             ? 0
+                             : c.world * padded_shard_rows(kGpt2Vocab, c.world) * config.n_embd * 4;
   for (const auto& r : ranks) {
     const auto peak = r["peak_alloc_bytes"].get<int64_t>();
-    EXPECT_NEAR(peak, e.total_bytes, 0.02 * peak)
+    EXPECT_GE(peak, e.total_bytes - 0.02 * peak)
+        << "rank " << r["rank"] << ", estimate peaks at " << e.peak_phase;
+    EXPECT_LE(peak, e.total_bytes + 0.02 * peak + beside)
         << "rank " << r["rank"] << ", estimate peaks at " << e.peak_phase;
   }
 }
@@ -364,7 +383,12 @@ INSTANTIATE_TEST_SUITE_P(
                       MemoryEstimateOptions().strategy(ShardingStrategy::kShardGradOp)},
         // bfloat16 reductions: the ring adds in float32 (the root's at the end of backward).
         LargeRootCase{"bf16", 2, "--param-dtype bf16",
-                      MemoryEstimateOptions().param_dtype(at::kBFloat16)}),
+                      MemoryEstimateOptions().param_dtype(at::kBFloat16)},
+        // The table in the head's unit (a lookup from its shards at the stem).
+        LargeRootCase{"head_unit", 2, "--head-unit", MemoryEstimateOptions().head_unit(true),
+                      false},
+        LargeRootCase{"head_unit_w4", 4, "--head-unit", MemoryEstimateOptions().head_unit(true),
+                      false}),
     [](const auto& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
@@ -393,10 +417,32 @@ INSTANTIATE_TEST_SUITE_P(
                 .replicate(2)
                 .accumulation(AccumulationMode::kNoAllReduce),
             2},
+        // The head as a unit (the tied table looked up from its shards, the lookup's collectives
+        // on the side groups counted with FSDP's), alone, under HSDP with a deeper prefetch, and
+        // with bf16 compute and an accumulation that does not sync.
+        TrainerCase{"head_unit", 2, "--head-unit", MemoryEstimateOptions().head_unit(true)},
+        TrainerCase{"head_unit_hsdp_prefetch2", 4,
+                    "--strategy hybrid_shard --replicate 2 --head-unit --prefetch 2",
+                    MemoryEstimateOptions()
+                        .strategy(ShardingStrategy::kHybridShard)
+                        .replicate(2)
+                        .head_unit(true)
+                        .prefetch(2)},
+        TrainerCase{"head_unit_bf16_no_sync", 2,
+                    "--head-unit --param-dtype bf16 --reduce-dtype fp32 --grad-accum 2 "
+                    "--accum-mode no-sync",
+                    MemoryEstimateOptions()
+                        .head_unit(true)
+                        .param_dtype(at::kBFloat16)
+                        .reduce_dtype(at::kFloat)
+                        .accumulation(AccumulationMode::kNoSync),
+                    2},
         // Llama (grouped-query attention, untied lm_head) through the same interface.
         TrainerCase{"llama_full_shard", 2, "", MemoryEstimateOptions(), 1, false, 8, "llama-tiny"},
         TrainerCase{"llama_checkpointed", 2, "--activation-checkpoint", MemoryEstimateOptions(), 1,
                     true, 8, "llama-tiny"},
+        TrainerCase{"llama_head_unit", 2, "--head-unit", MemoryEstimateOptions().head_unit(true), 1,
+                    false, 8, "llama-tiny"},
         TrainerCase{"llama_bf16", 2, "--param-dtype bf16 --reduce-dtype fp32",
                     MemoryEstimateOptions().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat), 1,
                     false, 8, "llama-tiny"},

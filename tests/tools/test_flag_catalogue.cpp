@@ -261,6 +261,11 @@ const BadFlag kCatalogue[] = {
     {"fsdp-estimate", "--sequence-parallel", "--world-size 2 --sequence-parallel"},  // no --tp
     {"fsdp-estimate", "--sequence-parallel",
      "--world-size 2 --tp 2 --sequence-parallel --seq-len 15"},
+    {"fsdp-estimate", "--head-unit", "--head-unit=maybe"},
+    {"fsdp-estimate", "--head-unit", "--head-unit --no-fsdp"},
+    {"fsdp-estimate", "--head-unit", "--world-size 2 --head-unit --tp 2"},
+    {"fsdp-estimate", "--head-unit", "--head-unit --strategy whole_tensor"},
+    {"fsdp-estimate", "--head-unit", "--head-unit --shard-dim 1"},
     {"fsdp-estimate", "--grad-accum", "--grad-accum 0"},
     {"fsdp-estimate", "--accum-mode", "--accum-mode later"},
     {"fsdp-estimate", "--no-fsdp", "--no-fsdp=maybe"},
@@ -291,6 +296,8 @@ const BadFlag kCatalogue[] = {
     {"fsdp-plan", "--tp", FSDP_PLAN_HARDWARE_FLAG " --world-size 4 --tp 3"},  // does not divide W
     {"fsdp-plan", "--sequence-parallel", "--sequence-parallel=maybe"},
     {"fsdp-plan", "--sequence-parallel", FSDP_PLAN_HARDWARE_FLAG " --sequence-parallel"},  // no --tp
+    {"fsdp-plan", "--head-unit", "--head-unit=maybe"},
+    {"fsdp-plan", "--head-unit", FSDP_PLAN_HARDWARE_FLAG " --head-unit --strategy whole_tensor"},
     {"fsdp-plan", "--grad-accum", "--grad-accum 0"},
     {"fsdp-plan", "--accum-mode", "--accum-mode later"},
     {"fsdp-plan", "--no-fsdp", "--no-fsdp=maybe"},

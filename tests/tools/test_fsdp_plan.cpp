@@ -151,6 +151,46 @@ TEST(StepTimePlan, TensorParallelCollectivesAddToTheComputeThread) {
   EXPECT_EQ(p.tokens_per_step, 2 * 1000);
 }
 
+// The head as a unit (MemoryEstimateOptions::head_unit): the toy's root gets a [2, 1000] head
+// table. Left in the root, its gather is the step's first wait and its reduce-scatter the last:
+// 6 + 5g, all five exposed. As a unit of its own it is prefetched by the last block and reduced
+// right after the head's backward, beside the blocks': 6 + 3g, as for the two blocks alone.
+// Tied, the stem looks one token's row up from the head's shards: a count all-gather (32 bytes,
+// 16 sent), the ids' (16 bytes, 8 sent) and the rows' reduce-scatter (8,000 bytes: g) in forward
+// and the rows' gradients' all-gather (g) in backward, each waited for at once on a side group,
+// so that u0's gather (g) now hides under the forward's lookup: 6 + 3g + 0.006g.
+TEST(StepTimePlan, TheHeadAsAUnitHidesTheTablesCollectivesAndWaitsForItsLookup) {
+  auto [memory, compute] = toy_model();
+  memory.root_param_shapes = {{2, 1000}};
+  memory.head.params = {0};
+  const double g = 0.25;
+  const HardwareSpec hw = HardwareSpec::from_json(toy_hardware(g / 4000).dump(), "toy");
+  auto plan = [&](bool head_unit) {
+    StepTimeOptions options;
+    options.memory(MemoryEstimateOptions().world_size(2).head_unit(head_unit))
+        .clip_grad_norm(false)
+        .all_reduce_loss(false);
+    return plan_step_time(memory, compute, options, hw);
+  };
+  const StepTimePlan in_root = plan(false);
+  EXPECT_NEAR(in_root.step_s, 6 + 5 * g, 1e-9);
+  EXPECT_NEAR(in_root.exposed_comm_s, 5 * g, 1e-9);
+  const StepTimePlan untied = plan(true);
+  EXPECT_NEAR(untied.step_s, 6 + 3 * g, 1e-9);
+  EXPECT_NEAR(untied.exposed_comm_s, 3 * g, 1e-9);
+  EXPECT_NEAR(untied.comm_s, 8 * g, 1e-9);  // 5 gathers, 3 reduce-scatters (the root's empty)
+  EXPECT_EQ(untied.memory.all_gather_bytes, in_root.memory.all_gather_bytes);
+
+  memory.head.lookup_tokens = 1;
+  memory.head.lookup_width = 1000;
+  const StepTimePlan tied = plan(true);
+  EXPECT_NEAR(tied.step_s, 6 + 3.006 * g, 1e-9);
+  EXPECT_NEAR(tied.exposed_comm_s, 3.006 * g, 1e-9);
+  EXPECT_NEAR(tied.comm_s, 10.006 * g, 1e-9);
+  EXPECT_EQ(tied.memory.all_gather_bytes, 5 * 8000 + 32 + 16 + 8000);
+  EXPECT_EQ(tied.memory.reduce_scatter_bytes, 3 * 8000 + 8000);
+}
+
 TEST(StepTimePlan, OneRankCommunicatesNothing) {
   const auto [memory, compute] = toy_model();
   const HardwareSpec hw = HardwareSpec::from_json(toy_hardware(1.0).dump(), "toy");

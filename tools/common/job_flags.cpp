@@ -283,6 +283,10 @@ void add_sharding_flags(ConfigFlags& flags, train::ParallelismConfig& p) {
              "With --tp N: sequence parallelism, the activations between the split layers in N "
              "shards of the sequence (norms on 1/N of the tokens; each all-reduce becomes a "
              "reduce-scatter and an all-gather). --seq-len must divide by N");
+  flags.flag("parallelism", "--head-unit", p.head_unit,
+             "The output head is an FSDP unit of its own, kept gathered from its forward to its "
+             "backward, its gather beside the blocks' forward and its reduction beside their "
+             "backward; a tied embedding table is the head's, looked up from its shards");
 }
 
 void add_run_parallelism_flags(ConfigFlags& flags, train::ParallelismConfig& p) {
@@ -304,10 +308,6 @@ void add_run_parallelism_flags(ConfigFlags& flags, train::ParallelismConfig& p) 
              "ranks (FSDP2's set_gradient_divide_factor; 0: unset)")
       ->check(finite_in(0, 1e300))
       ->capture_default_str();
-  flags.flag("parallelism", "--head-unit", p.head_unit,
-             "The output head is an FSDP unit of its own, kept gathered from its forward to its "
-             "backward, its gather beside the blocks' forward and its reduction beside their "
-             "backward; a tied embedding table is the head's, looked up from its shards");
   flags.flag("parallelism", "--force-sum-reduction", p.force_sum_reduction,
              "Every gradient collective sums, the division a separate scaling (FSDP2's "
              "set_force_sum_reduction_for_comms)");

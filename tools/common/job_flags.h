@@ -23,7 +23,7 @@ void add_optimizer_flags(ConfigFlags& flags, train::TrainingConfig& training);
 // [data]
 void add_data_flags(ConfigFlags& flags, train::DataConfig& data);
 // [parallelism]: what every program that predicts or runs a sharded job takes (strategy,
-// resharding, replicas, placement, mixed precision, prefetch, --no-fsdp).
+// resharding, replicas, placement, mixed precision, prefetch, the head as a unit, --no-fsdp).
 void add_sharding_flags(ConfigFlags& flags, train::ParallelismConfig& parallelism);
 // [parallelism]: what only a run takes (all-gather format, wrap policy, gradient division,
 // offload, device).

@@ -66,6 +66,24 @@ inline void check_sequence_parallel(const train::ParallelismConfig& p, int64_t s
               seq_len, " must divide by it");
 }
 
+// --head-unit's own conditions, for fsdp-train's check_job and the predicting programs: the
+// head's unit and a lookup from its table's Shard(0) shards ([Note: the head as a unit]); the
+// layouts that would place the table otherwise are refused by name.
+inline void check_head_unit(const train::ParallelismConfig& p) {
+  if (!p.head_unit) return;
+  const auto refuse = [&](bool bad, const std::string& what) {
+    TORCH_CHECK(!bad, "--head-unit makes the output head an FSDP unit over Shard(0) shards; ", what,
+                " is not supported with it");
+  };
+  refuse(p.no_fsdp, "--no-fsdp (no units at all)");
+  refuse(p.tp > 1, "--tp " + std::to_string(p.tp) + " (the head is split over the vocabulary)");
+  refuse(p.strategy == ShardingStrategy::kWholeTensor, "--strategy whole_tensor");
+  refuse(p.wrap_policy.min_params.has_value(), "--wrap-policy min-params (it picks the units)");
+  refuse(p.shard_dim > 0, "--shard-dim " + std::to_string(p.shard_dim) +
+                              " (a tied table is looked up by rows, its dim 0)");
+  refuse(p.offload && p.device != train::DeviceKind::kCpu, "--offload with --device cuda");
+}
+
 // The ranks FSDP runs over: the data-parallel ones, W / --tp (fsdp-train's check_job refuses
 // the --tp settings it does not run; a prediction of them is refused here).
 inline int data_parallel_ranks(const ModelFlags& f) {
@@ -96,7 +114,9 @@ inline fsdp::MemoryEstimateOptions estimate_options(const ModelFlags& f) {
       .reshard_after_forward_size(p.reshard_after_forward == 0   ? 1
                                   : p.reshard_after_forward == 1 ? 0
                                                                  : p.reshard_after_forward)
-      .fsdp(!p.no_fsdp);
+      .fsdp(!p.no_fsdp)
+      .head_unit(p.head_unit);
+  check_head_unit(p);
   const bool whole = p.strategy == ShardingStrategy::kWholeTensor;
   TORCH_CHECK(p.strategy == ShardingStrategy::kHybridShard || p.replicate == 1, "--replicate ",
               p.replicate, " needs --strategy hybrid_shard");
@@ -172,6 +192,7 @@ inline nlohmann::json settings_json(const ModelFlags& f, const fsdp::models::Mod
       {"seq_len", t.seq_len},
       {"activation_checkpoint", f.job.model.activation_checkpoint},
       {"prefetch", p.prefetch},
+      {"head_unit", p.head_unit},
       {"grad_accum", t.grad_accum},
       {"accum_mode", to_string(t.accum_mode)}};
   for (const auto& [key, value] : spec.sizes()) settings[key] = value;

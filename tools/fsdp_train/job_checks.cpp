@@ -120,28 +120,11 @@ void check_strategy_settings(const ParallelismConfig& p, AccumulationMode accum_
               p.replicate, " applies to --strategy hybrid_shard only, not ", p.strategy);
 }
 
-// --head-unit: the head's unit and a lookup from its table's Shard(0) shards ([Note: the head as
-// a unit]); the layouts that would place the table otherwise are refused by name.
-void check_head_unit(const ParallelismConfig& p) {
-  if (!p.head_unit) return;
-  const auto refuse = [&](bool bad, const std::string& what) {
-    TORCH_CHECK(!bad, "--head-unit makes the output head an FSDP unit over Shard(0) shards; ", what,
-                " is not supported with it");
-  };
-  refuse(p.no_fsdp, "--no-fsdp (no units at all)");
-  refuse(p.tp > 1, "--tp " + std::to_string(p.tp) + " (the head is split over the vocabulary)");
-  refuse(p.strategy == ShardingStrategy::kWholeTensor, "--strategy whole_tensor");
-  refuse(p.wrap_policy.min_params.has_value(), "--wrap-policy min-params (it picks the units)");
-  refuse(p.shard_dim > 0, "--shard-dim " + std::to_string(p.shard_dim) +
-                              " (a tied table is looked up by rows, its dim 0)");
-  refuse(p.offload && p.device != DeviceKind::kCpu, "--offload with --device cuda");
-}
-
 // --strategy and the sizes of its groups.
 void check_sharding(const JobConfig& o, int world) {
   const ParallelismConfig& p = o.parallelism;
   check_strategy_settings(p, o.training.accum_mode);
-  check_head_unit(p);
+  tools::check_head_unit(p);
   TORCH_CHECK(p.replicate >= 1 && world % p.replicate == 0, "--replicate ", p.replicate,
               " does not divide the world size ", world);
   const int shard_group =
