@@ -718,7 +718,7 @@ class StepModel {
   };
 
   // As RootState::finish_reduces: the oldest reduce-scatter completes; under HSDP its output's
-  // all-reduce across replicas is issued and completes kMaxAllReducesInFlight later (see
+  // all-reduce across replicas is issued and completes at the end of the last backward (see
   // [Note: HSDP's all-reduce runs beside the next units' backward]).
   void finish_oldest() {
     const Pending p = pending_.front();
