@@ -718,7 +718,7 @@ class StepModel {
   };
 
   // As RootState::finish_reduces: the oldest reduce-scatter completes; under HSDP its output's
-  // all-reduce across replicas is issued and completes kMaxReductionsInFlight later (see
+  // all-reduce across replicas is issued and completes kMaxAllReducesInFlight later (see
   // [Note: HSDP's all-reduce runs beside the next units' backward]).
   void finish_oldest() {
     const Pending p = pending_.front();
@@ -733,7 +733,7 @@ class StepModel {
       return;
     }
     all_reducing_.push_back(p);
-    while (all_reducing_.size() > static_cast<size_t>(kMaxReductionsInFlight)) {
+    while (all_reducing_.size() > static_cast<size_t>(kMaxAllReducesInFlight)) {
       finish_oldest_all_reduce();
     }
   }

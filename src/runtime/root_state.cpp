@@ -92,7 +92,7 @@ void RootState::finish_reduces(size_t keep) {
     // See [Note: HSDP's all-reduce runs beside the next units' backward].
     reduce.reducer->start_all_reduce(reduce);
     pending_all_reduces_.push_back(std::move(reduce));
-    finish_all_reduces(static_cast<size_t>(kMaxReductionsInFlight));
+    finish_all_reduces(static_cast<size_t>(kMaxAllReducesInFlight));
   }
   finish_all_reduces(keep);
 }

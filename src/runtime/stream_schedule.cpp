@@ -184,7 +184,7 @@ class Builder {
     emit(make_op(ScheduleStream::kAllReduce, ScheduleOpKind::kAllReduce, u, {name("reduced", u)},
                  {name("rs_out", u)}, {name("rs_out", u)}, name("all_reduced", u)));
     all_reducing_.push_back(u);
-    while (static_cast<int>(all_reducing_.size()) > s_.options.reduces_in_flight) {
+    while (static_cast<int>(all_reducing_.size()) > s_.options.all_reduces_in_flight) {
       finish_all_reduce();
     }
   }
@@ -344,8 +344,8 @@ class Checker {
 
   // (d): when a reduce-scatter is issued, at most kMaxReductionsInFlight earlier ones unfinished
   // (see [Note: why reductions are capped at two in flight]); under HSDP a reduce-scatter is
-  // finished once its all-reduce is issued, and the all-reduces have the same cap of their own
-  // (see [Note: HSDP's all-reduce runs beside the next units' backward]).
+  // finished once its all-reduce is issued, and the all-reduces have a cap of their own,
+  // kMaxAllReducesInFlight (see [Note: HSDP's all-reduce runs beside the next units' backward]).
   void check_reduces_in_flight() {
     std::vector<int> scattering, all_reducing;
     auto finished = [](std::vector<int>& units, int u) {
@@ -357,23 +357,22 @@ class Checker {
         finished(scattering, op.unit);
         finished(all_reducing, op.unit);
       } else if (op.kind == ScheduleOpKind::kReduceScatter) {
-        check_cap(i, scattering, "reduce-scatters");
+        check_cap(i, scattering, "reduce-scatters", kMaxReductionsInFlight);
         scattering.push_back(op.unit);
       } else if (op.kind == ScheduleOpKind::kAllReduce) {
         finished(scattering, op.unit);
-        check_cap(i, all_reducing, "all-reduces across replicas");
+        check_cap(i, all_reducing, "all-reduces across replicas", kMaxAllReducesInFlight);
         all_reducing.push_back(op.unit);
       }
     }
   }
 
-  void check_cap(int i, const std::vector<int>& unfinished, const char* what) {
-    if (static_cast<int>(unfinished.size()) <= kMaxReductionsInFlight) return;
+  void check_cap(int i, const std::vector<int>& unfinished, const char* what, int cap) {
+    if (static_cast<int>(unfinished.size()) <= cap) return;
     std::string units;
     for (int u : unfinished) units += " " + std::to_string(u);
     out_.push_back(at(i) + " is issued with " + std::to_string(unfinished.size()) + " " + what +
-                   " unfinished (units" + units + "); the runtime allows " +
-                   std::to_string(kMaxReductionsInFlight));
+                   " unfinished (units" + units + "); the runtime allows " + std::to_string(cap));
   }
 
   void check_memory() {
@@ -418,6 +417,9 @@ StreamSchedule build_stream_schedule(const ScheduleOptions& options) {
               options.prefetch);
   TORCH_CHECK(options.reduces_in_flight >= 0,
               "stream schedule: reduces_in_flight must be >= 0, got ", options.reduces_in_flight);
+  TORCH_CHECK(options.all_reduces_in_flight >= 0,
+              "stream schedule: all_reduces_in_flight must be >= 0, got ",
+              options.all_reduces_in_flight);
   return Builder(options).build();
 }
 

@@ -4,6 +4,8 @@
 // three cannot drift apart. Each use refers to the note that explains its constant.
 #pragma once
 
+#include <limits>
+
 namespace fsdp {
 
 // [Note: why reductions are capped at two in flight]
@@ -23,15 +25,22 @@ namespace fsdp {
 //
 // [Note: HSDP's all-reduce runs beside the next units' backward]
 // Under HSDP a unit's reduce-scattered shard is then all-reduced across the replicas. That
-// all-reduce is issued when its reduce-scatter is completed (as above) and is itself completed
-// kMaxReductionsInFlight all-reduces later, or at the end of the last backward (the remaining
-// reduce-scatters first, so the last units' all-reduces also run together). Meanwhile the
-// backward of the next units runs beside it, on the replicate group's own thread or stream.
-// Until it completes it holds the reduced shard ([S]) only: the reduce-scatter's input is
-// freed when the all-reduce is issued. Issued and waited at once, as before, it was exposed on
-// every unit, and most on a slow link between hosts, where HSDP puts it. (On a GPU, FSDP2
-// issues it on a stream of its own right after the reduce-scatter, so it too runs beside the
-// following backward.)
+// all-reduce is issued when its reduce-scatter is completed (as above) and is completed at the
+// end of the last backward (the remaining reduce-scatters first, so the last units' all-reduces
+// also run together). Meanwhile the backward of the next units runs beside it, on the replicate
+// group's own thread or stream, which runs the all-reduces one after another. Until it completes
+// it holds the reduced shard ([S]) only, which in the master dtype becomes the unit's gradient
+// as it is, so waiting for it earlier would free nothing: the reduce-scatter's input is freed
+// when the all-reduce is issued. (In a lower reduce dtype the shards wait in that dtype, at
+// most half the bytes of the gradients they become.) Issued and waited at once, as first, it was
+// exposed on every unit, and most on a slow link between hosts, where HSDP puts it; completed
+// two all-reduces later (kMaxReductionsInFlight, as second), a unit whose all-reduce takes
+// longer than two blocks' backward still waited: GPT-2's head unit, the tied table's 77 MB a
+// rank over 1 Gbit/s shared by both hosts' pairs, 1.1 s a step (bench/RESULTS.md, "HSDP's
+// all-reduces at the end of backward"). (On a GPU, FSDP2 issues it on a stream of its own right
+// after the reduce-scatter, so it too runs beside the following backward.)
+inline constexpr int kMaxAllReducesInFlight = std::numeric_limits<int>::max();
+
 inline constexpr int kMaxReductionsInFlight = 2;
 
 // [Note: why implicit prefetch gathers one unit ahead]

@@ -61,6 +61,8 @@ struct ScheduleOptions {
   // The runtime's cap (see [Note: why reductions are capped at two in flight]); other values
   // exist for tests.
   int reduces_in_flight = kMaxReductionsInFlight;
+  // HSDP's all-reduces (see [Note: HSDP's all-reduce runs beside the next units' backward]).
+  int all_reduces_in_flight = kMaxAllReducesInFlight;
 };
 
 struct StreamSchedule {
