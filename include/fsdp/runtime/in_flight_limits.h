@@ -32,13 +32,13 @@ namespace fsdp {
 // it holds the reduced shard ([S]) only, which in the master dtype becomes the unit's gradient
 // as it is, so waiting for it earlier would free nothing: the reduce-scatter's input is freed
 // when the all-reduce is issued. (In a lower reduce dtype the shards wait in that dtype, at
-// most half the bytes of the gradients they become.) Issued and waited at once, as first, it was
-// exposed on every unit, and most on a slow link between hosts, where HSDP puts it; completed
-// two all-reduces later (kMaxReductionsInFlight, as second), a unit whose all-reduce takes
-// longer than two blocks' backward still waited: GPT-2's head unit, the tied table's 77 MB a
-// rank over 1 Gbit/s shared by both hosts' pairs, 1.1 s a step (bench/RESULTS.md, "HSDP's
-// all-reduces at the end of backward"). (On a GPU, FSDP2 issues it on a stream of its own right
-// after the reduce-scatter, so it too runs beside the following backward.)
+// most half the bytes of the gradients they become.) Issued and waited for at once (the first
+// version), it was exposed on every unit, and most on a slow link between hosts, where HSDP puts
+// it; completed two all-reduces later (the second, with kMaxReductionsInFlight), a unit whose
+// all-reduce takes longer than two blocks' backward still waited: GPT-2's head unit, the tied
+// table's 77 MB a rank over 1 Gbit/s shared by both hosts' pairs, 1.1 s a step (bench/RESULTS.md,
+// "HSDP's all-reduces at the end of backward"). (On a GPU, FSDP2 issues it on a stream of its own
+// right after the reduce-scatter, so it too runs beside the following backward.)
 inline constexpr int kMaxAllReducesInFlight = std::numeric_limits<int>::max();
 
 inline constexpr int kMaxReductionsInFlight = 2;
