@@ -94,7 +94,9 @@ void RootState::finish_reduces(size_t keep) {
     pending_all_reduces_.push_back(std::move(reduce));
     finish_all_reduces(static_cast<size_t>(kMaxAllReducesInFlight));
   }
-  finish_all_reduces(keep);
+  // The all-reduces have a cap of their own (above); `keep` counts reduce-scatters, so only the
+  // end of backward (keep 0) completes every all-reduce.
+  if (keep == 0) finish_all_reduces(0);
 }
 
 void RootState::finish_all_reduces(size_t keep) {

@@ -1,7 +1,8 @@
 // Prefetch and overlap: results are bit-identical with prefetch on and off, the number of
 // units unsharded at once stays within the current unit plus the prefetch depth, a unit that
 // is prefetched but not run neither leaks nor hangs, and ranks whose compute is delayed at
-// random still agree with the single-process reference.
+// random still agree with the single-process reference; under HSDP no unit's backward waits
+// for an all-reduce across replicas.
 #include "support/harness.h"
 
 #include <fsdp/fully_shard.h>
@@ -13,8 +14,12 @@
 #include <torch/nn/modules/linear.h>
 
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace fsdp::test {
 namespace {
@@ -251,6 +256,98 @@ TEST(Prefetch, RandomComputeDelaysPerRank) {
         stats.reset_peaks();
       });
   expect_equivalent(reference, ranks, 1e-5, 1e-5);
+}
+
+// --- HSDP: when the all-reduces across replicas are waited ---
+
+// Records, in order, when each gradient all-reduce (more than one element: the harness's loss
+// average is a scalar) is issued and when it is waited.
+struct AllReduceLog {
+  std::mutex mutex;
+  std::vector<std::string> events;  // "issue" and "wait"
+  void add(const char* event) {
+    std::lock_guard<std::mutex> lock(mutex);
+    events.emplace_back(event);
+  }
+};
+
+class LoggedWork : public Work {
+ public:
+  LoggedWork(WorkHandle inner, std::shared_ptr<AllReduceLog> log)
+      : inner_(std::move(inner)), log_(std::move(log)) {}
+  void wait() override {
+    log_->add("wait");
+    inner_->wait();
+  }
+  void wait_on_stream() override {
+    log_->add("wait");
+    inner_->wait_on_stream();
+  }
+  bool is_completed() override { return inner_->is_completed(); }
+
+ private:
+  WorkHandle inner_;
+  std::shared_ptr<AllReduceLog> log_;
+};
+
+class AllReduceLoggingGroup : public ProcessGroup {
+ public:
+  AllReduceLoggingGroup(std::shared_ptr<ProcessGroup> inner, std::shared_ptr<AllReduceLog> log)
+      : inner_(std::move(inner)), log_(std::move(log)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  c10::Device device() const override { return inner_->device(); }
+  std::string backend_name() const override { return inner_->backend_name(); }
+  WorkHandle all_gather_into_tensor(const at::Tensor& out, const at::Tensor& in) override {
+    return inner_->all_gather_into_tensor(out, in);
+  }
+  WorkHandle reduce_scatter_tensor(const at::Tensor& out, const at::Tensor& in,
+                                   ReduceOp op) override {
+    return inner_->reduce_scatter_tensor(out, in, op);
+  }
+  WorkHandle all_reduce(const at::Tensor& t, ReduceOp op) override {
+    WorkHandle work = inner_->all_reduce(t, op);
+    if (!log_ || t.numel() == 1) return work;
+    log_->add("issue");
+    return std::make_shared<LoggedWork>(std::move(work), log_);
+  }
+  WorkHandle broadcast(const at::Tensor& t, int root) override {
+    return inner_->broadcast(t, root);
+  }
+  WorkHandle reduce(const at::Tensor& t, int root, ReduceOp op) override {
+    return inner_->reduce(t, root, op);
+  }
+  WorkHandle barrier() override { return inner_->barrier(); }
+  std::shared_ptr<ProcessGroup> split(const std::vector<int>& ranks,
+                                      const std::string& name) override {
+    auto inner = inner_->split(ranks, name);
+    return inner ? std::make_shared<AllReduceLoggingGroup>(inner, log_) : nullptr;
+  }
+
+ private:
+  std::shared_ptr<ProcessGroup> inner_;
+  std::shared_ptr<AllReduceLog> log_;  // null: record nothing (every rank but 0)
+};
+
+// [Note: HSDP's all-reduce runs beside the next units' backward]: on a 2 x 2 mesh every unit's
+// all-reduce across replicas is issued before the first is waited, at the end of backward, so
+// no unit's backward waits for one. (The estimator's replay and the stream schedule assume the
+// same; with a cap of two in flight, the third unit's post-backward waited for the first's.)
+TEST(Prefetch, HsdpWaitsForNoAllReduceBeforeTheEndOfBackward) {
+  auto log = std::make_shared<AllReduceLog>();
+  run_ranks_in_threads(4, [&](std::shared_ptr<ProcessGroup> group) {
+    auto logged =
+        std::make_shared<AllReduceLoggingGroup>(group, group->rank() == 0 ? log : nullptr);
+    const DeviceMesh mesh = DeviceMesh::hybrid(logged, 2);
+    TrainCase c = deep_case(1);
+    auto model = c.make_model(&mesh);
+    c.shard(model, mesh);
+    auto [x, y] = c.batch(0);
+    c.loss(model, x.narrow(0, 3 * group->rank(), 3), y.narrow(0, 3 * group->rank(), 3)).backward();
+  });
+  std::vector<std::string> expected(kDepth + 1, "issue");
+  expected.resize(2 * (kDepth + 1), "wait");
+  EXPECT_EQ(log->events, expected);
 }
 
 }  // namespace
