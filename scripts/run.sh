@@ -25,7 +25,7 @@ case "$mode" in train|test|build) ;; *) echo "usage: $0 train|test|build [args..
 DEBIAN_PACKAGES=(cmake g++ make python3 python3-venv python3-pip libgtest-dev libgmock-dev
                  libbenchmark-dev libgloo-dev libcli11-dev nlohmann-json3-dev libxxhash-dev time
                  libpcre2-dev libutf8proc-dev libtomlplusplus-dev fortunes libopenmpi-dev openmpi-bin
-                 ccache)
+                 ccache libjemalloc-dev)
 VENV="$ROOT/.venv"
 PYTHON="$VENV/bin/python3"   # absolute: tests run from build/ and are handed this path
 

@@ -65,7 +65,7 @@ echo "== configuring $build ($flags${FSDP_CCACHE:+, through ccache})"
 # templates dominates compile and link time. See [Note: one compiler cache for every clone].
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=None -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_CXX_COMPILER_LAUNCHER="${FSDP_CCACHE:-}" -DCMAKE_C_COMPILER_LAUNCHER="${FSDP_CCACHE:-}" \
-  -DFSDP_PYTHON="$PYTHON" -DFSDP_BUILD_BENCH=OFF \
+  -DFSDP_PYTHON="$PYTHON" -DFSDP_BUILD_BENCH=OFF -DFSDP_JEMALLOC=OFF \
   -DCMAKE_CXX_FLAGS="$flags -O1 -g1 -fno-omit-frame-pointer" \
   -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
 echo "== building ${tests[*]}"

@@ -6,6 +6,8 @@
 #   rank_of_two_on HOST PORT CMD... CMD as rank HOST of 2, one rank per host, from torchrun's
 #                                 variables with the master on host 0 at PORT
 #   say MESSAGE...                a progress line on stderr
+#   matmul_on, block_on           one thread's compute on a host, for what collectives take
+#                                 from it (below)
 #   torchrun_on HOST NPROC CMD... torchrun's static rendezvous, 2 nodes, the master on host 0
 #   mpirun_across NPERHOST CMD... one mpirun on host 0, NPERHOST ranks on each host (ranks
 #                                 0..N-1 on host 0), the remote
@@ -52,6 +54,49 @@ while time.perf_counter() - start < seconds and not (stop and os.path.exists(sto
     a @ b
     count += 1
 print(2 * 768 * 768 * 3072 * count / (time.perf_counter() - start) / 1e9)
+PY
+}
+
+# block_on HOST SECONDS: forward and backward of one GPT-2 block (width 768, 12 heads, causal
+# attention over 4 x 128 tokens, tanh GELU, pre-norm) on one thread of HOST for SECONDS; prints
+# tokens/s. A rank's training compute as a whole: its matmuls and the memory-bound work between
+# them (norms, GELU, softmax, residual adds), which a transfer's copies slow more than a matmul.
+block_on() {
+  on "$1" "$PYTHON" - "$2" <<'PY'
+import sys, time, torch
+import torch.nn.functional as F
+torch.set_num_threads(1)
+torch.manual_seed(0)
+seconds = float(sys.argv[1])
+width, heads, batch, seq = 768, 12, 4, 128
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.qkv, self.proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.fc, self.out = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        heads_of = lambda t: t.view(batch, seq, heads, width // heads).transpose(1, 2)
+        q, k, v = map(heads_of, self.qkv(self.ln1(x)).split(width, -1))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(batch, seq, width))
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+block, x = Block(), torch.randn(batch, seq, width, requires_grad=True)
+def step():
+    block.zero_grad(set_to_none=True)
+    block(x).square().mean().backward()
+for _ in range(3):
+    step()
+count, start = 0, time.perf_counter()
+while time.perf_counter() - start < seconds:
+    step()
+    count += 1
+print(batch * seq * count / (time.perf_counter() - start))
 PY
 }
 

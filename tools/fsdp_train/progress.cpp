@@ -2,6 +2,8 @@
 // piped to a launcher or a log, stdout is block-buffered.
 #include <fsdp_train/progress.h>
 
+#include <common/host_allocator.h>
+
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -71,6 +73,7 @@ void print_banner(const Run& run, const TokenDataset& data, double unigram_entro
         trained_targets(data.labels()), data.size());
   }
   print_sharding(run);
+  fmt::print("fsdp-train: host memory through {}\n", tools::describe_host_allocator());
   std::fflush(stdout);
 }
 

@@ -216,6 +216,7 @@ at::Tensor forward_backward(Run& run, const at::Tensor& inputs, const at::Tensor
       // what its backward needs, and a [B, T, V] tensor more would count (and cost) as memory.
       const at::Tensor logits = run.built->forward(inputs.narrow(0, k * slice, slice));
       const at::Tensor slice_targets = targets.narrow(0, k * slice, slice);
+      TraceScope trace(run.monitor->tracer(), "compute", "loss");
       micro = trained ? masked_loss(run, logits, slice_targets, *trained)
                       : run.built->loss(logits, slice_targets);
     }
