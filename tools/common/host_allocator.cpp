@@ -2,8 +2,8 @@
 #include <common/host_allocator.h>
 
 #include <dlfcn.h>
-#include <sys/types.h>
 #include <fmt/format.h>
+#include <sys/types.h>
 
 #include <cstddef>
 #include <cstring>
