@@ -28,7 +28,10 @@
 # Needs root. Environment: FSDP_TRAIN_BIN, PYTHON (as lib.sh), PER_HOST (1 or 2; default 1),
 # OURS_FLAGS (more fsdp-train flags for our side only, e.g. "--prefetch 2"; FSDP2 runs as it is),
 # GLOBAL_BATCH (sequences per step, both sides; a larger one gives compute more time than the
-# link's collectives take, where how much of them is hidden measures the overlap, not the link).
+# link's collectives take, where how much of them is hidden measures the overlap, not the link),
+# FSDP2_ENV (VAR=value words for FSDP2's ranks only, e.g. to run them on the allocator fsdp-train
+# links: "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
+# MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1"; see docs/performance.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=bench/cluster/lib.sh
@@ -44,6 +47,7 @@ case "$per_host" in
   *) echo "speed_two_hosts.sh: PER_HOST must be 1 or 2, got '$per_host'" >&2; exit 2 ;;
 esac
 read -r -a ours_extra <<< "${OURS_FLAGS:-}"
+read -r -a theirs_env <<< "${FSDP2_ENV:-}"
 ours_strategy+=("${ours_extra[@]}")
 world=$((2 * per_host))
 scratch_dir_removed_on_exit
@@ -77,7 +81,7 @@ ours_rank() {  # HOST LOCAL; needs $metrics
 }
 theirs_rank() {  # HOST LOCAL; needs $metrics
   # shellcheck disable=SC2046
-  on "$1" env $(rank_env "$1" "$2" 29501) GLOO_SOCKET_IFNAME="fsdpcl-v$1" "$PYTHON" \
+  on "$1" env $(rank_env "$1" "$2" 29501) GLOO_SOCKET_IFNAME="fsdpcl-v$1" "${theirs_env[@]}" "$PYTHON" \
     bench/cluster/fsdp2_rank.py --mode fsdp2 --init "$out/init/model.safetensors" \
     --batches "$out/batches.bin" --metrics "$metrics" "${theirs_strategy[@]}" --quiet 2>&1 |
     { grep -v gpuGetDeviceCount || true; } >&2
@@ -98,7 +102,7 @@ for profile in $profiles; do
   for run in a b; do
     say "$profile: ours, run $run (each host H, local rank L < $per_host: bash $cluster exec H env RANK=H*$per_host+L WORLD_SIZE=$world LOCAL_RANK=L MASTER_ADDR=$host0 MASTER_PORT=29500 $bin ${shape[*]} ${ours_strategy[*]} --steps $steps)"
     run_side ours "ours_${profile}_$run"
-    say "$profile: FSDP2, run $run (each rank, as above: ... GLOO_SOCKET_IFNAME=fsdpcl-vH $PYTHON bench/cluster/fsdp2_rank.py --mode fsdp2 --init ... --batches ... ${theirs_strategy[*]})"
+    say "$profile: FSDP2, run $run (each rank, as above: ... GLOO_SOCKET_IFNAME=fsdpcl-vH ${theirs_env[*]} $PYTHON bench/cluster/fsdp2_rank.py --mode fsdp2 --init ... --batches ... ${theirs_strategy[*]})"
     run_side theirs "fsdp2_${profile}_$run"
   done
   if [ "$max_bytes" != 0 ]; then

@@ -6,8 +6,9 @@
 // inputs tens of MB. glibc's malloc maps every allocation over 32 MiB (its largest mmap
 // threshold) and unmaps it when freed, so each step faults all of those pages in again and the
 // kernel zeroes them: in fsdp-train's HSDP 2 x 2 GPT-2 step on a 2-core host, 17% of the cycles
-// (perf: clear_page_erms, the page-fault path, the page-table lock) and a 1.9 s loss whose
-// arithmetic takes 0.6 s. jemalloc reuses freed extents; with its decay off (-1) it never gives
+// (perf: clear_page_erms, the page-fault path, the page-table lock), and 2.2-2.4 s from the
+// forward's end to the backward's start (the loss and its gradient) that take 0.65 s when the
+// pages are kept. jemalloc reuses freed extents; with its decay off (-1) it never gives
 // their pages back, as a GPU's caching allocator keeps its blocks, so after the first step no
 // page is faulted again. The resident peak does not rise: jemalloc's was 2.84 GB a rank against
 // glibc's 3.18 GB in that run (bench/RESULTS.md, "Host memory through jemalloc"). MALLOC_CONF
