@@ -5,6 +5,7 @@
 // ignored_params; and the errors for bad settings.
 #include "runtime/gradient_reduction.h"
 #include "support/files.h"
+#include "support/forwarding_group.h"
 #include "support/gpt_case.h"
 #include "support/harness.h"
 #include "support/test_support.h"
@@ -118,43 +119,26 @@ struct OpLog {
   }
 };
 
-class OpRecordingGroup : public ProcessGroup {
+class OpRecordingGroup : public ForwardingGroup {
  public:
   OpRecordingGroup(std::shared_ptr<ProcessGroup> inner, std::shared_ptr<OpLog> log)
-      : inner_(std::move(inner)), log_(std::move(log)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  c10::Device device() const override { return inner_->device(); }
-  std::string backend_name() const override { return inner_->backend_name(); }
-  WorkHandle all_gather_into_tensor(const at::Tensor& out, const at::Tensor& in) override {
-    return inner_->all_gather_into_tensor(out, in);
-  }
+      : ForwardingGroup(std::move(inner)), log_(std::move(log)) {}
   WorkHandle reduce_scatter_tensor(const at::Tensor& out, const at::Tensor& in,
                                    ReduceOp op) override {
     if (log_) log_->add("reduce_scatter", op);
-    return inner_->reduce_scatter_tensor(out, in, op);
+    return inner().reduce_scatter_tensor(out, in, op);
   }
   WorkHandle all_reduce(const at::Tensor& t, ReduceOp op) override {
     // Gradient norms and the harness's loss average also all-reduce (scalars); only gradient
     // buffers are logged.
     if (log_ && t.numel() > 1) log_->add("all_reduce", op);
-    return inner_->all_reduce(t, op);
-  }
-  WorkHandle broadcast(const at::Tensor& t, int root) override {
-    return inner_->broadcast(t, root);
-  }
-  WorkHandle reduce(const at::Tensor& t, int root, ReduceOp op) override {
-    return inner_->reduce(t, root, op);
-  }
-  WorkHandle barrier() override { return inner_->barrier(); }
-  std::shared_ptr<ProcessGroup> split(const std::vector<int>& ranks,
-                                      const std::string& name) override {
-    auto inner = inner_->split(ranks, name);
-    return inner ? std::make_shared<OpRecordingGroup>(inner, log_) : nullptr;
+    return inner().all_reduce(t, op);
   }
 
  private:
-  std::shared_ptr<ProcessGroup> inner_;
+  std::shared_ptr<ProcessGroup> wrap_split(std::shared_ptr<ProcessGroup> inner) override {
+    return std::make_shared<OpRecordingGroup>(std::move(inner), log_);
+  }
   std::shared_ptr<OpLog> log_;  // null: record nothing (every rank but 0)
 };
 

@@ -3,6 +3,7 @@
 // is prefetched but not run neither leaks nor hangs, and ranks whose compute is delayed at
 // random still agree with the single-process reference; under HSDP no unit's backward waits
 // for an all-reduce across replicas.
+#include "support/forwarding_group.h"
 #include "support/harness.h"
 
 #include <fsdp/fully_shard.h>
@@ -290,42 +291,21 @@ class LoggedWork : public Work {
   std::shared_ptr<AllReduceLog> log_;
 };
 
-class AllReduceLoggingGroup : public ProcessGroup {
+class AllReduceLoggingGroup : public ForwardingGroup {
  public:
   AllReduceLoggingGroup(std::shared_ptr<ProcessGroup> inner, std::shared_ptr<AllReduceLog> log)
-      : inner_(std::move(inner)), log_(std::move(log)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  c10::Device device() const override { return inner_->device(); }
-  std::string backend_name() const override { return inner_->backend_name(); }
-  WorkHandle all_gather_into_tensor(const at::Tensor& out, const at::Tensor& in) override {
-    return inner_->all_gather_into_tensor(out, in);
-  }
-  WorkHandle reduce_scatter_tensor(const at::Tensor& out, const at::Tensor& in,
-                                   ReduceOp op) override {
-    return inner_->reduce_scatter_tensor(out, in, op);
-  }
+      : ForwardingGroup(std::move(inner)), log_(std::move(log)) {}
   WorkHandle all_reduce(const at::Tensor& t, ReduceOp op) override {
-    WorkHandle work = inner_->all_reduce(t, op);
+    WorkHandle work = inner().all_reduce(t, op);
     if (!log_ || t.numel() == 1) return work;
     log_->add("issue");
     return std::make_shared<LoggedWork>(std::move(work), log_);
   }
-  WorkHandle broadcast(const at::Tensor& t, int root) override {
-    return inner_->broadcast(t, root);
-  }
-  WorkHandle reduce(const at::Tensor& t, int root, ReduceOp op) override {
-    return inner_->reduce(t, root, op);
-  }
-  WorkHandle barrier() override { return inner_->barrier(); }
-  std::shared_ptr<ProcessGroup> split(const std::vector<int>& ranks,
-                                      const std::string& name) override {
-    auto inner = inner_->split(ranks, name);
-    return inner ? std::make_shared<AllReduceLoggingGroup>(inner, log_) : nullptr;
-  }
 
  private:
-  std::shared_ptr<ProcessGroup> inner_;
+  std::shared_ptr<ProcessGroup> wrap_split(std::shared_ptr<ProcessGroup> inner) override {
+    return std::make_shared<AllReduceLoggingGroup>(std::move(inner), log_);
+  }
   std::shared_ptr<AllReduceLog> log_;  // null: record nothing (every rank but 0)
 };
 
