@@ -404,7 +404,7 @@ class StepModel {
     } else {
       all_gather_bytes_ += gather_buffer_bytes(u);
     }
-    // c10d's gloo all-gather gathers into a flat tensor of the output's size and copies out.
+    // The all-gather writes straight into the gather buffer (the gloo backend's ring, NCCL's).
     // A gather from an hpZ piece runs on the post-forward group's own thread.
     issued_since_compute_.push_back(
         {gather_buffer_bytes(u), s.piece ? kPostForwardGroup : kShardGroup});
