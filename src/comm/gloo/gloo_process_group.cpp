@@ -267,7 +267,9 @@ class GlooProcessGroup final : public QueuedProcessGroup {
   void ring_all_gather(const OpContext& op, const at::Tensor& output, const at::Tensor& input) {
     const int w = size();
     const int64_t n = input.numel();
-    auto chunk = [&](int c) { return output.narrow(0, static_cast<int64_t>((c % w + w) % w) * n, n); };
+    auto chunk = [&](int c) {
+      return output.narrow(0, static_cast<int64_t>((c % w + w) % w) * n, n);
+    };
     const at::Tensor own = chunk(rank());
     if (own.data_ptr() != input.data_ptr()) own.copy_(input);
     for (int s = 0; s < w - 1; ++s) exchange(op, chunk(rank() - s), chunk(rank() - s - 1));
