@@ -185,6 +185,24 @@ PollPolicy poll_policy() {
   return policy;
 }
 
+// Where a reducing ring step lands what its left neighbour sends, from FSDP_MPI_RING_LANDING:
+// auto (the default: the whole chunk at once where the left is on another host, else the
+// slots), slots or whole ([Note: a whole chunk posted across hosts]). Each rank may choose its
+// own: the messages are the same either way.
+enum class RingLanding { kAuto, kSlots, kWhole };
+RingLanding ring_landing() {
+  static const RingLanding landing = [] {
+    const char* value = std::getenv("FSDP_MPI_RING_LANDING");
+    const std::string name = value ? value : "auto";
+    if (name == "slots") return RingLanding::kSlots;
+    if (name == "whole") return RingLanding::kWhole;
+    TORCH_CHECK(name == "auto", "fsdp: FSDP_MPI_RING_LANDING='", name,
+                "' is not a ring landing; use auto, slots or whole");
+    return RingLanding::kAuto;
+  }();
+  return landing;
+}
+
 constexpr auto kSpinFor = std::chrono::microseconds(50);
 constexpr auto kFirstSleep = std::chrono::microseconds(2);
 constexpr auto kLongestSleep = std::chrono::microseconds(200);
@@ -202,6 +220,10 @@ class MpiProcessGroup final : public QueuedProcessGroup {
     FSDP_MPI_CHECK(MPI_Comm_rank(comm_, &mpi_rank), prefix());
     TORCH_INTERNAL_ASSERT(mpi_rank == rank, "MPI numbers this rank ", mpi_rank, ", not ", rank);
     start_progress();
+    land_whole_chunks_ = ring_landing() == RingLanding::kWhole;
+    if (world_size > 1 && ring_landing() == RingLanding::kAuto) {
+      enqueue("host_names", {}, [this](const OpContext& op) { find_left_host(op); })->wait();
+    }
   }
 
   ~MpiProcessGroup() override {
@@ -328,10 +350,29 @@ class MpiProcessGroup final : public QueuedProcessGroup {
 
   // What a ring run as op needs: it waits as every op of this group does.
   RingLink ring_link(const OpContext& op) {
-    return {comm_, rank(), size(), context(op),
+    return {comm_, rank(), size(), context(op), land_whole_chunks_,
             [this, &op](MPI_Request* requests, const int* peers, int count) {
               wait_all(op, requests, peers, count);
             }};
+  }
+
+  // Lands whole chunks if the left neighbour's processor name (MPI's name of its host) is not
+  // this rank's, from every rank's, gathered once when the group is made ([Note: a whole chunk
+  // posted across hosts]).
+  void find_left_host(const OpContext& op) {
+    std::vector<char> names(static_cast<size_t>(size()) * MPI_MAX_PROCESSOR_NAME, '\0');
+    int length = 0;
+    FSDP_MPI_CHECK(MPI_Get_processor_name(names.data() + rank() * MPI_MAX_PROCESSOR_NAME, &length),
+                   context(op));
+    MPI_Request request = MPI_REQUEST_NULL;
+    FSDP_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, names.data(),
+                                  MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm_, &request),
+                   context(op));
+    wait(op, request, -1);
+    auto name_of = [&](int r) {
+      return std::string(names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+    };
+    land_whole_chunks_ = name_of((rank() + size() - 1) % size()) != name_of(rank());
   }
 
   // MPI counts in int; a larger message is refused rather than truncated.
@@ -405,6 +446,7 @@ class MpiProcessGroup final : public QueuedProcessGroup {
   }
 
   MPI_Comm comm_;
+  bool land_whole_chunks_ = false;  // set by the constructor, before any ring runs
   c10::intrusive_ptr<c10d::Store> store_;  // Where subgroups meet before MPI forms them.
   ProcessGroupOptions options_;            // For the groups split from this one.
 };

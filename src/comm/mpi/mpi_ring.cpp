@@ -39,6 +39,20 @@ namespace {
 constexpr int64_t kRingSegmentBytes = int64_t{256} << 10;
 constexpr int64_t kRingSlots = 4;
 
+// [Note: a whole chunk posted across hosts]
+// Open MPI's TCP transport moves a message larger than its eager limit (64 KiB) only after the
+// receiver has matched it to a posted receive and answered, and that answer leaves on the same
+// connection as the receiver's own sends, behind every segment it has already posted. With four
+// landing slots, each receive past the fourth is posted only after a segment arrived, so its
+// answer waits behind this rank's outgoing chunk: at W = 2 over the 1 Gbit/s link of bench/cluster
+// the reduce-scatter ring moved 68-74 MB/s each way (16-64 MiB), against 119 MB/s with an eager
+// limit above the segment size and 116 for gloo's ring. So when the left neighbour is on another
+// host, a reducing step lands the whole chunk in a buffer of its own, every receive posted at
+// once as the all-gather's already are, and adds each segment as it arrives; the cache argument
+// of [Note: ring segments] is for shared memory, where the slots stay (on one host, a landing
+// buffer of the whole chunk took 1.2x the slots' time at 16 MiB and 2x at 64 MiB). The process
+// group decides from its ranks' host names; FSDP_MPI_RING_LANDING=slots or whole forces either.
+
 // The point-to-point tag of every ring message. Collectives match separately from
 // point-to-point operations in MPI, and the ops of a group run one at a time, so one tag does.
 constexpr int kRingTag = 31004;
@@ -153,18 +167,30 @@ class RingSteps {
   }
 
   // send goes right; received (count elements) is handed to arrived segment by segment, in order,
-  // from one of kRingSlots landing slots, which is reused once arrived returns.
+  // from one of kRingSlots landing slots, which is reused once arrived returns, or from a landing
+  // buffer of the whole chunk if the link asks for it ([Note: a whole chunk posted across
+  // hosts]).
   void reduce(const at::Tensor& send, int64_t count, const Arrived& arrived) {
+    if (link_.land_whole_chunks) {
+      if (whole_.numel() < count) whole_ = at::empty({count}, at::TensorOptions().dtype(dtype_));
+      run(
+          send, count, segments(count),
+          [&](int64_t k) { return bytes_of(whole_) + k * segment_ * item_; }, arrived,
+          [&](int64_t k) { return whole_.narrow(0, k * segment_, length(count, k)); });
+      return;
+    }
     if (!slots_[0].defined()) {
       for (auto& slot : slots_) slot = at::empty({segment_}, at::TensorOptions().dtype(dtype_));
     }
     run(
         send, count, kRingSlots, [&](int64_t k) { return bytes_of(slots_[k % kRingSlots]); },
-        arrived);
+        arrived,
+        [&](int64_t k) { return slots_[k % kRingSlots].narrow(0, 0, length(count, k)); });
   }
 
  private:
   using Landing = std::function<char*(int64_t k)>;
+  using Landed = std::function<at::Tensor(int64_t k)>;  // segment k where it landed
 
   int64_t segments(int64_t count) const { return (count + segment_ - 1) / segment_; }
   int64_t length(int64_t count, int64_t k) const {
@@ -181,7 +207,7 @@ class RingSteps {
   // receive k + depth once segment k has arrived. Returns when every message has completed, so
   // the next step may overwrite what this one sent.
   void run(const at::Tensor& send, int64_t count, int64_t depth, const Landing& landing,
-           const Arrived& arrived) {
+           const Arrived& arrived, const Landed& landed = nullptr) {
     const int64_t in = segments(count);
     std::vector<MPI_Request> sends;
     std::vector<int> rights;
@@ -190,9 +216,7 @@ class RingSteps {
     for (int64_t k = 0; k < std::min(in, depth); ++k) post_receive(count, k, landing, &receives[k]);
     for (int64_t k = 0; k < in; ++k) {
       link_.wait_all(&receives[k], &left_, 1);
-      if (arrived)
-        arrived(k * segment_, length(count, k),
-                slots_[k % kRingSlots].narrow(0, 0, length(count, k)));
+      if (arrived) arrived(k * segment_, length(count, k), landed(k));
       if (k + depth < in) post_receive(count, k + depth, landing, &receives[k + depth]);
     }
     wait_for(link_, sends, rights);
@@ -206,6 +230,7 @@ class RingSteps {
   const int64_t segment_;  // elements
   std::array<at::Tensor, kRingSlots>
       slots_;  // where reduced segments land; made by the first reduce
+  at::Tensor whole_;  // where they land instead with land_whole_chunks
 };
 
 // The all-gather half of a ring: rank r starts with chunk r of flat complete and ends with every

@@ -26,6 +26,9 @@ struct RingLink {
   int rank;
   int size;
   std::string context;  // "fsdp: rank 0 of 2: all_reduce: "
+  // Whether a reducing step lands the left's whole chunk at once instead of in landing slots:
+  // where the left neighbour is on another host ([Note: a whole chunk posted across hosts]).
+  bool land_whole_chunks;
   // Drives requests[0..count) to completion, or throws once the op's deadline passes, naming
   // peers[i], the rank that request i exchanges with, for the first request still pending.
   std::function<void(MPI_Request* requests, const int* peers, int count)> wait_all;
