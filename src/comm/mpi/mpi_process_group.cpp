@@ -350,7 +350,11 @@ class MpiProcessGroup final : public QueuedProcessGroup {
 
   // What a ring run as op needs: it waits as every op of this group does.
   RingLink ring_link(const OpContext& op) {
-    return {comm_, rank(), size(), context(op), land_whole_chunks_,
+    return {comm_,
+            rank(),
+            size(),
+            context(op),
+            land_whole_chunks_,
             [this, &op](MPI_Request* requests, const int* peers, int count) {
               wait_all(op, requests, peers, count);
             }};
@@ -446,7 +450,7 @@ class MpiProcessGroup final : public QueuedProcessGroup {
   }
 
   MPI_Comm comm_;
-  bool land_whole_chunks_ = false;  // set by the constructor, before any ring runs
+  bool land_whole_chunks_ = false;         // set by the constructor, before any ring runs
   c10::intrusive_ptr<c10d::Store> store_;  // Where subgroups meet before MPI forms them.
   ProcessGroupOptions options_;            // For the groups split from this one.
 };

@@ -184,8 +184,7 @@ class RingSteps {
     }
     run(
         send, count, kRingSlots, [&](int64_t k) { return bytes_of(slots_[k % kRingSlots]); },
-        arrived,
-        [&](int64_t k) { return slots_[k % kRingSlots].narrow(0, 0, length(count, k)); });
+        arrived, [&](int64_t k) { return slots_[k % kRingSlots].narrow(0, 0, length(count, k)); });
   }
 
  private:
@@ -229,7 +228,7 @@ class RingSteps {
   const int64_t item_;
   const int64_t segment_;  // elements
   std::array<at::Tensor, kRingSlots>
-      slots_;  // where reduced segments land; made by the first reduce
+      slots_;         // where reduced segments land; made by the first reduce
   at::Tensor whole_;  // where they land instead with land_whole_chunks
 };
 
