@@ -5,6 +5,7 @@
 // environment to all of them: ranks that chose differently would post messages the others never
 // match, and the op would time out.
 #include "mpi_algorithm.h"
+#include "mpi_environment.h"
 
 #include <c10/util/Exception.h>
 
@@ -51,15 +52,9 @@ constexpr int64_t kRingReduceFromBytes = int64_t{256} << 10;
 enum class Policy { kAuto, kNative, kRing };
 
 Policy policy_from_environment() {
-  static const Policy policy = [] {
-    const char* value = std::getenv("FSDP_MPI_ALGO");
-    const std::string name = value ? value : "auto";
-    if (name == "native") return Policy::kNative;
-    if (name == "ring") return Policy::kRing;
-    TORCH_CHECK(name == "auto", "fsdp: FSDP_MPI_ALGO='", name,
-                "' is not an MPI algorithm choice; use auto (by message size), native or ring");
-    return Policy::kAuto;
-  }();
+  static const Policy policy = choice_from_environment<Policy>(
+      "FSDP_MPI_ALGO", "an MPI algorithm choice",
+      {{"auto", Policy::kAuto}, {"native", Policy::kNative}, {"ring", Policy::kRing}});
   return policy;
 }
 

@@ -23,6 +23,7 @@
 #include "../queued_process_group.h"
 #include "mpi_algorithm.h"
 #include "mpi_check.h"
+#include "mpi_environment.h"
 #include "mpi_ring.h"
 
 #include <fsdp/util/error.h>
@@ -173,15 +174,11 @@ enum class PollPolicy { kSpin, kYield, kBackoff };
 // schedule per call, so sleeping between tests stretches every round: backoff made a 4 MiB
 // reduce 40 times slower than yield. bench/RESULTS.md ("MPI against gloo") measures the three.
 PollPolicy poll_policy() {
-  static const PollPolicy policy = [] {
-    const char* value = std::getenv("FSDP_MPI_POLL");
-    const std::string name = value ? value : "yield";
-    if (name == "spin") return PollPolicy::kSpin;
-    if (name == "backoff") return PollPolicy::kBackoff;
-    TORCH_CHECK(name == "yield", "fsdp: FSDP_MPI_POLL='", name,
-                "' is not a poll policy; use spin, yield or backoff");
-    return PollPolicy::kYield;
-  }();
+  static const PollPolicy policy =
+      choice_from_environment<PollPolicy>("FSDP_MPI_POLL", "a poll policy",
+                                          {{"yield", PollPolicy::kYield},
+                                           {"spin", PollPolicy::kSpin},
+                                           {"backoff", PollPolicy::kBackoff}});
   return policy;
 }
 
@@ -191,15 +188,11 @@ PollPolicy poll_policy() {
 // own: the messages are the same either way.
 enum class RingLanding { kAuto, kSlots, kWhole };
 RingLanding ring_landing() {
-  static const RingLanding landing = [] {
-    const char* value = std::getenv("FSDP_MPI_RING_LANDING");
-    const std::string name = value ? value : "auto";
-    if (name == "slots") return RingLanding::kSlots;
-    if (name == "whole") return RingLanding::kWhole;
-    TORCH_CHECK(name == "auto", "fsdp: FSDP_MPI_RING_LANDING='", name,
-                "' is not a ring landing; use auto, slots or whole");
-    return RingLanding::kAuto;
-  }();
+  static const RingLanding landing =
+      choice_from_environment<RingLanding>("FSDP_MPI_RING_LANDING", "a ring landing",
+                                           {{"auto", RingLanding::kAuto},
+                                            {"slots", RingLanding::kSlots},
+                                            {"whole", RingLanding::kWhole}});
   return landing;
 }
 
