@@ -237,10 +237,7 @@ class GlooProcessGroup final : public QueuedProcessGroup {
   void ring_all_reduce(const OpContext& op, const at::Tensor& flat, ReduceOp reduce_op) {
     const int w = size();
     const int64_t n = flat.numel();
-    auto chunk = [&](int c) {
-      c = (c % w + w) % w;
-      return flat.narrow(0, c * n / w, (c + 1) * n / w - c * n / w);
-    };
+    auto chunk = [&](int c) { return ring_chunk(flat, c); };
     const bool widen = flat.scalar_type() == at::kBFloat16 || flat.scalar_type() == at::kHalf;
     at::Tensor landing = at::empty({(n + w - 1) / w}, flat.options());
     for (int s = 0; s < w - 1; ++s) {
@@ -257,22 +254,32 @@ class GlooProcessGroup final : public QueuedProcessGroup {
         if (last && reduce_op == ReduceOp::kAvg) mine.div_(w);
       }
     }
-    for (int s = 0; s < w - 1; ++s) exchange(op, chunk(rank() - s), chunk(rank() - s - 1));
+    gather_chunks(op, flat);
   }
 
-  // Ring all-gather over W ranks, in W-1 steps, straight into output: at step s rank r sends
-  // chunk (r-s) mod W (its own input at s = 0) to rank r+1 and receives chunk (r-s-1) mod W
-  // from rank r-1. Each rank sends W-1 chunks, as gloo's own ring does; ours posts each receive
-  // before its send ([Note: gloo's receive before its send]).
-  void ring_all_gather(const OpContext& op, const at::Tensor& output, const at::Tensor& input) {
+  // Chunk c (mod W) of flat split into W: elements [c N / W, (c + 1) N / W).
+  at::Tensor ring_chunk(const at::Tensor& flat, int c) const {
     const int w = size();
-    const int64_t n = input.numel();
-    auto chunk = [&](int c) {
-      return output.narrow(0, static_cast<int64_t>((c % w + w) % w) * n, n);
-    };
-    const at::Tensor own = chunk(rank());
+    const int64_t n = flat.numel();
+    c = (c % w + w) % w;
+    return flat.narrow(0, c * n / w, (c + 1) * n / w - c * n / w);
+  }
+
+  // The all-gather half of a ring, in W-1 steps: rank r starts with chunk r of flat complete; at
+  // step s it sends chunk (r-s) mod W to rank r+1 and receives chunk (r-s-1) mod W from rank r-1.
+  // Each rank sends W-1 chunks, as gloo's own ring does.
+  void gather_chunks(const OpContext& op, const at::Tensor& flat) {
+    for (int s = 0; s < size() - 1; ++s) {
+      exchange(op, ring_chunk(flat, rank() - s), ring_chunk(flat, rank() - s - 1));
+    }
+  }
+
+  // Ring all-gather straight into output, whose W chunks of input's size are ring_chunk's
+  // ([Note: gloo's receive before its send]).
+  void ring_all_gather(const OpContext& op, const at::Tensor& output, const at::Tensor& input) {
+    const at::Tensor own = ring_chunk(output, rank());
     if (own.data_ptr() != input.data_ptr()) own.copy_(input);
-    for (int s = 0; s < w - 1; ++s) exchange(op, chunk(rank() - s), chunk(rank() - s - 1));
+    gather_chunks(op, output);
   }
 
   // Ring reduce-scatter over W ranks, in W-1 steps. At step s rank r sends chunk (r-s-1) mod W,

@@ -163,7 +163,7 @@ class RingSteps {
     const int64_t count = into.numel();
     run(
         send, count, segments(count),
-        [&](int64_t k) { return bytes_of(into) + k * segment_ * item_; }, nullptr);
+        [&](int64_t k) { return into.narrow(0, k * segment_, length(count, k)); }, nullptr);
   }
 
   // send goes right; received (count elements) is handed to arrived segment by segment, in order,
@@ -175,21 +175,19 @@ class RingSteps {
       if (whole_.numel() < count) whole_ = at::empty({count}, at::TensorOptions().dtype(dtype_));
       run(
           send, count, segments(count),
-          [&](int64_t k) { return bytes_of(whole_) + k * segment_ * item_; }, arrived,
-          [&](int64_t k) { return whole_.narrow(0, k * segment_, length(count, k)); });
+          [&](int64_t k) { return whole_.narrow(0, k * segment_, length(count, k)); }, arrived);
       return;
     }
     if (!slots_[0].defined()) {
       for (auto& slot : slots_) slot = at::empty({segment_}, at::TensorOptions().dtype(dtype_));
     }
     run(
-        send, count, kRingSlots, [&](int64_t k) { return bytes_of(slots_[k % kRingSlots]); },
-        arrived, [&](int64_t k) { return slots_[k % kRingSlots].narrow(0, 0, length(count, k)); });
+        send, count, kRingSlots,
+        [&](int64_t k) { return slots_[k % kRingSlots].narrow(0, 0, length(count, k)); }, arrived);
   }
 
  private:
-  using Landing = std::function<char*(int64_t k)>;
-  using Landed = std::function<at::Tensor(int64_t k)>;  // segment k where it landed
+  using Landing = std::function<at::Tensor(int64_t k)>;  // where segment k lands (its length)
 
   int64_t segments(int64_t count) const { return (count + segment_ - 1) / segment_; }
   int64_t length(int64_t count, int64_t k) const {
@@ -197,8 +195,8 @@ class RingSteps {
   }
 
   void post_receive(int64_t count, int64_t k, const Landing& landing, MPI_Request* request) {
-    FSDP_MPI_CHECK(MPI_Irecv(landing(k), static_cast<int>(length(count, k) * item_), MPI_BYTE,
-                             left_, kRingTag, link_.comm, request),
+    FSDP_MPI_CHECK(MPI_Irecv(bytes_of(landing(k)), static_cast<int>(length(count, k) * item_),
+                             MPI_BYTE, left_, kRingTag, link_.comm, request),
                    link_.context);
   }
 
@@ -206,7 +204,7 @@ class RingSteps {
   // receive k + depth once segment k has arrived. Returns when every message has completed, so
   // the next step may overwrite what this one sent.
   void run(const at::Tensor& send, int64_t count, int64_t depth, const Landing& landing,
-           const Arrived& arrived, const Landed& landed = nullptr) {
+           const Arrived& arrived) {
     const int64_t in = segments(count);
     std::vector<MPI_Request> sends;
     std::vector<int> rights;
@@ -215,7 +213,7 @@ class RingSteps {
     for (int64_t k = 0; k < std::min(in, depth); ++k) post_receive(count, k, landing, &receives[k]);
     for (int64_t k = 0; k < in; ++k) {
       link_.wait_all(&receives[k], &left_, 1);
-      if (arrived) arrived(k * segment_, length(count, k), landed(k));
+      if (arrived) arrived(k * segment_, length(count, k), landing(k));
       if (k + depth < in) post_receive(count, k + depth, landing, &receives[k + depth]);
     }
     wait_for(link_, sends, rights);
