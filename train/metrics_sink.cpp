@@ -33,7 +33,9 @@ nlohmann::json ranks_json(const std::vector<RankStepStats>& ranks) {
                    {"peak_rss_bytes", s.peak_rss_bytes},
                    {"sent_bytes", s.sent_bytes},
                    {"peak_alloc_bytes", s.peak_alloc_bytes},
-                   {"activation_bytes", s.activation_bytes}});
+                   {"activation_bytes", s.activation_bytes},
+                   {"host_kept_bytes", s.host_kept_bytes},
+                   {"host_returned_bytes", s.host_returned_bytes}});
   }
   return out;
 }

@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
 #include <xxhash.h>
+#include <nlohmann/json.hpp>
 
 #include <map>
 
@@ -55,24 +56,24 @@ std::string world_name(int world) {
   return world == kNoFsdp ? "no-fsdp" : "W=" + std::to_string(world);
 }
 
-// Trains with o at world (kNoFsdp: the reference) and exports the final model.
+// Trains with o at world (kNoFsdp: the reference) and exports the final model. The losses come
+// from the run's metrics file (train() returns only the last step's record), whose JSON numbers
+// round-trip a double exactly.
 RunResult run(train::JobConfig o, int world, const std::string& export_path) {
   o.checkpoint.export_path = export_path;
-  std::vector<train::StepRecord> steps;
+  o.metrics.path = export_path + ".metrics.jsonl";
   if (world == kNoFsdp) {
     o.parallelism.no_fsdp = true;
-    steps = train::train(o, nullptr).steps;
+    train::train(o, nullptr);
   } else {
     run_ranks_in_threads(
-        world,
-        [&](std::shared_ptr<ProcessGroup> group) {
-          auto summary = train::train(o, group);
-          if (group->rank() == 0) steps = summary.steps;
-        },
+        world, [&](std::shared_ptr<ProcessGroup> group) { train::train(o, group); },
         test::test_options(std::chrono::seconds(60)));
   }
   RunResult r;
-  for (const auto& s : steps) r.losses[s.step] = s.loss;
+  for (const auto& line : test::read_json_lines(o.metrics.path)) {
+    r.losses[line.at("step").get<int64_t>()] = line.at("loss").get<double>();
+  }
   r.params = load_safetensors(export_path);
   return r;
 }

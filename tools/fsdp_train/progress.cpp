@@ -73,7 +73,11 @@ void print_banner(const Run& run, const TokenDataset& data, double unigram_entro
         trained_targets(data.labels()), data.size());
   }
   print_sharding(run);
-  fmt::print("fsdp-train: host memory through {}\n", tools::describe_host_allocator());
+  fmt::print("fsdp-train: host memory through {}{}\n", tools::describe_host_allocator(),
+             run.host_pages.active()
+                 ? fmt::format(", given back at a step's end past {}x what a step keeps",
+                               tools::KeptPagesRule::kGrowth)
+                 : "");
   std::fflush(stdout);
 }
 
@@ -94,9 +98,9 @@ void print_progress(const Run& run, const StepRecord& r) {
 }
 
 void print_final(const Run& run, const TrainSummary& summary) {
-  if (!run.printing || summary.steps.empty()) return;
+  if (!run.printing || !summary.last_step) return;
   fmt::print("fsdp-train: final loss {:.4f} nats vs unigram entropy {:.4f} nats, {:.1f}s\n",
-             summary.steps.back().loss, summary.unigram_entropy, run.elapsed);
+             summary.last_step->loss, summary.unigram_entropy, run.elapsed);
 }
 
 }  // namespace fsdp::train

@@ -2,6 +2,7 @@
 // (trainer.cpp) and its helpers (checkpointing.h, step_probe.h, progress.h) read and update.
 #pragma once
 
+#include <common/kept_host_pages.h>
 #include <fsdp/device_mesh.h>
 #include <fsdp/fully_shard.h>
 #include <fsdp/grad_scaler.h>
@@ -76,6 +77,9 @@ struct Run {
   int64_t resumed_skips = 0;                // steps the run a resume continues skipped
   int64_t units = 0;                        // FSDP units, the root included (0 without FSDP)
   std::string placement;                    // --strategy whole_tensor: the partition, described
+  // Gives the host pages jemalloc keeps back when they outgrow a step's ([Note: a bound on the
+  // kept pages]).
+  tools::KeptHostPages host_pages;
 };
 
 // Every step so far that updated nothing, on every rank.

@@ -44,7 +44,9 @@ constexpr int64_t RankStepStats::*kGatheredFields[] = {&RankStepStats::param_byt
                                                        &RankStepStats::reduce_bytes,
                                                        &RankStepStats::tp_all_gather_calls,
                                                        &RankStepStats::tp_reduce_scatter_calls,
-                                                       &RankStepStats::tp_all_reduce_calls};
+                                                       &RankStepStats::tp_all_reduce_calls,
+                                                       &RankStepStats::host_kept_bytes,
+                                                       &RankStepStats::host_returned_bytes};
 constexpr int64_t kGatheredCount = std::size(kGatheredFields);
 
 // A "<key> <number>" line of a /proc/self file (status: kB, io: bytes), or 0 if absent.
@@ -109,6 +111,8 @@ RankStepStats measure_rank(const Run& run, const StepProbe& probe) {
   mine.grad_bytes = probe.grad_bytes;
   mine.sent_bytes = written_bytes() - probe.written_at_start;
   mine.peak_rss_bytes = peak_rss_bytes();
+  mine.host_kept_bytes = probe.host_pages.kept_bytes;
+  mine.host_returned_bytes = probe.host_pages.returned_bytes;
   mine.param_bytes = tensor_bytes(run.params);
   mine.optim_bytes = optimizer_bytes(*run.optimizer);
   if (run.count_memory) mine.peak_alloc_bytes = process_cpu_memory().peak_bytes();

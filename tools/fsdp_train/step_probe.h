@@ -3,6 +3,7 @@
 // the activations its first forward left for backward.
 #pragma once
 
+#include <common/kept_host_pages.h>
 #include <fsdp/comm/process_group.h>
 #include <fsdp/util/stats.h>
 #include <fsdp_train/run.h>
@@ -25,6 +26,7 @@ struct StepProbe {
   MemorySnapshot held_before_forward;
   int64_t activation_bytes = 0;
   int64_t grad_bytes = 0;
+  tools::KeptPages host_pages;  // what the step's end kept and gave back (Run::host_pages)
 
   // Seconds from the start of the step to now.
   double seconds_so_far() const;

@@ -340,6 +340,8 @@ StepRecord train_step(Run& run, DataLoader& loader) {
     optimizer_step(run);
   }
   if (run.scaler) run.scaler->update();
+  // The step's tensors are freed: what the allocator keeps now is what the next step can reuse.
+  probe.host_pages = run.host_pages.at_step_end();
   StepRecord record = record_step(run, step, mean_loss, norm, probe,
                                   trained.value_or(o.training.global_batch * o.training.seq_len));
   record.lr = lr;
@@ -371,7 +373,8 @@ TrainSummary train(const JobConfig& o, const std::shared_ptr<ProcessGroup>& grou
     }
     run.metrics.write(record);
     print_progress(run, record);
-    summary.steps.push_back(std::move(record));
+    summary.last_step = std::move(record);
+    ++summary.steps_trained;
     save_periodically(run, loader, loader.step());
   }
   save_final(run, loader);
