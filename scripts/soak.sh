@@ -15,7 +15,8 @@
 # STEPS defaults to 5000, WARMUP_STEPS to a tenth of STEPS (at least 50); further arguments go to
 # fsdp-train (e.g. --backend, --strategy). The ranks are the processes `fsdp-train --nproc 2`
 # forks (children of the launcher, told apart by RANK in their environment). Prints each rank's
-# samples at warm-up, at the largest RSS seen and at the end, with the step each was taken at.
+# samples at warm-up, at the largest RSS seen and at the end, with the step each was taken at,
+# and the steps at whose end the trainer gave the pages jemalloc kept back.
 #
 # Environment: FSDP_TRAIN_BIN (default build/fsdp-train), SOAK_MAX_RSS_GROWTH (default 0.01).
 set -euo pipefail
@@ -62,9 +63,10 @@ if [ "$status" != 0 ]; then
   exit 1
 fi
 
-python3 - "$out/samples" "$warmup" "$steps" "$max_growth" "$(steps_done)" <<'PY'
-import statistics, sys
+python3 - "$out/samples" "$warmup" "$steps" "$max_growth" "$(steps_done)" "$out/metrics.jsonl" <<'PY'
+import json, statistics, sys
 path, warmup, steps, max_growth, done = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+metrics_path = sys.argv[6]
 rows = [list(map(int, line.split())) for line in open(path)]
 ok = done == steps
 print(f"{done} of {steps} steps; warm-up ends at step {warmup}; samples every 0.5 s, "
@@ -106,6 +108,18 @@ for rank in sorted({r[2] for r in rows}):
     marks = [next((r for r in mine if r[1] >= steps * k // 10), None) for k in range(1, 10)]
     print(f"rank {rank} RSS (KiB) by step: " +
           ", ".join(f"{r[1]}: {r[4]}" for r in marks if r is not None))
+# The trainer's bound on the host pages jemalloc keeps ([Note: a bound on the kept pages]), from
+# the metrics: how often a step's end gave the kept pages back, and how many it kept.
+kept = {}
+for line in open(metrics_path):
+    for r in json.loads(line)["ranks"]:
+        kept.setdefault(r["rank"], []).append((r["host_kept_bytes"], r["host_returned_bytes"]))
+for rank, per_step in sorted(kept.items()):
+    gave = [s + 1 for s, (_, returned) in enumerate(per_step) if returned > 0]
+    after_warmup = [k for k, _ in per_step[warmup:]] or [0]
+    print(f"rank {rank}: kept pages given back at {len(gave)} step ends (steps {gave[:8]}"
+          f"{' ...' if len(gave) > 8 else ''}); kept after warm-up {min(after_warmup) / 2**20:.1f}-"
+          f"{max(after_warmup) / 2**20:.1f} MiB")
 print("PASS" if ok else f"FAIL (RSS may grow by at most {max_growth * 100:g}% between the tenths' medians "
       "and by trend, descriptors not at all)")
 sys.exit(0 if ok else 1)

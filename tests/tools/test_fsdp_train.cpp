@@ -151,9 +151,9 @@ int64_t minor_faults(const std::string& args, int steps) {
 // MB) and their gradient are allocated anew each step. Measured on this shape: glibc's malloc
 // faulted 833,000 pages more for 4 steps more (208,000 a step, four logits' worth); jemalloc
 // with decay off 649; jemalloc with decay 0 (MALLOC_CONF) 930,000. MALLOC_CONF still overrides.
-// [Note: a bound on the kept pages]: the first step's end gives set-up's freed pages back (the
-// second step faults its own in once, in both runs), and every later step's end keeps at least
-// a logits tensor's pages for the next (390 MB kept on this shape); with a decay of jemalloc's own
+// [Note: a bound on the kept pages]: set-up's freed pages go back before the first step (step 1
+// reports them), and every step's end keeps at least a logits tensor's pages for the next (390
+// MB kept on this shape) and gives none back; with a decay of jemalloc's own
 // nothing is bounded by the trainer (the rule itself: test_kept_host_pages.cpp).
 TEST(FsdpTrain, AStepAfterTheFirstFaultsInNoNewPagesAndSetUpsPagesAreGivenBack) {
 #ifndef FSDP_PROGRAMS_USE_JEMALLOC
@@ -181,12 +181,10 @@ TEST(FsdpTrain, AStepAfterTheFirstFaultsInNoNewPagesAndSetUpsPagesAreGivenBack) 
   EXPECT_LT(six - two, logits_pages) << "2 steps: " << two << " faults, 6 steps: " << six;
   const auto lines = read_json_lines(metrics);  // the six-step run's
   ASSERT_EQ(lines.size(), 6u);
-  const nlohmann::json& first = lines[0]["ranks"][0];
-  EXPECT_GT(first["host_returned_bytes"].get<int64_t>(), 0) << first.dump();
-  EXPECT_LT(first["host_kept_bytes"].get<int64_t>(), 1 << 20) << first.dump();
-  for (size_t s = 1; s < lines.size(); ++s) {
+  EXPECT_GT(lines[0]["ranks"][0]["host_returned_bytes"].get<int64_t>(), 0) << lines[0].dump();
+  for (size_t s = 0; s < lines.size(); ++s) {
     const nlohmann::json& r = lines[s]["ranks"][0];
-    EXPECT_EQ(r["host_returned_bytes"], 0) << "step " << s + 1 << ": " << r.dump();
+    if (s > 0) EXPECT_EQ(r["host_returned_bytes"], 0) << "step " << s + 1 << ": " << r.dump();
     EXPECT_GE(r["host_kept_bytes"].get<int64_t>(), logits_pages * 4096)
         << "step " << s + 1 << ": " << r.dump();
   }

@@ -16,10 +16,12 @@
 // pages in once, as glibc's malloc makes every step do. What a step needs is measured anew after
 // each give-back, as the most that its next kMeasuringSteps steps keep: the first of them keeps
 // less than the steady state (GPT-2 HSDP: 1,542 MB, then 1,777-1,785 MB from the second on;
-// the tiny model: 4.2 MB, then 4.8), so one step would set the bound too low. The first step's end
-// always gives back: what set-up freed (weights read from a checkpoint or from Hugging Face files,
-// the model's initialization) is not a step's. A one-off (a held-out evaluation, a checkpoint's
-// buffers) is given back at the next step's end. --metrics shows both (host_kept_bytes,
+// the tiny model: 4.2 MB, then 4.8), so one step would set the bound too low. Before the first
+// step every kept page goes back: what set-up freed (weights read from a checkpoint or from
+// Hugging Face files, the model's initialization) is not a step's, and the first step faults its
+// pages in anyway (given back after it instead, the second step faulted them in again). A
+// one-off (a held-out evaluation, a checkpoint's buffers) goes back at the next step's end when
+// it takes what is kept past the bound. --metrics shows both (host_kept_bytes,
 // host_returned_bytes per rank).
 #include <common/kept_host_pages.h>
 
@@ -27,14 +29,11 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <utility>
 
 namespace fsdp::tools {
 
 bool KeptPagesRule::give_back(int64_t kept) {
-  if (first_step_) {
-    first_step_ = false;
-    return true;
-  }
   if (measured_ < kMeasuringSteps) {
     need_ = std::max(need_, kept);
     ++measured_;
@@ -76,13 +75,22 @@ int64_t KeptHostPages::kept_bytes() const {
   return static_cast<int64_t>(dirty + muzzy) * page_bytes_;
 }
 
+int64_t KeptHostPages::give_back_all() {
+  const int64_t kept = kept_bytes();
+  mallctl_("arena.4096.purge", nullptr, nullptr, nullptr, 0);
+  return kept - kept_bytes();
+}
+
+void KeptHostPages::at_run_start() {
+  if (active()) returned_at_start_ = give_back_all();
+}
+
 KeptPages KeptHostPages::at_step_end() {
   if (!active()) return {};
-  const int64_t kept = kept_bytes();
-  if (!rule_.give_back(kept)) return {kept, 0};
-  mallctl_("arena.4096.purge", nullptr, nullptr, nullptr, 0);
-  const int64_t still_kept = kept_bytes();
-  return {still_kept, kept - still_kept};
+  const int64_t earlier = std::exchange(returned_at_start_, 0);
+  if (!rule_.give_back(kept_bytes())) return {kept_bytes(), earlier};
+  const int64_t returned = give_back_all();
+  return {kept_bytes(), earlier + returned};
 }
 
 }  // namespace fsdp::tools

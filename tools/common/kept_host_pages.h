@@ -19,8 +19,8 @@ class KeptPagesRule {
   static constexpr int64_t kSlackBytes = int64_t{1} << 20;
   static constexpr int kMeasuringSteps = 2;
 
-  // kept: the bytes freed and kept at this step's end. True: give them all back now. The first
-  // step's end always does (set-up's pages); the kMeasuringSteps after a give-back never do.
+  // kept: the bytes freed and kept at this step's end. True: give them all back now. The
+  // kMeasuringSteps steps after a give-back (the run's first steps come after set-up's) never do.
   bool give_back(int64_t kept);
 
   // What a step needs kept; none until the steps after a give-back have measured it.
@@ -29,12 +29,12 @@ class KeptPagesRule {
   }
 
  private:
-  bool first_step_ = true;
   int measured_ = 0;  // steps since the last give-back, up to kMeasuringSteps
   int64_t need_ = 0;
 };
 
-// What one step's end did: the bytes the allocator keeps after it, and those it gave back.
+// What one step's end did: the bytes the allocator keeps after it, and those given back since
+// the last step's end (for the first step: set-up's, given back before it).
 struct KeptPages {
   int64_t kept_bytes = 0;
   int64_t returned_bytes = 0;
@@ -50,15 +50,21 @@ class KeptHostPages {
   // Whether this process's allocator keeps freed pages for this class to bound.
   bool active() const { return mallctl_ != nullptr; }
 
+  // After set-up, before the first step: gives back every page set-up freed (weights read,
+  // the model initialized), which are not a step's.
+  void at_run_start();
+
   // At a step's end, once every tensor of the step is freed: applies the rule.
   KeptPages at_step_end();
 
  private:
   int64_t kept_bytes() const;
+  int64_t give_back_all();  // the bytes given back
 
   Mallctl mallctl_ = nullptr;
   int64_t page_bytes_ = 4096;
   KeptPagesRule rule_;
+  int64_t returned_at_start_ = 0;  // reported with the first step's end
 };
 
 }  // namespace fsdp::tools

@@ -365,6 +365,7 @@ TrainSummary train(const JobConfig& o, const std::shared_ptr<ProcessGroup>& grou
   print_banner(run, data.train, summary.unigram_entropy);
   DataLoader loader(data.train, loader_options(run, static_cast<uint64_t>(o.training.seed)));
   load_initial_state(run, loader);
+  run.host_pages.at_run_start();
 
   while (loader.step() < o.training.steps) {
     StepRecord record = train_step(run, loader);

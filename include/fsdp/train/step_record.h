@@ -44,9 +44,10 @@ struct RankStepStats {
   int64_t peak_alloc_bytes = 0;
   int64_t activation_bytes = 0;
   // fsdp-train on jemalloc with its decay off: the freed host pages the allocator keeps for the
-  // next step, at the step's end, and those the step's end gave back to the kernel because they
-  // outgrew what a step needs (tools/common/kept_host_pages.cpp, [Note: a bound on the kept
-  // pages]); 0 on another allocator.
+  // next step, at the step's end, and those given back to the kernel since the last step's end
+  // because they outgrew what a step needs (step 1: those set-up freed), as
+  // tools/common/kept_host_pages.cpp says ([Note: a bound on the kept pages]); 0 on another
+  // allocator.
   int64_t host_kept_bytes = 0;
   int64_t host_returned_bytes = 0;
 };
