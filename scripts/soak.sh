@@ -6,9 +6,10 @@
 # Fails if a rank's RSS grew by more than 1% or its descriptors grew at all (the fewest open in
 # the first and the last tenth of the samples: the ranks' own /proc reads open one for a
 # moment). RSS is compared as the median of the first tenth of the samples after warm-up
-# against the median of the last tenth, since one sample moves by 2-4 MiB (0.5-1%) from the next as the allocator takes and
-# returns pages; the least-squares trend over all of them, across the run, must stay within the
-# bound too (a leak is a trend; a single sample at each end, also printed, is mostly that noise).
+# against the median of the last tenth, since one sample moves by 2-4 MiB (0.5-1%) from the
+# next as the allocator takes and returns pages; the least-squares trend over all of them,
+# across the run, must stay within the bound too (a leak is a trend; a single sample at each
+# end, also printed, is mostly that noise).
 #
 #   bash scripts/run.sh build && bash scripts/soak.sh [STEPS] [WARMUP_STEPS] [fsdp-train flags...]
 #

@@ -25,7 +25,7 @@
 // host_returned_bytes per rank).
 #include <common/kept_host_pages.h>
 
-#include <unistd.h>
+#include <sys/types.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -49,10 +49,11 @@ bool KeptPagesRule::give_back(int64_t kept) {
 
 KeptHostPages::KeptHostPages() {
   const Mallctl mallctl = find_mallctl();
-  ssize_t dirty_decay = 0, muzzy_decay = 0;
+  ssize_t dirty_decay = 0;
   // "arenas.dirty_decay_ms" is what new arenas take: MALLOC_CONF's, or jemalloc_config.cpp's.
+  // With it off no page reaches the muzzy state, so the dirty decay alone decides.
   if (mallctl == nullptr || !read_mallctl(mallctl, "arenas.dirty_decay_ms", &dirty_decay) ||
-      !read_mallctl(mallctl, "arenas.muzzy_decay_ms", &muzzy_decay) || dirty_decay >= 0) {
+      dirty_decay >= 0) {
     return;
   }
   size_t page = 0;
@@ -76,21 +77,23 @@ int64_t KeptHostPages::kept_bytes() const {
 }
 
 int64_t KeptHostPages::give_back_all() {
-  const int64_t kept = kept_bytes();
   mallctl_("arena.4096.purge", nullptr, nullptr, nullptr, 0);
-  return kept - kept_bytes();
+  return kept_bytes();
 }
 
 void KeptHostPages::at_run_start() {
-  if (active()) returned_at_start_ = give_back_all();
+  if (!active()) return;
+  const int64_t kept = kept_bytes();
+  returned_at_start_ = kept - give_back_all();
 }
 
 KeptPages KeptHostPages::at_step_end() {
   if (!active()) return {};
   const int64_t earlier = std::exchange(returned_at_start_, 0);
-  if (!rule_.give_back(kept_bytes())) return {kept_bytes(), earlier};
-  const int64_t returned = give_back_all();
-  return {kept_bytes(), earlier + returned};
+  const int64_t kept = kept_bytes();
+  if (!rule_.give_back(kept)) return {kept, earlier};
+  const int64_t still_kept = give_back_all();
+  return {still_kept, earlier + kept - still_kept};
 }
 
 }  // namespace fsdp::tools

@@ -59,7 +59,7 @@ class KeptHostPages {
 
  private:
   int64_t kept_bytes() const;
-  int64_t give_back_all();  // the bytes given back
+  int64_t give_back_all();  // returns the bytes still kept after
 
   Mallctl mallctl_ = nullptr;
   int64_t page_bytes_ = 4096;

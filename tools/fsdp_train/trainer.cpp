@@ -375,7 +375,6 @@ TrainSummary train(const JobConfig& o, const std::shared_ptr<ProcessGroup>& grou
     run.metrics.write(record);
     print_progress(run, record);
     summary.last_step = std::move(record);
-    ++summary.steps_trained;
     save_periodically(run, loader, loader.step());
   }
   save_final(run, loader);

@@ -37,7 +37,6 @@ namespace fsdp::train {
 // the metrics file (--metrics) as it happens.
 struct TrainSummary {
   std::optional<StepRecord> last_step;  // none when the run trained no step (resumed at the end)
-  int64_t steps_trained = 0;            // by this run, so a resumed run counts from its resume
   double unigram_entropy =
       0;  // of the training text, in nats: the loss a model without context reaches
 };
